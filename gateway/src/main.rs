@@ -1,1 +1,291 @@
-fn main() {}
+//! `openshell-gateway`: the reference OpenShell gateway.
+//!
+//! `serve` runs one replica: the OpenShell gRPC API, the supervisor session
+//! endpoint, the process sandbox driver, an SQLite store under the data
+//! directory, and Prometheus metrics on a separate listener.
+
+mod auth;
+mod driver;
+mod metrics;
+mod request_layer;
+mod sandboxes;
+mod service;
+mod sessions;
+mod store;
+mod streams;
+mod validate;
+mod watch_hub;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use clap::{Args, Parser, Subcommand};
+use openshell_proto::open_shell_server::OpenShellServer;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::{Identity, Server, ServerTlsConfig};
+
+use crate::auth::Authenticator;
+use crate::driver::ProcessDriver;
+use crate::metrics::Metrics;
+use crate::request_layer::GatewayLayer;
+use crate::sandboxes::Sandboxes;
+use crate::service::GatewayService;
+use crate::sessions::Sessions;
+use crate::store::Store;
+use crate::streams::Streams;
+use crate::watch_hub::WatchHub;
+
+/// Largest request message the gateway decodes (exec stdin travels inline).
+const MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
+
+#[derive(Parser)]
+#[command(name = "openshell-gateway", version, about = "Reference OpenShell gateway")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Run one gateway replica.
+    Serve(ServeArgs),
+}
+
+#[derive(Args, Debug)]
+struct ServeArgs {
+    /// gRPC listen address.
+    #[arg(long, default_value = "127.0.0.1:17670")]
+    listen: SocketAddr,
+    /// Prometheus `/metrics` listen address.
+    #[arg(long, default_value = "127.0.0.1:9090")]
+    metrics_listen: SocketAddr,
+    /// Directory for the SQLite store and sandbox directories.
+    #[arg(long, default_value = "openshell-data")]
+    data_dir: PathBuf,
+    /// This replica's id, sent as `x-openshell-served-by`.
+    #[arg(long, default_value = "gw-0")]
+    replica_id: String,
+    /// A user bearer token (repeatable).
+    #[arg(long = "token", env = "OPENSHELL_GATEWAY_TOKENS", value_delimiter = ',', hide_env_values = true)]
+    tokens: Vec<String>,
+    /// File with one user token per line.
+    #[arg(long)]
+    tokens_file: Option<PathBuf>,
+    /// No user authentication. Only allowed on a loopback listen address.
+    #[arg(long)]
+    dev: bool,
+    /// PEM certificate chain; serve TLS with --tls-key.
+    #[arg(long, requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// PEM private key for --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// The supervisor binary (default: next to this binary).
+    #[arg(long)]
+    supervisor_bin: Option<PathBuf>,
+    /// URL supervisors dial (default: this replica's listen address).
+    #[arg(long)]
+    supervisor_url: Option<String>,
+    /// CA file supervisors trust for an https supervisor URL (default: --tls-cert).
+    #[arg(long)]
+    supervisor_ca: Option<PathBuf>,
+    /// Stop every supervisor when the gateway exits (they restart with it).
+    #[arg(long)]
+    stop_sandboxes_on_exit: bool,
+    /// Write `{"grpc":..,"metrics":..,"replica_id":..,"pid":..}` here once serving.
+    #[arg(long)]
+    ready_file: Option<PathBuf>,
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    match Cli::parse().command {
+        Command::Serve(args) => serve(args).await,
+    }
+}
+
+fn user_tokens(args: &ServeArgs) -> anyhow::Result<Vec<String>> {
+    let mut tokens: Vec<String> = args
+        .tokens
+        .iter()
+        .map(|t| t.trim().to_owned())
+        .filter(|t| !t.is_empty())
+        .collect();
+    if let Some(path) = &args.tokens_file {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading tokens file {}", path.display()))?;
+        tokens.extend(
+            text.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                .map(str::to_owned),
+        );
+    }
+    Ok(tokens)
+}
+
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let tokens = user_tokens(&args)?;
+    if args.dev && !args.listen.ip().is_loopback() {
+        bail!("--dev (no authentication) is only allowed on a loopback listen address");
+    }
+    if !args.dev && tokens.is_empty() {
+        bail!(
+            "no user tokens configured: pass --token, OPENSHELL_GATEWAY_TOKENS or --tokens-file \
+             (or --dev on a loopback address)"
+        );
+    }
+    let replica_header = http::HeaderValue::from_str(&args.replica_id)
+        .context("--replica-id must be a valid header value")?;
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("creating data directory {}", args.data_dir.display()))?;
+    let data_dir = args.data_dir.canonicalize()?;
+    let store = Store::open(&data_dir).await.context("opening the store")?;
+
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    let grpc_addr = listener.local_addr()?;
+    let metrics_listener = TcpListener::bind(args.metrics_listen)
+        .await
+        .with_context(|| format!("binding {}", args.metrics_listen))?;
+    let metrics_addr = metrics_listener.local_addr()?;
+
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(Identity::from_pem(
+            std::fs::read(cert).with_context(|| format!("reading {}", cert.display()))?,
+            std::fs::read(key).with_context(|| format!("reading {}", key.display()))?,
+        )),
+        _ => None,
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let supervisor_url = args
+        .supervisor_url
+        .clone()
+        .unwrap_or_else(|| format!("{scheme}://{grpc_addr}"));
+    let supervisor_bin = match &args.supervisor_bin {
+        Some(bin) => bin.clone(),
+        None => std::env::current_exe()?
+            .parent()
+            .context("binary has no directory")?
+            .join("openshell-supervisor"),
+    };
+    let supervisor_ca = args.supervisor_ca.clone().or_else(|| args.tls_cert.clone());
+
+    let metrics = Metrics::new();
+    let sessions = Sessions::new(metrics.clone());
+    let (driver, mut exits) =
+        ProcessDriver::new(data_dir.clone(), supervisor_bin, supervisor_url, supervisor_ca);
+    let sandboxes = Arc::new(Sandboxes {
+        store: store.clone(),
+        hub: WatchHub::new(),
+        driver,
+        sessions: sessions.clone(),
+    });
+    sandboxes.recover().await.context("recovering sandboxes")?;
+    {
+        let sandboxes = sandboxes.clone();
+        tokio::spawn(async move {
+            while let Some(exit) = exits.recv().await {
+                sandboxes.on_supervisor_exit(exit).await;
+            }
+        });
+    }
+
+    let shutdown = CancellationToken::new();
+    let service = GatewayService {
+        sandboxes: sandboxes.clone(),
+        sessions: sessions.clone(),
+        streams: Streams {
+            sandboxes: sandboxes.clone(),
+            shutdown: shutdown.clone(),
+        },
+    };
+    let layer = GatewayLayer {
+        replica_id: replica_header,
+        auth: Arc::new(Authenticator::new(&tokens, args.dev, store.clone())),
+        metrics: metrics.clone(),
+    };
+    let mut builder = Server::builder()
+        .tcp_nodelay(true)
+        .http2_keepalive_interval(Some(Duration::from_secs(20)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)));
+    if let Some(identity) = tls {
+        builder = builder
+            .tls_config(ServerTlsConfig::new().identity(identity))
+            .context("TLS configuration")?;
+    }
+    let server_stop = CancellationToken::new();
+    let router = builder.layer(layer).add_service(
+        OpenShellServer::new(service)
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+    );
+    let stop = server_stop.clone();
+    let server = tokio::spawn(async move {
+        router
+            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop.cancelled_owned())
+            .await
+    });
+    let metrics_stop = CancellationToken::new();
+    tokio::spawn(metrics::serve(metrics_listener, metrics.clone(), metrics_stop.clone()));
+
+    let ready = serde_json::json!({
+        "grpc": grpc_addr.to_string(),
+        "url": format!("{scheme}://{grpc_addr}"),
+        "metrics": metrics_addr.to_string(),
+        "replica_id": args.replica_id,
+        "pid": std::process::id(),
+    });
+    if let Some(path) = &args.ready_file {
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, ready.to_string())?;
+        std::fs::rename(&tmp, path)?;
+    }
+    println!(
+        "openshell-gateway {} serving {scheme}://{grpc_addr} (metrics http://{metrics_addr}/metrics, data {})",
+        args.replica_id,
+        data_dir.display()
+    );
+
+    wait_for_signal().await;
+    tracing::info!("shutting down");
+    // Streams end with UNAVAILABLE, sessions close, then the server drains.
+    shutdown.cancel();
+    sessions.shutdown();
+    if args.stop_sandboxes_on_exit {
+        sandboxes.stop_all_supervisors().await;
+    }
+    server_stop.cancel();
+    match tokio::time::timeout(Duration::from_secs(5), server).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(err))) => tracing::warn!(%err, "server ended with an error"),
+        Ok(Err(err)) => tracing::warn!(%err, "server task failed"),
+        Err(_) => tracing::warn!("connections still open after 5 s; exiting anyway"),
+    }
+    metrics_stop.cancel();
+    store.close().await;
+    Ok(())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}

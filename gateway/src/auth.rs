@@ -1,0 +1,138 @@
+//! Who is calling: user bearer tokens for the client API, per-sandbox tokens
+//! for the supervisor API. Tokens are compared in constant time and never
+//! logged or echoed; sandbox tokens are stored only as SHA-256 hashes.
+
+use sha2::{Digest, Sha256};
+use tonic::Status;
+
+use crate::store::Store;
+
+/// The authenticated caller, attached to each request as an extension.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Principal {
+    /// A user holding a gateway token (or anyone in `--dev` mode).
+    User,
+    /// A supervisor holding the token of this sandbox id.
+    Sandbox(String),
+    /// No credentials needed (Health).
+    Anonymous,
+}
+
+/// What a method needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    Public,
+    User,
+    Sandbox,
+}
+
+pub fn access_for(path: &str) -> Access {
+    match path.rsplit('/').next().unwrap_or_default() {
+        "Health" => Access::Public,
+        "ConnectSupervisor" | "RelayStream" => Access::Sandbox,
+        _ => Access::User,
+    }
+}
+
+pub struct Authenticator {
+    user_token_hashes: Vec<[u8; 32]>,
+    dev: bool,
+    store: Store,
+}
+
+impl Authenticator {
+    pub fn new(user_tokens: &[String], dev: bool, store: Store) -> Self {
+        Self {
+            user_token_hashes: user_tokens.iter().map(|t| sha256(t.as_bytes())).collect(),
+            dev,
+            store,
+        }
+    }
+
+    pub async fn authenticate(
+        &self,
+        access: Access,
+        authorization: Option<&[u8]>,
+    ) -> Result<Principal, Status> {
+        if access == Access::Public {
+            return Ok(Principal::Anonymous);
+        }
+        let token = authorization.and_then(bearer);
+        match access {
+            Access::Public => unreachable!(),
+            Access::User => {
+                if self.dev {
+                    return Ok(Principal::User);
+                }
+                let token = token.ok_or_else(|| {
+                    Status::unauthenticated("missing bearer token (authorization: Bearer <token>)")
+                })?;
+                let hash = sha256(token);
+                // Check every entry so timing does not depend on which matched.
+                let matched = self
+                    .user_token_hashes
+                    .iter()
+                    .fold(false, |acc, known| acc | constant_time_eq(known, &hash));
+                if matched {
+                    Ok(Principal::User)
+                } else {
+                    Err(Status::unauthenticated("invalid bearer token"))
+                }
+            }
+            Access::Sandbox => {
+                let token = token
+                    .ok_or_else(|| Status::unauthenticated("missing sandbox token"))?;
+                let hash = hex::encode(sha256(token));
+                match self.store.sandbox_for_token(&hash).await {
+                    Ok(Some(id)) => Ok(Principal::Sandbox(id)),
+                    Ok(None) => Err(Status::unauthenticated("invalid sandbox token")),
+                    Err(err) => {
+                        tracing::error!(%err, "sandbox token lookup failed");
+                        Err(Status::unavailable("credential store unavailable"))
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn bearer(value: &[u8]) -> Option<&[u8]> {
+    let rest = value.strip_prefix(b"Bearer ").or_else(|| value.strip_prefix(b"bearer "))?;
+    let rest = rest.trim_ascii();
+    (!rest.is_empty()).then_some(rest)
+}
+
+pub fn sha256(bytes: &[u8]) -> [u8; 32] {
+    Sha256::digest(bytes).into()
+}
+
+fn constant_time_eq(a: &[u8; 32], b: &[u8; 32]) -> bool {
+    a.iter().zip(b).fold(0u8, |acc, (x, y)| acc | (x ^ y)) == 0
+}
+
+/// A new random sandbox token and the hash the store keeps.
+pub fn new_sandbox_token() -> (String, String) {
+    let bytes: [u8; 32] = rand::random();
+    let token = format!("ossb_{}", hex::encode(bytes));
+    let hash = hex::encode(sha256(token.as_bytes()));
+    (token, hash)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bearer_parsing() {
+        assert_eq!(bearer(b"Bearer abc"), Some(&b"abc"[..]));
+        assert_eq!(bearer(b"Bearer "), None);
+        assert_eq!(bearer(b"Basic abc"), None);
+    }
+
+    #[test]
+    fn access_classes() {
+        assert_eq!(access_for("/openshell.v1.OpenShell/Health"), Access::Public);
+        assert_eq!(access_for("/openshell.v1.OpenShell/RelayStream"), Access::Sandbox);
+        assert_eq!(access_for("/openshell.v1.OpenShell/ExecSandbox"), Access::User);
+    }
+}

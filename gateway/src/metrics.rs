@@ -1,0 +1,156 @@
+//! Prometheus metrics (text format on `/metrics` of the metrics listener).
+//! Label values are bounded enums or method names, never sandbox ids.
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use http_body_util::Full;
+use hyper::body::Bytes;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio_util::sync::CancellationToken;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RequestLabels {
+    pub method: String,
+    /// snake_case gRPC code name, or "cancelled" for a call the client dropped.
+    pub code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RelayLabels {
+    /// exec or tcp.
+    pub kind: &'static str,
+}
+
+pub struct Metrics {
+    registry: Registry,
+    pub supervisor_sessions: Gauge,
+    pub requests: Family<RequestLabels, Counter>,
+    pub relays_active: Family<RelayLabels, Gauge>,
+    pub relays_opened: Family<RelayLabels, Counter>,
+}
+
+impl Metrics {
+    pub fn new() -> Arc<Self> {
+        let mut registry = Registry::default();
+        let supervisor_sessions = Gauge::default();
+        let requests = Family::<RequestLabels, Counter>::default();
+        let relays_active = Family::<RelayLabels, Gauge>::default();
+        let relays_opened = Family::<RelayLabels, Counter>::default();
+        registry.register(
+            "openshell_server_supervisor_sessions",
+            "Supervisor sessions held by this replica",
+            supervisor_sessions.clone(),
+        );
+        registry.register(
+            "openshell_server_requests",
+            "gRPC requests answered, by method and status code",
+            requests.clone(),
+        );
+        registry.register(
+            "openshell_server_relays_active",
+            "Relays (exec, tcp) currently open to supervisors",
+            relays_active.clone(),
+        );
+        registry.register(
+            "openshell_server_relays_opened",
+            "Relays (exec, tcp) opened to supervisors",
+            relays_opened.clone(),
+        );
+        for kind in ["exec", "tcp"] {
+            let _ = relays_active.get_or_create(&RelayLabels { kind });
+            let _ = relays_opened.get_or_create(&RelayLabels { kind });
+        }
+        Arc::new(Self {
+            registry,
+            supervisor_sessions,
+            requests,
+            relays_active,
+            relays_opened,
+        })
+    }
+
+    pub fn record_request(&self, method: &str, code: &str) {
+        self.requests
+            .get_or_create(&RequestLabels {
+                method: method.to_owned(),
+                code: code.to_owned(),
+            })
+            .inc();
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = String::new();
+        prometheus_client::encoding::text::encode(&mut out, &self.registry)
+            .expect("writing to a String cannot fail");
+        out
+    }
+}
+
+/// snake_case name of a gRPC status code.
+pub fn code_name(code: tonic::Code) -> &'static str {
+    use tonic::Code::*;
+    match code {
+        Ok => "ok",
+        Cancelled => "cancelled",
+        Unknown => "unknown",
+        InvalidArgument => "invalid_argument",
+        DeadlineExceeded => "deadline_exceeded",
+        NotFound => "not_found",
+        AlreadyExists => "already_exists",
+        PermissionDenied => "permission_denied",
+        ResourceExhausted => "resource_exhausted",
+        FailedPrecondition => "failed_precondition",
+        Aborted => "aborted",
+        OutOfRange => "out_of_range",
+        Unimplemented => "unimplemented",
+        Internal => "internal",
+        Unavailable => "unavailable",
+        DataLoss => "data_loss",
+        Unauthenticated => "unauthenticated",
+    }
+}
+
+/// Serves `GET /metrics` over HTTP/1.1 until `stop` fires.
+pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, stop: CancellationToken) {
+    loop {
+        let (stream, _peer): (_, SocketAddr) = tokio::select! {
+            _ = stop.cancelled() => return,
+            accepted = listener.accept() => match accepted {
+                Ok(pair) => pair,
+                Err(err) => {
+                    tracing::warn!(%err, "metrics listener accept failed");
+                    continue;
+                }
+            },
+        };
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                let metrics = metrics.clone();
+                async move {
+                    let response = if req.uri().path() == "/metrics" {
+                        hyper::Response::builder()
+                            .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
+                            .body(Full::new(Bytes::from(metrics.render())))
+                    } else {
+                        hyper::Response::builder()
+                            .status(404)
+                            .body(Full::new(Bytes::from_static(b"not found\n")))
+                    };
+                    Ok::<_, http::Error>(response.expect("static response parts"))
+                }
+            });
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(stream), service)
+                .await;
+        });
+    }
+}

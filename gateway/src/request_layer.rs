@@ -1,0 +1,169 @@
+//! A tower layer around every gRPC call: it authenticates the caller (and
+//! answers UNAUTHENTICATED itself), stamps `x-openshell-served-by` on every
+//! response, errors included, and counts requests by method and final status.
+//!
+//! The final status of a streaming call is only known from its trailers, so
+//! the response body is wrapped and observed until it ends or is dropped.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use futures::future::BoxFuture;
+use http::{HeaderValue, Request, Response};
+use http_body::{Body, Frame};
+use tonic::Status;
+
+use crate::auth::{Authenticator, access_for};
+use crate::metrics::{Metrics, code_name};
+
+pub const SERVED_BY: &str = "x-openshell-served-by";
+
+#[derive(Clone)]
+pub struct GatewayLayer {
+    pub replica_id: HeaderValue,
+    pub auth: Arc<Authenticator>,
+    pub metrics: Arc<Metrics>,
+}
+
+impl<S> tower::Layer<S> for GatewayLayer {
+    type Service = GatewayService<S>;
+    fn layer(&self, inner: S) -> Self::Service {
+        GatewayService {
+            inner,
+            layer: self.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct GatewayService<S> {
+    inner: S,
+    layer: GatewayLayer,
+}
+
+impl<S, ReqBody> tower::Service<Request<ReqBody>> for GatewayService<S>
+where
+    S: tower::Service<Request<ReqBody>, Response = Response<tonic::body::Body>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqBody: Send + 'static,
+{
+    type Response = Response<tonic::body::Body>;
+    type Error = S::Error;
+    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: Request<ReqBody>) -> Self::Future {
+        // Take the service that was driven to readiness; leave a clone behind.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let layer = self.layer.clone();
+        Box::pin(async move {
+            let path = req.uri().path().to_owned();
+            let method = path.rsplit('/').next().unwrap_or_default().to_owned();
+            let authorization = req
+                .headers()
+                .get(http::header::AUTHORIZATION)
+                .map(|v| v.as_bytes().to_vec());
+            let principal = layer
+                .auth
+                .authenticate(access_for(&path), authorization.as_deref())
+                .await;
+            let mut response = match principal {
+                Ok(principal) => {
+                    req.extensions_mut().insert(principal);
+                    inner.call(req).await?
+                }
+                Err(status) => status.into_http(),
+            };
+            response
+                .headers_mut()
+                .insert(SERVED_BY, layer.replica_id.clone());
+            // Trailers-only answers (errors) carry grpc-status in the headers.
+            let early = response
+                .headers()
+                .get("grpc-status")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<i32>().ok());
+            if let Some(code) = early {
+                layer
+                    .metrics
+                    .record_request(&method, code_name(tonic::Code::from_i32(code)));
+                return Ok(response);
+            }
+            let (parts, body) = response.into_parts();
+            let observed = ObservedBody {
+                inner: body,
+                method: Some(method),
+                metrics: layer.metrics.clone(),
+            };
+            Ok(Response::from_parts(parts, tonic::body::Body::new(observed)))
+        })
+    }
+}
+
+/// Records the call's grpc-status from its trailers; a body dropped before
+/// trailers is a call the client cancelled.
+struct ObservedBody {
+    inner: tonic::body::Body,
+    method: Option<String>,
+    metrics: Arc<Metrics>,
+}
+
+impl ObservedBody {
+    fn finish(&mut self, code: &str) {
+        if let Some(method) = self.method.take() {
+            self.metrics.record_request(&method, code);
+        }
+    }
+}
+
+impl Body for ObservedBody {
+    type Data = bytes::Bytes;
+    type Error = Status;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
+        let polled = Pin::new(&mut self.inner).poll_frame(cx);
+        match &polled {
+            Poll::Ready(Some(Ok(frame))) => {
+                if let Some(trailers) = frame.trailers_ref() {
+                    let code = trailers
+                        .get("grpc-status")
+                        .and_then(|v| v.to_str().ok())
+                        .and_then(|v| v.parse::<i32>().ok())
+                        .map(|c| code_name(tonic::Code::from_i32(c)))
+                        .unwrap_or("unknown");
+                    self.finish(code);
+                }
+            }
+            Poll::Ready(Some(Err(_))) => self.finish("internal"),
+            Poll::Ready(None) => self.finish("ok"),
+            Poll::Pending => {}
+        }
+        polled
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> http_body::SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+impl Drop for ObservedBody {
+    fn drop(&mut self) {
+        self.finish("cancelled");
+    }
+}

@@ -1,0 +1,485 @@
+//! Sandbox lifecycle: create, get, list, delete and watch, plus the phase
+//! changes driven by supervisor sessions and the driver.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use openshell_proto::datamodel::ObjectMeta;
+use openshell_proto::{
+    CreateSandboxRequest, DeleteSandboxRequest, DeleteSandboxResponse, DeletionOutcome,
+    GetSandboxRequest, ListSandboxesRequest, ListSandboxesResponse, Sandbox, SandboxCondition,
+    SandboxPhase, SandboxSpec, SandboxStatus, SandboxStreamEvent, SandboxStreamWarning,
+    WatchSandboxRequest, sandbox_stream_event,
+};
+use tokio::sync::{broadcast, mpsc};
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::Status;
+
+use crate::auth;
+use crate::driver::{ProcessDriver, SupervisorExit};
+use crate::sessions::{SessionEnd, SessionHooks, Sessions};
+use crate::store::{Store, StoreError};
+use crate::validate;
+use crate::watch_hub::{Change, WatchHub};
+
+const DEFAULT_PAGE: i32 = 100;
+const MAX_PAGE: i32 = 1000;
+
+pub struct Sandboxes {
+    pub store: Store,
+    pub hub: WatchHub,
+    pub driver: ProcessDriver,
+    pub sessions: Arc<Sessions>,
+}
+
+pub fn store_status(err: StoreError) -> Status {
+    match err {
+        StoreError::NotFound => Status::not_found("sandbox not found"),
+        StoreError::AlreadyExists => Status::already_exists("sandbox already exists"),
+        other => {
+            tracing::error!(err = %other, "store failure");
+            Status::unavailable("sandbox store unavailable")
+        }
+    }
+}
+
+fn now() -> prost_types::Timestamp {
+    prost_types::Timestamp::from(SystemTime::now())
+}
+
+pub fn phase_of(sandbox: &Sandbox) -> SandboxPhase {
+    sandbox
+        .status
+        .as_ref()
+        .map(|s| s.phase())
+        .unwrap_or(SandboxPhase::Unspecified)
+}
+
+pub fn id_of(sandbox: &Sandbox) -> &str {
+    sandbox.metadata.as_ref().map(|m| m.id.as_str()).unwrap_or_default()
+}
+
+fn set_phase(sandbox: &mut Sandbox, phase: SandboxPhase, reason: &str, message: &str) {
+    let status = sandbox.status.get_or_insert_with(SandboxStatus::default);
+    status.set_phase(phase);
+    let ready = if phase == SandboxPhase::Ready { "True" } else { "False" };
+    status.conditions.retain(|c| c.r#type != "Ready");
+    status.conditions.push(SandboxCondition {
+        r#type: "Ready".into(),
+        status: ready.into(),
+        reason: reason.into(),
+        message: message.into(),
+        transition_time: Some(now()),
+    });
+}
+
+fn is_terminal(phase: SandboxPhase) -> bool {
+    matches!(
+        phase,
+        SandboxPhase::Ready | SandboxPhase::Completed | SandboxPhase::Stopped | SandboxPhase::Error
+    )
+}
+
+impl Sandboxes {
+    pub async fn create(self: &Arc<Self>, req: CreateSandboxRequest) -> Result<Sandbox, Status> {
+        validate::workspace(req.workspace_scope.as_ref())?;
+        let name = if req.name.is_empty() {
+            format!("sandbox-{}", &uuid::Uuid::new_v4().simple().to_string()[..8])
+        } else {
+            req.name.clone()
+        };
+        validate::sandbox_name(&name)?;
+        validate::labels("labels", &req.labels)?;
+        validate::labels("annotations", &req.annotations)?;
+        let spec = req.spec.unwrap_or_default();
+        validate::environment("spec.environment", &spec.environment)?;
+        if let Some(template) = &spec.template {
+            validate::environment("spec.template.environment", &template.environment)?;
+        }
+        validate::command("spec.command", &spec.command, false)?;
+
+        let id = uuid::Uuid::new_v4().to_string();
+        let mut sandbox = Sandbox {
+            metadata: Some(ObjectMeta {
+                id: id.clone(),
+                name,
+                labels: req.labels,
+                resource_version: 1,
+                annotations: req.annotations,
+                workspace: "default".into(),
+                created_time: Some(now()),
+                deletion_time: None,
+            }),
+            spec: Some(spec),
+            status: None,
+        };
+        set_phase(
+            &mut sandbox,
+            SandboxPhase::Provisioning,
+            "Starting",
+            "starting the supervisor",
+        );
+        let (token, token_hash) = auth::new_sandbox_token();
+        self.store.insert(&sandbox, &token_hash).await.map_err(store_status)?;
+        self.hub.publish(Change::Updated(Box::new(sandbox.clone())));
+        match self.driver.start(&id, &token).await {
+            Ok(pid) => {
+                self.store
+                    .set_supervisor(&id, Some(pid), None)
+                    .await
+                    .map_err(store_status)?;
+            }
+            Err(err) => {
+                tracing::error!(sandbox_id = id, %err, "could not start supervisor");
+                let failed = self
+                    .update_phase(&id, SandboxPhase::Error, "DriverFailed", "could not start the supervisor")
+                    .await?;
+                return Ok(failed);
+            }
+        }
+        Ok(sandbox)
+    }
+
+    pub async fn update_phase(
+        &self,
+        id: &str,
+        phase: SandboxPhase,
+        reason: &str,
+        message: &str,
+    ) -> Result<Sandbox, Status> {
+        let sandbox = self
+            .store
+            .update(id, |s| set_phase(s, phase, reason, message))
+            .await
+            .map_err(store_status)?;
+        self.hub.publish(Change::Updated(Box::new(sandbox.clone())));
+        Ok(sandbox)
+    }
+
+    pub async fn get(&self, req: &GetSandboxRequest) -> Result<Sandbox, Status> {
+        validate::workspace(req.workspace_scope.as_ref())?;
+        validate::sandbox_name(&req.name)?;
+        self.by_name(&req.name).await
+    }
+
+    pub async fn by_name(&self, name: &str) -> Result<Sandbox, Status> {
+        match self.store.get_by_name(name).await {
+            Ok(stored) => Ok(stored.sandbox),
+            Err(StoreError::NotFound) => {
+                Err(Status::not_found(format!("sandbox {name:?} not found")))
+            }
+            Err(err) => Err(store_status(err)),
+        }
+    }
+
+    pub async fn list(&self, req: ListSandboxesRequest) -> Result<ListSandboxesResponse, Status> {
+        validate::workspace(req.workspace_scope.as_ref())?;
+        if req.page_size < 0 {
+            return Err(Status::invalid_argument("page_size must not be negative"));
+        }
+        let page_size = match req.page_size {
+            0 => DEFAULT_PAGE,
+            n => n.min(MAX_PAGE),
+        } as usize;
+        let selector = validate::label_selector(&req.label_selector)?;
+        let mut after = decode_page_token(&req.page_token)?;
+        let mut page = Vec::new();
+        // Scan in batches until the page is full or the table ends.
+        loop {
+            let batch = self
+                .store
+                .list_after(&after, (page_size as i64).max(100))
+                .await
+                .map_err(store_status)?;
+            let exhausted = batch.len() < (page_size).max(100);
+            for stored in batch {
+                let meta = stored.sandbox.metadata.as_ref().expect("metadata");
+                after = meta.name.clone();
+                let matches = selector
+                    .iter()
+                    .all(|(k, v)| meta.labels.get(k).is_some_and(|have| have == v));
+                if matches {
+                    page.push(stored.sandbox);
+                    if page.len() == page_size {
+                        let more = !self
+                            .store
+                            .list_after(&after, 1)
+                            .await
+                            .map_err(store_status)?
+                            .is_empty();
+                        return Ok(ListSandboxesResponse {
+                            sandboxes: page,
+                            next_page_token: if more { encode_page_token(&after) } else { String::new() },
+                        });
+                    }
+                }
+            }
+            if exhausted {
+                return Ok(ListSandboxesResponse {
+                    sandboxes: page,
+                    next_page_token: String::new(),
+                });
+            }
+        }
+    }
+
+    pub async fn delete(&self, req: DeleteSandboxRequest) -> Result<DeleteSandboxResponse, Status> {
+        validate::workspace(req.workspace_scope.as_ref())?;
+        validate::sandbox_name(&req.name)?;
+        let stored = match self.store.get_by_name(&req.name).await {
+            Ok(stored) => stored,
+            Err(StoreError::NotFound) if req.allow_missing => {
+                return Ok(DeleteSandboxResponse {
+                    outcome: DeletionOutcome::AlreadyAbsent as i32,
+                    sandbox_id: String::new(),
+                });
+            }
+            Err(StoreError::NotFound) => {
+                return Err(Status::not_found(format!("sandbox {:?} not found", req.name)));
+            }
+            Err(err) => return Err(store_status(err)),
+        };
+        let id = id_of(&stored.sandbox).to_owned();
+        let sandbox = self
+            .store
+            .update(&id, |s| {
+                set_phase(s, SandboxPhase::Deleting, "Deleting", "stopping the supervisor");
+                s.metadata.get_or_insert_with(Default::default).deletion_time = Some(now());
+            })
+            .await
+            .map_err(store_status)?;
+        self.hub.publish(Change::Updated(Box::new(sandbox)));
+        self.finish_delete(&id, stored.supervisor_pid).await?;
+        Ok(DeleteSandboxResponse {
+            outcome: DeletionOutcome::Completed as i32,
+            sandbox_id: id,
+        })
+    }
+
+    async fn finish_delete(&self, id: &str, pid: Option<i32>) -> Result<(), Status> {
+        self.sessions.close(id);
+        self.driver.stop(id, pid).await;
+        self.store.delete(id).await.map_err(store_status)?;
+        self.hub.publish(Change::Deleted { id: id.to_owned() });
+        tracing::info!(sandbox_id = id, "sandbox deleted");
+        Ok(())
+    }
+
+    pub async fn watch(
+        &self,
+        req: WatchSandboxRequest,
+    ) -> Result<ReceiverStream<Result<SandboxStreamEvent, Status>>, Status> {
+        validate::workspace(req.workspace_scope.as_ref())?;
+        validate::sandbox_name(&req.sandbox)?;
+        // Subscribe before reading the snapshot so no change falls between.
+        let mut changes = self.hub.subscribe();
+        let snapshot = self.by_name(&req.sandbox).await?;
+        let id = id_of(&snapshot).to_owned();
+        let name = req.sandbox.clone();
+        let store = self.store.clone();
+        let (tx, rx) = mpsc::channel(16);
+        let event = |sandbox: Sandbox| SandboxStreamEvent {
+            payload: Some(sandbox_stream_event::Payload::Sandbox(sandbox)),
+            cursor: String::new(),
+        };
+        let mut last_version = snapshot.metadata.as_ref().map(|m| m.resource_version).unwrap_or(0);
+        let done = !req.follow_status || (req.stop_on_terminal && is_terminal(phase_of(&snapshot)));
+        tokio::spawn(async move {
+            if tx.send(Ok(event(snapshot))).await.is_err() || done {
+                return;
+            }
+            loop {
+                let change = tokio::select! {
+                    _ = tx.closed() => return,
+                    change = changes.recv() => change,
+                };
+                let sandbox = match change {
+                    Ok(change) if change.id() != id => continue,
+                    Ok(Change::Updated(sandbox)) => *sandbox,
+                    Ok(Change::Deleted { .. }) => {
+                        let _ = tx
+                            .send(Err(Status::not_found(format!("sandbox {name:?} was deleted"))))
+                            .await;
+                        return;
+                    }
+                    Err(broadcast::error::RecvError::Lagged(_)) => {
+                        let warning = SandboxStreamEvent {
+                            payload: Some(sandbox_stream_event::Payload::Warning(
+                                SandboxStreamWarning {
+                                    message: "watcher fell behind; resending the current state".into(),
+                                },
+                            )),
+                            cursor: String::new(),
+                        };
+                        if tx.send(Ok(warning)).await.is_err() {
+                            return;
+                        }
+                        match store.get_by_id(&id).await {
+                            Ok(stored) => stored.sandbox,
+                            Err(StoreError::NotFound) => {
+                                let _ = tx
+                                    .send(Err(Status::not_found(format!("sandbox {name:?} was deleted"))))
+                                    .await;
+                                return;
+                            }
+                            Err(err) => {
+                                let _ = tx.send(Err(store_status(err))).await;
+                                return;
+                            }
+                        }
+                    }
+                    Err(broadcast::error::RecvError::Closed) => return,
+                };
+                let version = sandbox.metadata.as_ref().map(|m| m.resource_version).unwrap_or(0);
+                if version <= last_version {
+                    continue;
+                }
+                last_version = version;
+                let terminal = req.stop_on_terminal && is_terminal(phase_of(&sandbox));
+                if tx.send(Ok(event(sandbox))).await.is_err() || terminal {
+                    return;
+                }
+            }
+        });
+        Ok(ReceiverStream::new(rx))
+    }
+
+    /// A supervisor's hello passed; the sandbox must exist and not be going away.
+    pub async fn check_session_target(&self, sandbox_id: &str) -> Result<(), Status> {
+        let stored = self.store.get_by_id(sandbox_id).await.map_err(store_status)?;
+        if phase_of(&stored.sandbox) == SandboxPhase::Deleting {
+            return Err(Status::failed_precondition("sandbox is being deleted"));
+        }
+        Ok(())
+    }
+
+}
+
+#[tonic::async_trait]
+impl SessionHooks for Sandboxes {
+    async fn accepted(&self, sandbox_id: &str) {
+        if let Err(status) = self
+            .update_phase(sandbox_id, SandboxPhase::Ready, "SupervisorConnected", "supervisor session accepted")
+            .await
+        {
+            tracing::warn!(sandbox_id, %status, "could not mark sandbox ready");
+        }
+    }
+
+    async fn ended(&self, end: SessionEnd) {
+        let SessionEnd::Lost { sandbox_id } = end else {
+            return;
+        };
+        match self.store.get_by_id(&sandbox_id).await {
+            Ok(stored) if phase_of(&stored.sandbox) == SandboxPhase::Ready => {
+                let _ = self
+                    .update_phase(&sandbox_id, SandboxPhase::Unknown, "SupervisorDisconnected", "supervisor session lost; waiting for it to reconnect")
+                    .await;
+            }
+            _ => {}
+        }
+    }
+
+}
+
+impl Sandboxes {
+    pub async fn on_supervisor_exit(&self, exit: SupervisorExit) {
+        let Ok(stored) = self.store.get_by_id(&exit.sandbox_id).await else {
+            return;
+        };
+        // A replaced or deliberately stopped supervisor is not a failure.
+        if stored.supervisor_pid != Some(exit.pid)
+            || phase_of(&stored.sandbox) == SandboxPhase::Deleting
+            || self.sessions.is_shutting_down()
+        {
+            return;
+        }
+        tracing::warn!(sandbox_id = exit.sandbox_id, status = exit.status, "supervisor exited");
+        let _ = self
+            .update_phase(&exit.sandbox_id, SandboxPhase::Error, "SupervisorExited", &format!("supervisor exited: {}", exit.status))
+            .await;
+    }
+
+    /// At start-up: finish interrupted deletions, adopt live supervisors,
+    /// restart dead ones, and mark sandboxes without a session as waiting.
+    pub async fn recover(&self) -> anyhow::Result<()> {
+        for stored in self.store.all().await? {
+            let id = id_of(&stored.sandbox).to_owned();
+            let phase = phase_of(&stored.sandbox);
+            if phase == SandboxPhase::Deleting {
+                self.finish_delete(&id, stored.supervisor_pid).await.ok();
+                continue;
+            }
+            if phase == SandboxPhase::Ready {
+                self.update_phase(&id, SandboxPhase::Unknown, "GatewayRestarted", "waiting for the supervisor to reconnect")
+                    .await
+                    .ok();
+            }
+            let alive = stored
+                .supervisor_pid
+                .is_some_and(|pid| crate::driver::is_our_supervisor(pid, &id));
+            if alive {
+                tracing::info!(sandbox_id = id, pid = stored.supervisor_pid, "adopted running supervisor");
+                continue;
+            }
+            let (token, hash) = auth::new_sandbox_token();
+            match self.driver.start(&id, &token).await {
+                Ok(pid) => {
+                    self.store.set_supervisor(&id, Some(pid), Some(&hash)).await?;
+                    tracing::info!(sandbox_id = id, pid, "restarted supervisor");
+                }
+                Err(err) => {
+                    tracing::error!(sandbox_id = id, %err, "could not restart supervisor");
+                    self.update_phase(&id, SandboxPhase::Error, "DriverFailed", "could not start the supervisor")
+                        .await
+                        .ok();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Stops every supervisor (used by `--stop-sandboxes-on-exit`).
+    pub async fn stop_all_supervisors(&self) {
+        let Ok(all) = self.store.all().await else { return };
+        for stored in all {
+            if let Some(pid) = stored.supervisor_pid {
+                self.driver.stop_process(id_of(&stored.sandbox), pid).await;
+            }
+        }
+    }
+}
+
+fn encode_page_token(after: &str) -> String {
+    format!("n1.{}", hex::encode(after))
+}
+
+fn decode_page_token(token: &str) -> Result<String, Status> {
+    if token.is_empty() {
+        return Ok(String::new());
+    }
+    token
+        .strip_prefix("n1.")
+        .and_then(|h| hex::decode(h).ok())
+        .and_then(|b| String::from_utf8(b).ok())
+        .ok_or_else(|| Status::invalid_argument("page_token is not one this gateway issued"))
+}
+
+/// The environment an exec runs with: template, then sandbox, then request.
+pub fn merged_environment(
+    spec: Option<&SandboxSpec>,
+    request: &HashMap<String, String>,
+) -> HashMap<String, String> {
+    let mut env = HashMap::new();
+    if let Some(spec) = spec {
+        if let Some(template) = &spec.template {
+            env.extend(template.environment.clone());
+        }
+        env.extend(spec.environment.clone());
+    }
+    env.extend(request.clone());
+    env
+}
+
+pub const SESSION_WAIT: Duration = Duration::from_secs(15);

@@ -1,0 +1,354 @@
+//! The owner-routed streams: exec, interactive exec and TCP forward. Each one
+//! opens a relay to the sandbox's supervisor and pumps frames between the
+//! client and the relay. A client that goes away drops the relay, which makes
+//! the supervisor kill the process or close the socket; a gateway that shuts
+//! down ends every stream with UNAVAILABLE instead of leaving it hanging.
+
+use std::sync::Arc;
+
+use openshell_proto::{
+    ExecSandboxEvent, ExecSandboxInput, ExecSandboxRequest, RelayEof, RelayFrame, SandboxPhase,
+    TcpForwardEof, TcpForwardFrame, TcpRelayTarget, exec_sandbox_event, exec_sandbox_input,
+    relay_frame, relay_open, tcp_forward_frame, tcp_forward_init,
+};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Status, Streaming};
+
+use crate::sandboxes::{Sandboxes, SESSION_WAIT, id_of, merged_environment, phase_of};
+use crate::sessions::Relay;
+use crate::validate;
+
+pub type ExecEvents = ReceiverStream<Result<ExecSandboxEvent, Status>>;
+pub type ForwardFrames = ReceiverStream<Result<TcpForwardFrame, Status>>;
+
+pub struct Streams {
+    pub sandboxes: Arc<Sandboxes>,
+    pub shutdown: CancellationToken,
+}
+
+fn eof_frame() -> RelayFrame {
+    RelayFrame {
+        payload: Some(relay_frame::Payload::Eof(RelayEof {})),
+    }
+}
+
+fn relay_failure(status: Status) -> Status {
+    Status::unavailable(format!("sandbox relay failed: {}", status.message()))
+}
+
+impl Streams {
+    /// Validates an exec request and returns the sandbox id and the request
+    /// the supervisor will run (environment merged).
+    async fn prepare_exec(&self, req: &ExecSandboxRequest) -> Result<(String, ExecSandboxRequest), Status> {
+        validate::workspace(req.workspace_scope.as_ref())?;
+        validate::sandbox_name(&req.sandbox)?;
+        validate::command("command", &req.command, true)?;
+        validate::environment("environment", &req.environment)?;
+        if req.workdir.contains('\0') {
+            return Err(Status::invalid_argument("workdir must not contain NUL bytes"));
+        }
+        if let Some(timeout) = &req.execution_timeout
+            && (timeout.seconds < 0 || timeout.nanos < 0 || (timeout.seconds == 0 && timeout.nanos == 0))
+        {
+            return Err(Status::invalid_argument("execution_timeout must be positive"));
+        }
+        let sandbox = self.sandboxes.by_name(&req.sandbox).await?;
+        require_ready(&sandbox)?;
+        let mut start = req.clone();
+        start.environment = merged_environment(sandbox.spec.as_ref(), &req.environment);
+        Ok((id_of(&sandbox).to_owned(), start))
+    }
+
+    async fn open(&self, sandbox_id: &str, target: relay_open::Target) -> Result<Relay, Status> {
+        self.sandboxes
+            .sessions
+            .open_relay(sandbox_id, target, SESSION_WAIT)
+            .await
+    }
+
+    pub async fn exec(&self, req: ExecSandboxRequest) -> Result<ExecEvents, Status> {
+        let (sandbox_id, start) = self.prepare_exec(&req).await?;
+        let relay = self.open(&sandbox_id, relay_open::Target::Exec(start)).await?;
+        // All stdin travelled in the request; close the process's stdin.
+        relay
+            .outbound
+            .send(Ok(eof_frame()))
+            .await
+            .map_err(|_| Status::unavailable("sandbox relay closed"))?;
+        let (tx, rx) = mpsc::channel(32);
+        let done = CancellationToken::new();
+        tokio::spawn(pump_exec_events(relay, tx, self.shutdown.clone(), done));
+        Ok(ReceiverStream::new(rx))
+    }
+
+    pub async fn exec_interactive(
+        &self,
+        mut input: Streaming<ExecSandboxInput>,
+    ) -> Result<ExecEvents, Status> {
+        let start = match input.message().await? {
+            Some(ExecSandboxInput {
+                payload: Some(exec_sandbox_input::Payload::Start(start)),
+            }) => start,
+            _ => {
+                return Err(Status::invalid_argument(
+                    "the first interactive exec message must be start",
+                ));
+            }
+        };
+        let (sandbox_id, start) = self.prepare_exec(&start).await?;
+        let relay = self.open(&sandbox_id, relay_open::Target::Exec(start)).await?;
+        let (tx, rx) = mpsc::channel(32);
+        let done = CancellationToken::new();
+        let outbound = relay.outbound.clone();
+        let input_tx = tx.clone();
+        let input_done = done.clone();
+        tokio::spawn(async move {
+            loop {
+                let message = tokio::select! {
+                    _ = input_done.cancelled() => return,
+                    message = input.message() => message,
+                };
+                let frame = match message {
+                    Ok(Some(ExecSandboxInput { payload: Some(payload) })) => match payload {
+                        exec_sandbox_input::Payload::Stdin(data) => {
+                            if let Err(status) = validate::frame_size("stdin message", data.len()) {
+                                let _ = input_tx.send(Err(status)).await;
+                                input_done.cancel();
+                                return;
+                            }
+                            exec_sandbox_input::Payload::Stdin(data)
+                        }
+                        exec_sandbox_input::Payload::Resize(resize) => {
+                            exec_sandbox_input::Payload::Resize(resize)
+                        }
+                        exec_sandbox_input::Payload::Start(_) => {
+                            let _ = input_tx
+                                .send(Err(Status::invalid_argument(
+                                    "start may only be the first interactive exec message",
+                                )))
+                                .await;
+                            input_done.cancel();
+                            return;
+                        }
+                    },
+                    Ok(Some(_)) => continue,
+                    Ok(None) => {
+                        // Client closed its side: close the process's stdin
+                        // and keep the relay open for the remaining output.
+                        let _ = outbound.send(Ok(eof_frame())).await;
+                        input_done.cancelled().await;
+                        return;
+                    }
+                    Err(_) => {
+                        input_done.cancel();
+                        return;
+                    }
+                };
+                let frame = RelayFrame {
+                    payload: Some(relay_frame::Payload::ExecInput(ExecSandboxInput {
+                        payload: Some(frame),
+                    })),
+                };
+                if outbound.send(Ok(frame)).await.is_err() {
+                    return;
+                }
+            }
+        });
+        tokio::spawn(pump_exec_events(relay, tx, self.shutdown.clone(), done));
+        Ok(ReceiverStream::new(rx))
+    }
+
+    pub async fn forward(
+        &self,
+        mut input: Streaming<TcpForwardFrame>,
+    ) -> Result<ForwardFrames, Status> {
+        let init = match input.message().await? {
+            Some(TcpForwardFrame {
+                payload: Some(tcp_forward_frame::Payload::Init(init)),
+            }) => init,
+            _ => return Err(Status::invalid_argument("the first forward frame must be init")),
+        };
+        validate::sandbox_name(&init.sandbox)?;
+        if !(init.workspace.is_empty() || init.workspace == "default") {
+            return Err(Status::not_found(format!("workspace {:?} not found", init.workspace)));
+        }
+        let target = match init.target {
+            Some(tcp_forward_init::Target::Tcp(tcp)) => tcp,
+            Some(tcp_forward_init::Target::Ssh(_)) => {
+                return Err(Status::unimplemented(
+                    "ssh forward targets are not supported by the process driver; forward a TCP port",
+                ));
+            }
+            None => return Err(Status::invalid_argument("forward init needs a target")),
+        };
+        let host = validate::forward_target(&target.host, target.port)?;
+        let sandbox = self.sandboxes.by_name(&init.sandbox).await?;
+        require_ready(&sandbox)?;
+        let relay = self
+            .open(
+                id_of(&sandbox),
+                relay_open::Target::Tcp(TcpRelayTarget { host, port: target.port }),
+            )
+            .await?;
+
+        let (tx, rx) = mpsc::channel(32);
+        let abort = CancellationToken::new();
+        let client_done = CancellationToken::new();
+        // Client -> sandbox.
+        {
+            let outbound = relay.outbound.clone();
+            let tx = tx.clone();
+            let abort = abort.clone();
+            let client_done = client_done.clone();
+            tokio::spawn(async move {
+                loop {
+                    let message = tokio::select! {
+                        _ = abort.cancelled() => return,
+                        message = input.message() => message,
+                    };
+                    let frame = match message {
+                        Ok(Some(TcpForwardFrame { payload: Some(tcp_forward_frame::Payload::Data(data)) })) => {
+                            if let Err(status) = validate::frame_size("forward data frame", data.len()) {
+                                let _ = tx.send(Err(status)).await;
+                                abort.cancel();
+                                return;
+                            }
+                            relay_frame::Payload::Data(data)
+                        }
+                        Ok(Some(TcpForwardFrame { payload: Some(tcp_forward_frame::Payload::Init(_)) })) => {
+                            let _ = tx
+                                .send(Err(Status::invalid_argument("init may only be the first forward frame")))
+                                .await;
+                            abort.cancel();
+                            return;
+                        }
+                        Ok(Some(TcpForwardFrame { payload: Some(tcp_forward_frame::Payload::Eof(_)) }))
+                        | Ok(None) => {
+                            let _ = outbound.send(Ok(eof_frame())).await;
+                            client_done.cancel();
+                            return;
+                        }
+                        Ok(Some(_)) => continue,
+                        Err(_) => {
+                            abort.cancel();
+                            return;
+                        }
+                    };
+                    if outbound.send(Ok(RelayFrame { payload: Some(frame) })).await.is_err() {
+                        abort.cancel();
+                        return;
+                    }
+                }
+            });
+        }
+        // Sandbox -> client.
+        let shutdown = self.shutdown.clone();
+        tokio::spawn(async move {
+            let mut relay = relay;
+            loop {
+                let frame = tokio::select! {
+                    _ = abort.cancelled() => return,
+                    _ = tx.closed() => { abort.cancel(); return; }
+                    _ = shutdown.cancelled() => {
+                        let _ = tx.send(Err(Status::unavailable("gateway is shutting down"))).await;
+                        abort.cancel();
+                        return;
+                    }
+                    frame = relay.inbound.message() => frame,
+                };
+                let payload = match frame {
+                    Ok(Some(RelayFrame { payload: Some(relay_frame::Payload::Data(data)) })) => {
+                        tcp_forward_frame::Payload::Data(data)
+                    }
+                    Ok(Some(RelayFrame { payload: Some(relay_frame::Payload::Eof(_)) })) => {
+                        let eof = TcpForwardFrame { payload: Some(tcp_forward_frame::Payload::Eof(TcpForwardEof {})) };
+                        if tx.send(Ok(eof)).await.is_err() {
+                            abort.cancel();
+                            return;
+                        }
+                        // The sandbox side finished writing; end once the client has too.
+                        tokio::select! {
+                            _ = client_done.cancelled() => {}
+                            _ = abort.cancelled() => {}
+                            _ = tx.closed() => {}
+                            _ = shutdown.cancelled() => {
+                                let _ = tx.send(Err(Status::unavailable("gateway is shutting down"))).await;
+                            }
+                        }
+                        abort.cancel();
+                        return;
+                    }
+                    Ok(Some(_)) => continue,
+                    Ok(None) => {
+                        abort.cancel();
+                        return;
+                    }
+                    Err(status) => {
+                        let _ = tx.send(Err(relay_failure(status))).await;
+                        abort.cancel();
+                        return;
+                    }
+                };
+                if tx.send(Ok(TcpForwardFrame { payload: Some(payload) })).await.is_err() {
+                    abort.cancel();
+                    return;
+                }
+            }
+        });
+        Ok(ReceiverStream::new(rx))
+    }
+}
+
+fn require_ready(sandbox: &openshell_proto::Sandbox) -> Result<(), Status> {
+    let phase = phase_of(sandbox);
+    if phase != SandboxPhase::Ready {
+        return Err(Status::failed_precondition(format!(
+            "sandbox is not ready (phase {})",
+            phase.as_str_name().trim_start_matches("SANDBOX_PHASE_")
+        )));
+    }
+    Ok(())
+}
+
+/// Relays exec events to the client until the exit event. Ends the client
+/// stream with UNAVAILABLE if the relay breaks first or the gateway stops.
+async fn pump_exec_events(
+    mut relay: Relay,
+    tx: mpsc::Sender<Result<ExecSandboxEvent, Status>>,
+    shutdown: CancellationToken,
+    done: CancellationToken,
+) {
+    let _stop_input = done.clone().drop_guard();
+    loop {
+        let frame = tokio::select! {
+            _ = tx.closed() => return,
+            _ = done.cancelled() => return,
+            _ = shutdown.cancelled() => {
+                let _ = tx.send(Err(Status::unavailable("gateway is shutting down"))).await;
+                return;
+            }
+            frame = relay.inbound.message() => frame,
+        };
+        match frame {
+            Ok(Some(RelayFrame { payload: Some(relay_frame::Payload::ExecEvent(event)) })) => {
+                let exit = matches!(event.payload, Some(exec_sandbox_event::Payload::Exit(_)));
+                if tx.send(Ok(event)).await.is_err() || exit {
+                    return;
+                }
+            }
+            Ok(Some(_)) => continue,
+            Ok(None) => {
+                let _ = tx
+                    .send(Err(Status::unavailable("sandbox relay ended before the process exited")))
+                    .await;
+                return;
+            }
+            Err(status) => {
+                let _ = tx.send(Err(relay_failure(status))).await;
+                return;
+            }
+        }
+    }
+}
