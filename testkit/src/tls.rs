@@ -1,0 +1,44 @@
+//! A throwaway CA and a server certificate for 127.0.0.1/localhost, written
+//! as PEM files, for TLS tests.
+
+use std::path::{Path, PathBuf};
+
+use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, SanType};
+
+pub struct TestPki {
+    pub ca_cert: PathBuf,
+    pub server_cert: PathBuf,
+    pub server_key: PathBuf,
+}
+
+pub fn make_pki(dir: &Path) -> TestPki {
+    let ca_key = KeyPair::generate().expect("ca key");
+    let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
+    ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    ca_params
+        .distinguished_name
+        .push(DnType::CommonName, "openshell test CA");
+    let ca = ca_params.self_signed(&ca_key).expect("ca cert");
+
+    let key = KeyPair::generate().expect("server key");
+    let mut params =
+        CertificateParams::new(vec!["localhost".to_owned()]).expect("server params");
+    params
+        .subject_alt_names
+        .push(SanType::IpAddress("127.0.0.1".parse().unwrap()));
+    params
+        .distinguished_name
+        .push(DnType::CommonName, "openshell test gateway");
+    let issuer = rcgen::Issuer::new(ca_params, ca_key);
+    let cert = params.signed_by(&key, &issuer).expect("server cert");
+
+    let pki = TestPki {
+        ca_cert: dir.join("ca.pem"),
+        server_cert: dir.join("server.pem"),
+        server_key: dir.join("server.key"),
+    };
+    std::fs::write(&pki.ca_cert, ca.pem()).unwrap();
+    std::fs::write(&pki.server_cert, cert.pem()).unwrap();
+    std::fs::write(&pki.server_key, key.serialize_pem()).unwrap();
+    pki
+}
