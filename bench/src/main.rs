@@ -28,7 +28,9 @@ async fn sink_server() -> (u16, tokio::task::JoinHandle<()>) {
     let port = listener.local_addr().unwrap().port();
     let task = tokio::spawn(async move {
         loop {
-            let Ok((mut socket, _)) = listener.accept().await else { return };
+            let Ok((mut socket, _)) = listener.accept().await else {
+                return;
+            };
             tokio::spawn(async move {
                 let mut buf = vec![0u8; CHUNK];
                 let mut total: u64 = 0;
@@ -99,13 +101,20 @@ async fn forward_copy(client: &mut OpenShellClient<Channel>, sandbox: &str, port
     }
     writer.await.unwrap();
     assert_eq!(reply.len(), 8);
-    assert_eq!(u64::from_be_bytes(reply.try_into().unwrap()), FORWARD_BYTES as u64);
+    assert_eq!(
+        u64::from_be_bytes(reply.try_into().unwrap()),
+        FORWARD_BYTES as u64
+    );
     started.elapsed()
 }
 
 async fn gateway_bench() {
     let gw = Gateway::start(GatewayOptions::dev());
-    let channel = Channel::from_shared(gw.url.clone()).unwrap().connect().await.unwrap();
+    let channel = Channel::from_shared(gw.url.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
     let mut client = OpenShellClient::new(channel);
     client
         .create_sandbox(CreateSandboxRequest {
@@ -164,7 +173,10 @@ async fn gateway_bench() {
     let plain_rate = mib / plain.as_secs_f64();
     let forward_rate = mib / forwarded.as_secs_f64();
 
-    println!("gateway benchmark ({} MiB per copy, {EXEC_ROUNDS} execs)", mib as u64);
+    println!(
+        "gateway benchmark ({} MiB per copy, {EXEC_ROUNDS} execs)",
+        mib as u64
+    );
     println!(
         "  exec `true` round trip: p50 {:.2} ms, p99 {:.2} ms",
         percentile(&latencies, 0.50).as_secs_f64() * 1e3,

@@ -80,8 +80,8 @@ impl Authenticator {
                 }
             }
             Access::Sandbox => {
-                let token = token
-                    .ok_or_else(|| Status::unauthenticated("missing sandbox token"))?;
+                let token =
+                    token.ok_or_else(|| Status::unauthenticated("missing sandbox token"))?;
                 let hash = hex::encode(sha256(token));
                 match self.store.sandbox_for_token(&hash).await {
                     Ok(Some(id)) => Ok(Principal::Sandbox(id)),
@@ -97,7 +97,9 @@ impl Authenticator {
 }
 
 fn bearer(value: &[u8]) -> Option<&[u8]> {
-    let rest = value.strip_prefix(b"Bearer ").or_else(|| value.strip_prefix(b"bearer "))?;
+    let rest = value
+        .strip_prefix(b"Bearer ")
+        .or_else(|| value.strip_prefix(b"bearer "))?;
     let rest = rest.trim_ascii();
     (!rest.is_empty()).then_some(rest)
 }
@@ -132,7 +134,13 @@ mod tests {
     #[test]
     fn access_classes() {
         assert_eq!(access_for("/openshell.v1.OpenShell/Health"), Access::Public);
-        assert_eq!(access_for("/openshell.v1.OpenShell/RelayStream"), Access::Sandbox);
-        assert_eq!(access_for("/openshell.v1.OpenShell/ExecSandbox"), Access::User);
+        assert_eq!(
+            access_for("/openshell.v1.OpenShell/RelayStream"),
+            Access::Sandbox
+        );
+        assert_eq!(
+            access_for("/openshell.v1.OpenShell/ExecSandbox"),
+            Access::User
+        );
     }
 }

@@ -111,7 +111,11 @@ impl ProcessDriver {
                 tokio::time::sleep(Duration::from_millis(25)).await;
             }
             if is_running(pid) {
-                tracing::warn!(sandbox_id, pid, "supervisor ignored SIGTERM; killing its group");
+                tracing::warn!(
+                    sandbox_id,
+                    pid,
+                    "supervisor ignored SIGTERM; killing its group"
+                );
                 signal(-pid, libc::SIGKILL);
             }
         }

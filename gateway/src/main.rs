@@ -44,7 +44,11 @@ use crate::watch_hub::WatchHub;
 const MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
 
 #[derive(Parser)]
-#[command(name = "openshell-gateway", version, about = "Reference OpenShell gateway")]
+#[command(
+    name = "openshell-gateway",
+    version,
+    about = "Reference OpenShell gateway"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -71,7 +75,12 @@ struct ServeArgs {
     #[arg(long, default_value = "gw-0")]
     replica_id: String,
     /// A user bearer token (repeatable).
-    #[arg(long = "token", env = "OPENSHELL_GATEWAY_TOKENS", value_delimiter = ',', hide_env_values = true)]
+    #[arg(
+        long = "token",
+        env = "OPENSHELL_GATEWAY_TOKENS",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
     tokens: Vec<String>,
     /// File with one user token per line.
     #[arg(long)]
@@ -106,8 +115,7 @@ struct ServeArgs {
 async fn main() -> anyhow::Result<()> {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| "info".into()),
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
         .init();
@@ -186,8 +194,12 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
     let metrics = Metrics::new();
     let sessions = Sessions::new(metrics.clone());
-    let (driver, mut exits) =
-        ProcessDriver::new(data_dir.clone(), supervisor_bin, supervisor_url, supervisor_ca);
+    let (driver, mut exits) = ProcessDriver::new(
+        data_dir.clone(),
+        supervisor_bin,
+        supervisor_url,
+        supervisor_ca,
+    );
     let sandboxes = Arc::new(Sandboxes {
         store: store.clone(),
         hub: WatchHub::new(),
@@ -240,7 +252,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .await
     });
     let metrics_stop = CancellationToken::new();
-    tokio::spawn(metrics::serve(metrics_listener, metrics.clone(), metrics_stop.clone()));
+    tokio::spawn(metrics::serve(
+        metrics_listener,
+        metrics.clone(),
+        metrics_stop.clone(),
+    ));
 
     let ready = serde_json::json!({
         "grpc": grpc_addr.to_string(),

@@ -104,7 +104,10 @@ where
                 method: Some(method),
                 metrics: layer.metrics.clone(),
             };
-            Ok(Response::from_parts(parts, tonic::body::Body::new(observed)))
+            Ok(Response::from_parts(
+                parts,
+                tonic::body::Body::new(observed),
+            ))
         })
     }
 }

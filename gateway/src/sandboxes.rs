@@ -57,13 +57,21 @@ pub fn phase_of(sandbox: &Sandbox) -> SandboxPhase {
 }
 
 pub fn id_of(sandbox: &Sandbox) -> &str {
-    sandbox.metadata.as_ref().map(|m| m.id.as_str()).unwrap_or_default()
+    sandbox
+        .metadata
+        .as_ref()
+        .map(|m| m.id.as_str())
+        .unwrap_or_default()
 }
 
 fn set_phase(sandbox: &mut Sandbox, phase: SandboxPhase, reason: &str, message: &str) {
     let status = sandbox.status.get_or_insert_with(SandboxStatus::default);
     status.set_phase(phase);
-    let ready = if phase == SandboxPhase::Ready { "True" } else { "False" };
+    let ready = if phase == SandboxPhase::Ready {
+        "True"
+    } else {
+        "False"
+    };
     status.conditions.retain(|c| c.r#type != "Ready");
     status.conditions.push(SandboxCondition {
         r#type: "Ready".into(),
@@ -85,7 +93,10 @@ impl Sandboxes {
     pub async fn create(self: &Arc<Self>, req: CreateSandboxRequest) -> Result<Sandbox, Status> {
         validate::workspace(req.workspace_scope.as_ref())?;
         let name = if req.name.is_empty() {
-            format!("sandbox-{}", &uuid::Uuid::new_v4().simple().to_string()[..8])
+            format!(
+                "sandbox-{}",
+                &uuid::Uuid::new_v4().simple().to_string()[..8]
+            )
         } else {
             req.name.clone()
         };
@@ -121,7 +132,10 @@ impl Sandboxes {
             "starting the supervisor",
         );
         let (token, token_hash) = auth::new_sandbox_token();
-        self.store.insert(&sandbox, &token_hash).await.map_err(store_status)?;
+        self.store
+            .insert(&sandbox, &token_hash)
+            .await
+            .map_err(store_status)?;
         self.hub.publish(Change::Updated(Box::new(sandbox.clone())));
         match self.driver.start(&id, &token).await {
             Ok(pid) => {
@@ -133,7 +147,12 @@ impl Sandboxes {
             Err(err) => {
                 tracing::error!(sandbox_id = id, %err, "could not start supervisor");
                 let failed = self
-                    .update_phase(&id, SandboxPhase::Error, "DriverFailed", "could not start the supervisor")
+                    .update_phase(
+                        &id,
+                        SandboxPhase::Error,
+                        "DriverFailed",
+                        "could not start the supervisor",
+                    )
                     .await?;
                 return Ok(failed);
             }
@@ -210,7 +229,11 @@ impl Sandboxes {
                             .is_empty();
                         return Ok(ListSandboxesResponse {
                             sandboxes: page,
-                            next_page_token: if more { encode_page_token(&after) } else { String::new() },
+                            next_page_token: if more {
+                                encode_page_token(&after)
+                            } else {
+                                String::new()
+                            },
                         });
                     }
                 }
@@ -236,7 +259,10 @@ impl Sandboxes {
                 });
             }
             Err(StoreError::NotFound) => {
-                return Err(Status::not_found(format!("sandbox {:?} not found", req.name)));
+                return Err(Status::not_found(format!(
+                    "sandbox {:?} not found",
+                    req.name
+                )));
             }
             Err(err) => return Err(store_status(err)),
         };
@@ -244,8 +270,15 @@ impl Sandboxes {
         let sandbox = self
             .store
             .update(&id, |s| {
-                set_phase(s, SandboxPhase::Deleting, "Deleting", "stopping the supervisor");
-                s.metadata.get_or_insert_with(Default::default).deletion_time = Some(now());
+                set_phase(
+                    s,
+                    SandboxPhase::Deleting,
+                    "Deleting",
+                    "stopping the supervisor",
+                );
+                s.metadata
+                    .get_or_insert_with(Default::default)
+                    .deletion_time = Some(now());
             })
             .await
             .map_err(store_status)?;
@@ -283,7 +316,11 @@ impl Sandboxes {
             payload: Some(sandbox_stream_event::Payload::Sandbox(sandbox)),
             cursor: String::new(),
         };
-        let mut last_version = snapshot.metadata.as_ref().map(|m| m.resource_version).unwrap_or(0);
+        let mut last_version = snapshot
+            .metadata
+            .as_ref()
+            .map(|m| m.resource_version)
+            .unwrap_or(0);
         let done = !req.follow_status || (req.stop_on_terminal && is_terminal(phase_of(&snapshot)));
         tokio::spawn(async move {
             if tx.send(Ok(event(snapshot))).await.is_err() || done {
@@ -299,7 +336,9 @@ impl Sandboxes {
                     Ok(Change::Updated(sandbox)) => *sandbox,
                     Ok(Change::Deleted { .. }) => {
                         let _ = tx
-                            .send(Err(Status::not_found(format!("sandbox {name:?} was deleted"))))
+                            .send(Err(Status::not_found(format!(
+                                "sandbox {name:?} was deleted"
+                            ))))
                             .await;
                         return;
                     }
@@ -307,7 +346,8 @@ impl Sandboxes {
                         let warning = SandboxStreamEvent {
                             payload: Some(sandbox_stream_event::Payload::Warning(
                                 SandboxStreamWarning {
-                                    message: "watcher fell behind; resending the current state".into(),
+                                    message: "watcher fell behind; resending the current state"
+                                        .into(),
                                 },
                             )),
                             cursor: String::new(),
@@ -319,7 +359,9 @@ impl Sandboxes {
                             Ok(stored) => stored.sandbox,
                             Err(StoreError::NotFound) => {
                                 let _ = tx
-                                    .send(Err(Status::not_found(format!("sandbox {name:?} was deleted"))))
+                                    .send(Err(Status::not_found(format!(
+                                        "sandbox {name:?} was deleted"
+                                    ))))
                                     .await;
                                 return;
                             }
@@ -331,7 +373,11 @@ impl Sandboxes {
                     }
                     Err(broadcast::error::RecvError::Closed) => return,
                 };
-                let version = sandbox.metadata.as_ref().map(|m| m.resource_version).unwrap_or(0);
+                let version = sandbox
+                    .metadata
+                    .as_ref()
+                    .map(|m| m.resource_version)
+                    .unwrap_or(0);
                 if version <= last_version {
                     continue;
                 }
@@ -347,20 +393,28 @@ impl Sandboxes {
 
     /// A supervisor's hello passed; the sandbox must exist and not be going away.
     pub async fn check_session_target(&self, sandbox_id: &str) -> Result<(), Status> {
-        let stored = self.store.get_by_id(sandbox_id).await.map_err(store_status)?;
+        let stored = self
+            .store
+            .get_by_id(sandbox_id)
+            .await
+            .map_err(store_status)?;
         if phase_of(&stored.sandbox) == SandboxPhase::Deleting {
             return Err(Status::failed_precondition("sandbox is being deleted"));
         }
         Ok(())
     }
-
 }
 
 #[tonic::async_trait]
 impl SessionHooks for Sandboxes {
     async fn accepted(&self, sandbox_id: &str) {
         if let Err(status) = self
-            .update_phase(sandbox_id, SandboxPhase::Ready, "SupervisorConnected", "supervisor session accepted")
+            .update_phase(
+                sandbox_id,
+                SandboxPhase::Ready,
+                "SupervisorConnected",
+                "supervisor session accepted",
+            )
             .await
         {
             tracing::warn!(sandbox_id, %status, "could not mark sandbox ready");
@@ -374,13 +428,17 @@ impl SessionHooks for Sandboxes {
         match self.store.get_by_id(&sandbox_id).await {
             Ok(stored) if phase_of(&stored.sandbox) == SandboxPhase::Ready => {
                 let _ = self
-                    .update_phase(&sandbox_id, SandboxPhase::Unknown, "SupervisorDisconnected", "supervisor session lost; waiting for it to reconnect")
+                    .update_phase(
+                        &sandbox_id,
+                        SandboxPhase::Unknown,
+                        "SupervisorDisconnected",
+                        "supervisor session lost; waiting for it to reconnect",
+                    )
                     .await;
             }
             _ => {}
         }
     }
-
 }
 
 impl Sandboxes {
@@ -395,9 +453,18 @@ impl Sandboxes {
         {
             return;
         }
-        tracing::warn!(sandbox_id = exit.sandbox_id, status = exit.status, "supervisor exited");
+        tracing::warn!(
+            sandbox_id = exit.sandbox_id,
+            status = exit.status,
+            "supervisor exited"
+        );
         let _ = self
-            .update_phase(&exit.sandbox_id, SandboxPhase::Error, "SupervisorExited", &format!("supervisor exited: {}", exit.status))
+            .update_phase(
+                &exit.sandbox_id,
+                SandboxPhase::Error,
+                "SupervisorExited",
+                &format!("supervisor exited: {}", exit.status),
+            )
             .await;
     }
 
@@ -412,28 +479,44 @@ impl Sandboxes {
                 continue;
             }
             if phase == SandboxPhase::Ready {
-                self.update_phase(&id, SandboxPhase::Unknown, "GatewayRestarted", "waiting for the supervisor to reconnect")
-                    .await
-                    .ok();
+                self.update_phase(
+                    &id,
+                    SandboxPhase::Unknown,
+                    "GatewayRestarted",
+                    "waiting for the supervisor to reconnect",
+                )
+                .await
+                .ok();
             }
             let alive = stored
                 .supervisor_pid
                 .is_some_and(|pid| crate::driver::is_our_supervisor(pid, &id));
             if alive {
-                tracing::info!(sandbox_id = id, pid = stored.supervisor_pid, "adopted running supervisor");
+                tracing::info!(
+                    sandbox_id = id,
+                    pid = stored.supervisor_pid,
+                    "adopted running supervisor"
+                );
                 continue;
             }
             let (token, hash) = auth::new_sandbox_token();
             match self.driver.start(&id, &token).await {
                 Ok(pid) => {
-                    self.store.set_supervisor(&id, Some(pid), Some(&hash)).await?;
+                    self.store
+                        .set_supervisor(&id, Some(pid), Some(&hash))
+                        .await?;
                     tracing::info!(sandbox_id = id, pid, "restarted supervisor");
                 }
                 Err(err) => {
                     tracing::error!(sandbox_id = id, %err, "could not restart supervisor");
-                    self.update_phase(&id, SandboxPhase::Error, "DriverFailed", "could not start the supervisor")
-                        .await
-                        .ok();
+                    self.update_phase(
+                        &id,
+                        SandboxPhase::Error,
+                        "DriverFailed",
+                        "could not start the supervisor",
+                    )
+                    .await
+                    .ok();
                 }
             }
         }
@@ -442,7 +525,9 @@ impl Sandboxes {
 
     /// Stops every supervisor (used by `--stop-sandboxes-on-exit`).
     pub async fn stop_all_supervisors(&self) {
-        let Ok(all) = self.store.all().await else { return };
+        let Ok(all) = self.store.all().await else {
+            return;
+        };
         for stored in all {
             if let Some(pid) = stored.supervisor_pid {
                 self.driver.stop_process(id_of(&stored.sandbox), pid).await;

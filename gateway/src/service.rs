@@ -72,14 +72,18 @@ impl OpenShell for GatewayService {
         &self,
         request: Request<ListSandboxesRequest>,
     ) -> Result<Response<ListSandboxesResponse>, Status> {
-        Ok(Response::new(self.sandboxes.list(request.into_inner()).await?))
+        Ok(Response::new(
+            self.sandboxes.list(request.into_inner()).await?,
+        ))
     }
 
     async fn delete_sandbox(
         &self,
         request: Request<DeleteSandboxRequest>,
     ) -> Result<Response<DeleteSandboxResponse>, Status> {
-        Ok(Response::new(self.sandboxes.delete(request.into_inner()).await?))
+        Ok(Response::new(
+            self.sandboxes.delete(request.into_inner()).await?,
+        ))
     }
 
     type WatchSandboxStream = BoxStream<SandboxStreamEvent>;
@@ -156,7 +160,10 @@ impl OpenShell for GatewayService {
         request: Request<Streaming<RelayFrame>>,
     ) -> Result<Response<Self::RelayStreamStream>, Status> {
         let principal = sandbox_principal(&request)?;
-        let stream = self.sessions.claim(&principal, request.into_inner()).await?;
+        let stream = self
+            .sessions
+            .claim(&principal, request.into_inner())
+            .await?;
         Ok(Response::new(Box::pin(stream)))
     }
 }

@@ -405,6 +405,10 @@ struct PendingCleanup<'a> {
 
 impl Drop for PendingCleanup<'_> {
     fn drop(&mut self) {
-        self.sessions.pending.lock().unwrap().remove(self.channel_id);
+        self.sessions
+            .pending
+            .lock()
+            .unwrap()
+            .remove(self.channel_id);
     }
 }

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use openshell_proto::Sandbox;
 use prost::Message;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 use sqlx::Row;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
 
 /// Schema versions, applied in order, each exactly once.
 const MIGRATIONS: &[(i64, &str)] = &[(
@@ -77,7 +77,7 @@ impl Store {
             .execute(&self.pool)
             .await?;
         for (version, sql) in MIGRATIONS {
-            let mut tx = self.pool.begin().await?;
+            let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
             let done = sqlx::query("SELECT 1 FROM schema_migrations WHERE version = ?")
                 .bind(version)
                 .fetch_optional(&mut *tx)
@@ -153,7 +153,11 @@ impl Store {
     }
 
     /// Sandboxes ordered by name, starting after `after`.
-    pub async fn list_after(&self, after: &str, limit: i64) -> Result<Vec<StoredSandbox>, StoreError> {
+    pub async fn list_after(
+        &self,
+        after: &str,
+        limit: i64,
+    ) -> Result<Vec<StoredSandbox>, StoreError> {
         let rows = sqlx::query(
             "SELECT record, supervisor_pid FROM sandboxes WHERE name > ? ORDER BY name LIMIT ?",
         )
@@ -174,7 +178,9 @@ impl Store {
     where
         F: FnOnce(&mut Sandbox),
     {
-        let mut tx = self.pool.begin().await?;
+        // IMMEDIATE takes the write lock up front: two deferred read-then-write
+        // transactions would otherwise fail with "database is locked".
+        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
         let row = sqlx::query("SELECT record FROM sandboxes WHERE id = ?")
             .bind(id)
             .fetch_optional(&mut *tx)
@@ -202,12 +208,12 @@ impl Store {
         token_hash: Option<&str>,
     ) -> Result<(), StoreError> {
         let query = match token_hash {
-            Some(hash) => sqlx::query(
-                "UPDATE sandboxes SET supervisor_pid = ?, token_hash = ? WHERE id = ?",
-            )
-            .bind(pid)
-            .bind(hash)
-            .bind(id),
+            Some(hash) => {
+                sqlx::query("UPDATE sandboxes SET supervisor_pid = ?, token_hash = ? WHERE id = ?")
+                    .bind(pid)
+                    .bind(hash)
+                    .bind(id)
+            }
             None => sqlx::query("UPDATE sandboxes SET supervisor_pid = ? WHERE id = ?")
                 .bind(pid)
                 .bind(id),

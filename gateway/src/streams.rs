@@ -16,7 +16,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Status, Streaming};
 
-use crate::sandboxes::{Sandboxes, SESSION_WAIT, id_of, merged_environment, phase_of};
+use crate::sandboxes::{SESSION_WAIT, Sandboxes, id_of, merged_environment, phase_of};
 use crate::sessions::Relay;
 use crate::validate;
 
@@ -41,18 +41,27 @@ fn relay_failure(status: Status) -> Status {
 impl Streams {
     /// Validates an exec request and returns the sandbox id and the request
     /// the supervisor will run (environment merged).
-    async fn prepare_exec(&self, req: &ExecSandboxRequest) -> Result<(String, ExecSandboxRequest), Status> {
+    async fn prepare_exec(
+        &self,
+        req: &ExecSandboxRequest,
+    ) -> Result<(String, ExecSandboxRequest), Status> {
         validate::workspace(req.workspace_scope.as_ref())?;
         validate::sandbox_name(&req.sandbox)?;
         validate::command("command", &req.command, true)?;
         validate::environment("environment", &req.environment)?;
         if req.workdir.contains('\0') {
-            return Err(Status::invalid_argument("workdir must not contain NUL bytes"));
+            return Err(Status::invalid_argument(
+                "workdir must not contain NUL bytes",
+            ));
         }
         if let Some(timeout) = &req.execution_timeout
-            && (timeout.seconds < 0 || timeout.nanos < 0 || (timeout.seconds == 0 && timeout.nanos == 0))
+            && (timeout.seconds < 0
+                || timeout.nanos < 0
+                || (timeout.seconds == 0 && timeout.nanos == 0))
         {
-            return Err(Status::invalid_argument("execution_timeout must be positive"));
+            return Err(Status::invalid_argument(
+                "execution_timeout must be positive",
+            ));
         }
         let sandbox = self.sandboxes.by_name(&req.sandbox).await?;
         require_ready(&sandbox)?;
@@ -70,7 +79,9 @@ impl Streams {
 
     pub async fn exec(&self, req: ExecSandboxRequest) -> Result<ExecEvents, Status> {
         let (sandbox_id, start) = self.prepare_exec(&req).await?;
-        let relay = self.open(&sandbox_id, relay_open::Target::Exec(start)).await?;
+        let relay = self
+            .open(&sandbox_id, relay_open::Target::Exec(start))
+            .await?;
         // All stdin travelled in the request; close the process's stdin.
         relay
             .outbound
@@ -98,7 +109,9 @@ impl Streams {
             }
         };
         let (sandbox_id, start) = self.prepare_exec(&start).await?;
-        let relay = self.open(&sandbox_id, relay_open::Target::Exec(start)).await?;
+        let relay = self
+            .open(&sandbox_id, relay_open::Target::Exec(start))
+            .await?;
         let (tx, rx) = mpsc::channel(32);
         let done = CancellationToken::new();
         let outbound = relay.outbound.clone();
@@ -111,7 +124,9 @@ impl Streams {
                     message = input.message() => message,
                 };
                 let frame = match message {
-                    Ok(Some(ExecSandboxInput { payload: Some(payload) })) => match payload {
+                    Ok(Some(ExecSandboxInput {
+                        payload: Some(payload),
+                    })) => match payload {
                         exec_sandbox_input::Payload::Stdin(data) => {
                             if let Err(status) = validate::frame_size("stdin message", data.len()) {
                                 let _ = input_tx.send(Err(status)).await;
@@ -168,11 +183,18 @@ impl Streams {
             Some(TcpForwardFrame {
                 payload: Some(tcp_forward_frame::Payload::Init(init)),
             }) => init,
-            _ => return Err(Status::invalid_argument("the first forward frame must be init")),
+            _ => {
+                return Err(Status::invalid_argument(
+                    "the first forward frame must be init",
+                ));
+            }
         };
         validate::sandbox_name(&init.sandbox)?;
         if !(init.workspace.is_empty() || init.workspace == "default") {
-            return Err(Status::not_found(format!("workspace {:?} not found", init.workspace)));
+            return Err(Status::not_found(format!(
+                "workspace {:?} not found",
+                init.workspace
+            )));
         }
         let target = match init.target {
             Some(tcp_forward_init::Target::Tcp(tcp)) => tcp,
@@ -189,7 +211,10 @@ impl Streams {
         let relay = self
             .open(
                 id_of(&sandbox),
-                relay_open::Target::Tcp(TcpRelayTarget { host, port: target.port }),
+                relay_open::Target::Tcp(TcpRelayTarget {
+                    host,
+                    port: target.port,
+                }),
             )
             .await?;
 
@@ -209,22 +234,32 @@ impl Streams {
                         message = input.message() => message,
                     };
                     let frame = match message {
-                        Ok(Some(TcpForwardFrame { payload: Some(tcp_forward_frame::Payload::Data(data)) })) => {
-                            if let Err(status) = validate::frame_size("forward data frame", data.len()) {
+                        Ok(Some(TcpForwardFrame {
+                            payload: Some(tcp_forward_frame::Payload::Data(data)),
+                        })) => {
+                            if let Err(status) =
+                                validate::frame_size("forward data frame", data.len())
+                            {
                                 let _ = tx.send(Err(status)).await;
                                 abort.cancel();
                                 return;
                             }
                             relay_frame::Payload::Data(data)
                         }
-                        Ok(Some(TcpForwardFrame { payload: Some(tcp_forward_frame::Payload::Init(_)) })) => {
+                        Ok(Some(TcpForwardFrame {
+                            payload: Some(tcp_forward_frame::Payload::Init(_)),
+                        })) => {
                             let _ = tx
-                                .send(Err(Status::invalid_argument("init may only be the first forward frame")))
+                                .send(Err(Status::invalid_argument(
+                                    "init may only be the first forward frame",
+                                )))
                                 .await;
                             abort.cancel();
                             return;
                         }
-                        Ok(Some(TcpForwardFrame { payload: Some(tcp_forward_frame::Payload::Eof(_)) }))
+                        Ok(Some(TcpForwardFrame {
+                            payload: Some(tcp_forward_frame::Payload::Eof(_)),
+                        }))
                         | Ok(None) => {
                             let _ = outbound.send(Ok(eof_frame())).await;
                             client_done.cancel();
@@ -236,7 +271,13 @@ impl Streams {
                             return;
                         }
                     };
-                    if outbound.send(Ok(RelayFrame { payload: Some(frame) })).await.is_err() {
+                    if outbound
+                        .send(Ok(RelayFrame {
+                            payload: Some(frame),
+                        }))
+                        .await
+                        .is_err()
+                    {
                         abort.cancel();
                         return;
                     }
@@ -259,11 +300,15 @@ impl Streams {
                     frame = relay.inbound.message() => frame,
                 };
                 let payload = match frame {
-                    Ok(Some(RelayFrame { payload: Some(relay_frame::Payload::Data(data)) })) => {
-                        tcp_forward_frame::Payload::Data(data)
-                    }
-                    Ok(Some(RelayFrame { payload: Some(relay_frame::Payload::Eof(_)) })) => {
-                        let eof = TcpForwardFrame { payload: Some(tcp_forward_frame::Payload::Eof(TcpForwardEof {})) };
+                    Ok(Some(RelayFrame {
+                        payload: Some(relay_frame::Payload::Data(data)),
+                    })) => tcp_forward_frame::Payload::Data(data),
+                    Ok(Some(RelayFrame {
+                        payload: Some(relay_frame::Payload::Eof(_)),
+                    })) => {
+                        let eof = TcpForwardFrame {
+                            payload: Some(tcp_forward_frame::Payload::Eof(TcpForwardEof {})),
+                        };
                         if tx.send(Ok(eof)).await.is_err() {
                             abort.cancel();
                             return;
@@ -291,7 +336,13 @@ impl Streams {
                         return;
                     }
                 };
-                if tx.send(Ok(TcpForwardFrame { payload: Some(payload) })).await.is_err() {
+                if tx
+                    .send(Ok(TcpForwardFrame {
+                        payload: Some(payload),
+                    }))
+                    .await
+                    .is_err()
+                {
                     abort.cancel();
                     return;
                 }
@@ -332,7 +383,9 @@ async fn pump_exec_events(
             frame = relay.inbound.message() => frame,
         };
         match frame {
-            Ok(Some(RelayFrame { payload: Some(relay_frame::Payload::ExecEvent(event)) })) => {
+            Ok(Some(RelayFrame {
+                payload: Some(relay_frame::Payload::ExecEvent(event)),
+            })) => {
                 let exit = matches!(event.payload, Some(exec_sandbox_event::Payload::Exit(_)));
                 if tx.send(Ok(event)).await.is_err() || exit {
                     return;
@@ -341,7 +394,9 @@ async fn pump_exec_events(
             Ok(Some(_)) => continue,
             Ok(None) => {
                 let _ = tx
-                    .send(Err(Status::unavailable("sandbox relay ended before the process exited")))
+                    .send(Err(Status::unavailable(
+                        "sandbox relay ended before the process exited",
+                    )))
                     .await;
                 return;
             }

@@ -92,7 +92,9 @@ pub fn command(field: &str, argv: &[String], required: bool) -> Result<(), Statu
         return Ok(());
     }
     if argv[0].is_empty() {
-        return Err(Status::invalid_argument(format!("{field}[0] must not be empty")));
+        return Err(Status::invalid_argument(format!(
+            "{field}[0] must not be empty"
+        )));
     }
     if argv.len() > MAX_ARGV {
         return Err(Status::invalid_argument(format!(
@@ -101,7 +103,9 @@ pub fn command(field: &str, argv: &[String], required: bool) -> Result<(), Statu
         )));
     }
     if argv.iter().any(|a| a.contains('\0')) {
-        return Err(Status::invalid_argument(format!("{field} must not contain NUL bytes")));
+        return Err(Status::invalid_argument(format!(
+            "{field} must not contain NUL bytes"
+        )));
     }
     Ok(())
 }
@@ -111,9 +115,9 @@ pub fn workspace(selector: Option<&WorkspaceSelector>) -> Result<(), Status> {
     match selector.and_then(|s| s.selection.as_ref()) {
         None => Ok(()),
         Some(Selection::Workspace(name)) if name.is_empty() || name == "default" => Ok(()),
-        Some(Selection::Workspace(name)) => Err(Status::not_found(format!(
-            "workspace {name:?} not found"
-        ))),
+        Some(Selection::Workspace(name)) => {
+            Err(Status::not_found(format!("workspace {name:?} not found")))
+        }
         Some(Selection::AllWorkspaces(_)) => Ok(()),
     }
 }
@@ -168,7 +172,10 @@ mod tests {
         assert!(sandbox_name("dev-1").is_ok());
         assert!(sandbox_name("a").is_ok());
         for bad in ["", "-a", "a-", "A", "a_b", "a.b", &"x".repeat(64)] {
-            assert_eq!(sandbox_name(bad).unwrap_err().code(), tonic::Code::InvalidArgument);
+            assert_eq!(
+                sandbox_name(bad).unwrap_err().code(),
+                tonic::Code::InvalidArgument
+            );
         }
     }
 

@@ -13,7 +13,11 @@ pub enum Change {
 impl Change {
     pub fn id(&self) -> &str {
         match self {
-            Change::Updated(s) => s.metadata.as_ref().map(|m| m.id.as_str()).unwrap_or_default(),
+            Change::Updated(s) => s
+                .metadata
+                .as_ref()
+                .map(|m| m.id.as_str())
+                .unwrap_or_default(),
             Change::Deleted { id } => id,
         }
     }

@@ -52,7 +52,14 @@ async fn create_rejects_bad_names_and_environment_and_changes_nothing() {
     let mut client = client(&gw).await;
     create_ready(&mut client, "existing").await;
     let long = "a".repeat(64);
-    for name in ["-bad", "bad-", "Upper", "under_score", "dot.ted", long.as_str()] {
+    for name in [
+        "-bad",
+        "bad-",
+        "Upper",
+        "under_score",
+        "dot.ted",
+        long.as_str(),
+    ] {
         let err = client
             .create_sandbox(CreateSandboxRequest {
                 name: name.into(),
@@ -123,18 +130,26 @@ async fn exec_rejects_bad_requests() {
     let mut client = client(&gw).await;
     create_ready(&mut client, "box").await;
 
-    let err = exec(&mut client, exec_request("box", &[])).await.unwrap_err();
+    let err = exec(&mut client, exec_request("box", &[]))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
-    let err = exec(&mut client, exec_request("box", &[""])).await.unwrap_err();
+    let err = exec(&mut client, exec_request("box", &[""]))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
 
     let mut bad_env = exec_request("box", &["true"]);
-    bad_env.environment.insert("1X".into(), "hidden-value".into());
+    bad_env
+        .environment
+        .insert("1X".into(), "hidden-value".into());
     let err = exec(&mut client, bad_env).await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
     assert!(!err.message().contains("hidden-value"));
 
-    let err = exec(&mut client, exec_request("ghost", &["true"])).await.unwrap_err();
+    let err = exec(&mut client, exec_request("ghost", &["true"]))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
 
     // Interactive: the first message must be start.
@@ -145,23 +160,34 @@ async fn exec_rejects_bad_requests() {
         .await
     {
         Err(status) => status,
-        Ok(response) => collect(response.into_inner()).await.err().expect("an error"),
+        Ok(response) => collect(response.into_inner())
+            .await
+            .err()
+            .expect("an error"),
     };
     assert_eq!(err.code(), Code::InvalidArgument);
 
     // Oversized interactive stdin frame.
     let messages = vec![
         ExecSandboxInput {
-            payload: Some(exec_sandbox_input::Payload::Start(exec_request("box", &["cat"]))),
+            payload: Some(exec_sandbox_input::Payload::Start(exec_request(
+                "box",
+                &["cat"],
+            ))),
         },
         ExecSandboxInput {
             payload: Some(exec_sandbox_input::Payload::Stdin(vec![0; 2 * 1024 * 1024])),
         },
     ];
-    let response = client.exec_sandbox_interactive(tokio_stream::iter(messages)).await;
+    let response = client
+        .exec_sandbox_interactive(tokio_stream::iter(messages))
+        .await;
     let err = match response {
         Err(status) => status,
-        Ok(response) => collect(response.into_inner()).await.err().expect("an error"),
+        Ok(response) => collect(response.into_inner())
+            .await
+            .err()
+            .expect("an error"),
     };
     assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
 
@@ -190,7 +216,12 @@ async fn forward_rejects_bad_frames_and_targets() {
     .await;
     assert_eq!(err.code(), Code::InvalidArgument);
 
-    for (host, port) in [("10.1.2.3", 80), ("example.com", 80), ("127.0.0.1", 0), ("127.0.0.1", 70000)] {
+    for (host, port) in [
+        ("10.1.2.3", 80),
+        ("example.com", 80),
+        ("127.0.0.1", 0),
+        ("127.0.0.1", 70000),
+    ] {
         let err = forward_error(&mut client, vec![forward_init("fwd", host, port)]).await;
         assert_eq!(err.code(), Code::InvalidArgument, "{host}:{port}");
     }
@@ -221,7 +252,9 @@ async fn a_sandbox_that_is_not_ready_is_a_failed_precondition() {
     let pid = gw.supervisor_pids()[0];
     openshell_testkit::signal(pid, libc::SIGKILL);
     wait_phase(&mut client, "broken", SandboxPhase::Error).await;
-    let err = exec(&mut client, exec_request("broken", &["true"])).await.unwrap_err();
+    let err = exec(&mut client, exec_request("broken", &["true"]))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
     let err = forward_error(&mut client, vec![forward_init("broken", "127.0.0.1", 80)]).await;
     assert_eq!(err.code(), Code::FailedPrecondition);
@@ -231,7 +264,10 @@ async fn a_sandbox_that_is_not_ready_is_a_failed_precondition() {
 async fn missing_or_wrong_tokens_are_unauthenticated() {
     let gw = start();
     let mut none = client_with(&gw, None).await;
-    let err = none.list_sandboxes(ListSandboxesRequest::default()).await.unwrap_err();
+    let err = none
+        .list_sandboxes(ListSandboxesRequest::default())
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::Unauthenticated);
     let mut wrong = client_with(&gw, Some("not-the-token")).await;
     let err = wrong
@@ -243,7 +279,10 @@ async fn missing_or_wrong_tokens_are_unauthenticated() {
         .unwrap_err();
     assert_eq!(err.code(), Code::Unauthenticated);
     assert!(!err.message().contains("not-the-token"));
-    let err = wrong.exec_sandbox(exec_request("x", &["true"])).await.unwrap_err();
+    let err = wrong
+        .exec_sandbox(exec_request("x", &["true"]))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::Unauthenticated);
     let mut good = client(&gw).await;
     assert_eq!(sandbox_count(&mut good).await, 0);
@@ -279,15 +318,25 @@ async fn a_sandbox_token_acts_only_for_its_sandbox() {
             ..Default::default()
         })),
     };
-    let result = as_a.connect_supervisor(tokio_stream::iter(vec![hello])).await;
+    let result = as_a
+        .connect_supervisor(tokio_stream::iter(vec![hello]))
+        .await;
     let err = match result {
         Err(status) => status,
-        Ok(response) => response.into_inner().message().await.err().expect("an error"),
+        Ok(response) => response
+            .into_inner()
+            .message()
+            .await
+            .err()
+            .expect("an error"),
     };
     assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
 
     // A sandbox token is not a user token.
-    let err = as_a.list_sandboxes(ListSandboxesRequest::default()).await.unwrap_err();
+    let err = as_a
+        .list_sandboxes(ListSandboxesRequest::default())
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::Unauthenticated);
     // And a user token is not a sandbox token.
     let err = match client
@@ -299,12 +348,20 @@ async fn a_sandbox_token_acts_only_for_its_sandbox() {
         .await
     {
         Err(status) => status,
-        Ok(response) => response.into_inner().message().await.err().expect("an error"),
+        Ok(response) => response
+            .into_inner()
+            .message()
+            .await
+            .err()
+            .expect("an error"),
     };
     assert_eq!(err.code(), Code::Unauthenticated);
 
     // Both sandboxes are still served by their own supervisors.
-    assert_eq!(sh(&mut client, "sandbox-b", "echo ok").await.stdout_text(), "ok\n");
+    assert_eq!(
+        sh(&mut client, "sandbox-b", "echo ok").await.stdout_text(),
+        "ok\n"
+    );
 }
 
 #[test]
@@ -312,7 +369,14 @@ fn dev_mode_is_refused_off_loopback_and_tokens_are_required() {
     let bin = openshell_testkit::bin("openshell-gateway");
     let dir = tempfile::tempdir().unwrap();
     let out = std::process::Command::new(&bin)
-        .args(["serve", "--dev", "--listen", "0.0.0.0:0", "--metrics-listen", "127.0.0.1:0"])
+        .args([
+            "serve",
+            "--dev",
+            "--listen",
+            "0.0.0.0:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ])
         .arg("--data-dir")
         .arg(dir.path())
         .env_remove("OPENSHELL_GATEWAY_TOKENS")
@@ -321,7 +385,13 @@ fn dev_mode_is_refused_off_loopback_and_tokens_are_required() {
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("loopback"));
     let out = std::process::Command::new(&bin)
-        .args(["serve", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ])
         .arg("--data-dir")
         .arg(dir.path())
         .env_remove("OPENSHELL_GATEWAY_TOKENS")

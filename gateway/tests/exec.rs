@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use common::*;
 use openshell_proto::*;
-use openshell_testkit::{is_running, wait_until};
+use openshell_testkit::{eventually, is_running};
 use tokio_stream::StreamExt;
 
 #[tokio::test]
@@ -15,16 +15,23 @@ async fn exec_runs_argv_with_env_workdir_and_stdin() {
     let mut client = client(&gw).await;
     create_ready(&mut client, "runner").await;
 
-    let out = exec(&mut client, exec_request("runner", &["echo", "hello", "world"]))
-        .await
-        .unwrap();
+    let out = exec(
+        &mut client,
+        exec_request("runner", &["echo", "hello", "world"]),
+    )
+    .await
+    .unwrap();
     assert_eq!(out.stdout_text(), "hello world\n");
     assert_eq!(out.exit_code, Some(0));
 
     let mut request = exec_request("runner", &["sh", "-c", "mkdir -p sub && cd sub && pwd"]);
     request.environment.insert("ANSWER".into(), "42".into());
     let out = exec(&mut client, request).await.unwrap();
-    assert!(out.stdout_text().trim_end().ends_with("/work/sub"), "{}", out.stdout_text());
+    assert!(
+        out.stdout_text().trim_end().ends_with("/work/sub"),
+        "{}",
+        out.stdout_text()
+    );
 
     let mut request = exec_request("runner", &["sh", "-c", "echo $ANSWER; pwd; cat"]);
     request.environment.insert("ANSWER".into(), "42".into());
@@ -56,7 +63,9 @@ async fn stdout_and_stderr_are_separate_and_exit_codes_are_kept() {
     let out = sh(&mut client, "codes", "kill -9 $$").await;
     assert_eq!(out.exit_code, Some(137));
 
-    let out = exec(&mut client, exec_request("codes", &["/no/such/binary"])).await.unwrap();
+    let out = exec(&mut client, exec_request("codes", &["/no/such/binary"]))
+        .await
+        .unwrap();
     assert_eq!(out.exit_code, Some(127));
     assert!(String::from_utf8_lossy(&out.stderr).contains("/no/such/binary"));
 }
@@ -91,7 +100,10 @@ async fn execution_timeout_kills_the_process() {
     let mut client = client(&gw).await;
     create_ready(&mut client, "slow").await;
     let mut request = exec_request("slow", &["sh", "-c", "echo started; sleep 30"]);
-    request.execution_timeout = Some(prost_types::Duration { seconds: 1, nanos: 0 });
+    request.execution_timeout = Some(prost_types::Duration {
+        seconds: 1,
+        nanos: 0,
+    });
     let started = std::time::Instant::now();
     let out = exec(&mut client, request).await.unwrap();
     assert_eq!(out.exit_code, Some(124));
@@ -105,7 +117,10 @@ async fn cancelling_the_stream_kills_the_process() {
     let mut client = client(&gw).await;
     create_ready(&mut client, "cancel").await;
     let mut stream = client
-        .exec_sandbox(exec_request("cancel", &["sh", "-c", "echo $$; exec sleep 300"]))
+        .exec_sandbox(exec_request(
+            "cancel",
+            &["sh", "-c", "echo $$; exec sleep 300"],
+        ))
         .await
         .unwrap()
         .into_inner();
@@ -119,8 +134,9 @@ async fn cancelling_the_stream_kills_the_process() {
     assert!(is_running(pid));
     drop(stream);
     assert!(
-        wait_until(Duration::from_secs(10), || !is_running(pid)),
-        "process {pid} survived the cancelled exec"
+        eventually(Duration::from_secs(10), || !is_running(pid)).await,
+        "process {pid} survived the cancelled exec; log:\n{}",
+        gw.log()
     );
 }
 
@@ -135,15 +151,20 @@ async fn interactive_exec_uses_a_pty_takes_stdin_and_resizes() {
         command: vec![
             "sh".into(),
             "-c".into(),
-            "stty size; read line; echo got:$line; stty size; [ -t 0 ] && echo is-tty; exit 3".into(),
+            "stty size; read line; echo got:$line; stty size; [ -t 0 ] && echo is-tty; exit 3"
+                .into(),
         ],
         tty: true,
         cols: 100,
         rows: 30,
         ..Default::default()
     };
-    let input = |payload| ExecSandboxInput { payload: Some(payload) };
-    tx.send(input(exec_sandbox_input::Payload::Start(start_request))).await.unwrap();
+    let input = |payload| ExecSandboxInput {
+        payload: Some(payload),
+    };
+    tx.send(input(exec_sandbox_input::Payload::Start(start_request)))
+        .await
+        .unwrap();
     let mut events = client
         .exec_sandbox_interactive(tokio_stream::wrappers::ReceiverStream::new(rx))
         .await
@@ -165,15 +186,19 @@ async fn interactive_exec_uses_a_pty_takes_stdin_and_resizes() {
             }
             if !sent && output.contains("30 100") {
                 sent = true;
-                tx.send(input(exec_sandbox_input::Payload::Resize(ExecSandboxWindowResize {
-                    cols: 120,
-                    rows: 40,
-                })))
+                tx.send(input(exec_sandbox_input::Payload::Resize(
+                    ExecSandboxWindowResize {
+                        cols: 120,
+                        rows: 40,
+                    },
+                )))
                 .await
                 .unwrap();
-                tx.send(input(exec_sandbox_input::Payload::Stdin(b"ping\n".to_vec())))
-                    .await
-                    .unwrap();
+                tx.send(input(exec_sandbox_input::Payload::Stdin(
+                    b"ping\n".to_vec(),
+                )))
+                .await
+                .unwrap();
             }
         }
     })
@@ -192,7 +217,10 @@ async fn interactive_exec_without_tty_closes_stdin_when_the_client_does() {
     create_ready(&mut client, "pipe").await;
     let messages = vec![
         ExecSandboxInput {
-            payload: Some(exec_sandbox_input::Payload::Start(exec_request("pipe", &["wc", "-c"]))),
+            payload: Some(exec_sandbox_input::Payload::Start(exec_request(
+                "pipe",
+                &["wc", "-c"],
+            ))),
         },
         ExecSandboxInput {
             payload: Some(exec_sandbox_input::Payload::Stdin(vec![b'x'; 100_000])),

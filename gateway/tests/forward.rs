@@ -77,7 +77,9 @@ async fn a_closed_port_is_unavailable() {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port()
     };
-    let result = client.forward_tcp(tokio_stream::iter(vec![init("closed", port)])).await;
+    let result = client
+        .forward_tcp(tokio_stream::iter(vec![init("closed", port)]))
+        .await;
     let status = match result {
         Err(status) => status,
         Ok(response) => {

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use common::*;
 use openshell_proto::*;
-use openshell_testkit::{is_running, wait_until};
+use openshell_testkit::{eventually, is_running};
 
 #[tokio::test]
 async fn health_answers_without_a_token_and_names_the_replica() {
@@ -92,7 +92,10 @@ async fn create_get_list_delete_round_trip() {
         .expect("list")
         .into_inner();
     assert_eq!(selected.sandboxes.len(), 1);
-    assert_eq!(selected.sandboxes[0].metadata.as_ref().unwrap().name, generated_name);
+    assert_eq!(
+        selected.sandboxes[0].metadata.as_ref().unwrap().name,
+        generated_name
+    );
 
     let deleted = client
         .delete_sandbox(DeleteSandboxRequest {
@@ -176,7 +179,10 @@ async fn watch_starts_with_a_snapshot_and_ends_when_deleted() {
         .unwrap()
         .into_inner();
     let first = once.message().await.unwrap().unwrap();
-    assert!(matches!(first.payload, Some(sandbox_stream_event::Payload::Sandbox(_))));
+    assert!(matches!(
+        first.payload,
+        Some(sandbox_stream_event::Payload::Sandbox(_))
+    ));
     assert!(once.message().await.unwrap().is_none());
 
     let mut follow = client
@@ -190,7 +196,9 @@ async fn watch_starts_with_a_snapshot_and_ends_when_deleted() {
         .into_inner();
     let snapshot = follow.message().await.unwrap().unwrap();
     match snapshot.payload {
-        Some(sandbox_stream_event::Payload::Sandbox(s)) => assert_eq!(phase(&s), SandboxPhase::Ready),
+        Some(sandbox_stream_event::Payload::Sandbox(s)) => {
+            assert_eq!(phase(&s), SandboxPhase::Ready)
+        }
         other => panic!("first event is not a snapshot: {other:?}"),
     }
     client
@@ -217,7 +225,10 @@ async fn watch_starts_with_a_snapshot_and_ends_when_deleted() {
     .await
     .expect("watch ended");
     assert!(saw_deleting);
-    assert_eq!(end.expect("ends with a status").code(), tonic::Code::NotFound);
+    assert_eq!(
+        end.expect("ends with a status").code(),
+        tonic::Code::NotFound
+    );
 }
 
 #[tokio::test]
@@ -240,7 +251,7 @@ async fn delete_stops_the_supervisor_and_its_processes() {
         .unwrap();
     assert!(!is_running(supervisors[0]), "supervisor still running");
     assert!(
-        wait_until(Duration::from_secs(5), || !is_running(sleeper)),
+        eventually(Duration::from_secs(5), || !is_running(sleeper)).await,
         "sandbox process still running after delete"
     );
     assert!(gw.supervisor_pids().is_empty());
@@ -261,7 +272,10 @@ async fn every_answer_names_the_replica_and_metrics_count_it() {
     assert_eq!(err.metadata().get("x-openshell-served-by").unwrap(), "gw-0");
 
     let mut wrong = client_with(&gw, Some("wrong-token")).await;
-    let err = wrong.list_sandboxes(ListSandboxesRequest::default()).await.unwrap_err();
+    let err = wrong
+        .list_sandboxes(ListSandboxesRequest::default())
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), tonic::Code::Unauthenticated);
     assert_eq!(err.metadata().get("x-openshell-served-by").unwrap(), "gw-0");
 
@@ -270,7 +284,10 @@ async fn every_answer_names_the_replica_and_metrics_count_it() {
         .exec_sandbox(exec_request("counted", &["true"]))
         .await
         .unwrap();
-    assert_eq!(stream.metadata().get("x-openshell-served-by").unwrap(), "gw-0");
+    assert_eq!(
+        stream.metadata().get("x-openshell-served-by").unwrap(),
+        "gw-0"
+    );
     collect(stream.into_inner()).await.unwrap();
 
     let metrics = gw.metrics();
@@ -286,6 +303,9 @@ async fn every_answer_names_the_replica_and_metrics_count_it() {
         r#"openshell_server_relays_opened_total{kind="exec"}"#,
     ] {
         let value = openshell_testkit::metric_value(&metrics, sample);
-        assert!(value.is_some_and(|v| v >= 1.0), "{sample} missing in\n{metrics}");
+        assert!(
+            value.is_some_and(|v| v >= 1.0),
+            "{sample} missing in\n{metrics}"
+        );
     }
 }

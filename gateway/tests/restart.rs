@@ -49,7 +49,12 @@ async fn restart_keeps_sandboxes_and_ends_running_execs_with_unavailable() {
     let mut client = common::client(&gw).await;
     wait_phase(&mut client, "keeper", SandboxPhase::Ready).await;
     assert_eq!(gw.supervisor_pids(), vec![supervisor]);
-    assert_eq!(sh(&mut client, "keeper", "cat state.txt").await.stdout_text(), "kept\n");
+    assert_eq!(
+        sh(&mut client, "keeper", "cat state.txt")
+            .await
+            .stdout_text(),
+        "kept\n"
+    );
 }
 
 #[tokio::test]
@@ -63,6 +68,9 @@ async fn a_crashed_gateway_recovers_its_sandboxes() {
     let mut client = common::client(&gw).await;
     for name in ["crash-a", "crash-b"] {
         wait_phase(&mut client, name, SandboxPhase::Ready).await;
-        assert_eq!(sh(&mut client, name, "echo back").await.stdout_text(), "back\n");
+        assert_eq!(
+            sh(&mut client, name, "echo back").await.stdout_text(),
+            "back\n"
+        );
     }
 }

@@ -129,7 +129,10 @@ impl Gateway {
             .arg("--supervisor-bin")
             .arg(bin("openshell-supervisor"))
             .env_remove("OPENSHELL_GATEWAY_TOKENS")
-            .env("RUST_LOG", std::env::var("OPENSHELL_TEST_LOG").unwrap_or_else(|_| "info".into()))
+            .env(
+                "RUST_LOG",
+                std::env::var("OPENSHELL_TEST_LOG").unwrap_or_else(|_| "info".into()),
+            )
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log);
@@ -160,7 +163,10 @@ impl Gateway {
                 break;
             }
             if let Ok(Some(status)) = child.try_wait() {
-                panic!("openshell-gateway exited early ({status}); log:\n{}", self.log());
+                panic!(
+                    "openshell-gateway exited early ({status}); log:\n{}",
+                    self.log()
+                );
             }
             assert!(
                 started.elapsed() < READY_WAIT,
@@ -241,7 +247,9 @@ impl Drop for Gateway {
             signal(*pid, libc::SIGTERM);
         }
         let started = Instant::now();
-        while supervisors.iter().any(|p| is_running(*p)) && started.elapsed() < Duration::from_secs(5) {
+        while supervisors.iter().any(|p| is_running(*p))
+            && started.elapsed() < Duration::from_secs(5)
+        {
             std::thread::sleep(Duration::from_millis(20));
         }
         for pid in supervisors {
@@ -255,17 +263,30 @@ impl Drop for Gateway {
 /// Reads one sample's value from Prometheus text.
 pub fn metric_value(text: &str, sample: &str) -> Option<f64> {
     text.lines()
-        .find_map(|line| line.strip_prefix(sample).and_then(|rest| rest.strip_prefix(' ')))
+        .find_map(|line| {
+            line.strip_prefix(sample)
+                .and_then(|rest| rest.strip_prefix(' '))
+        })
         .and_then(|v| v.trim().parse().ok())
 }
 
 fn http_get(addr: SocketAddr, path: &str) -> String {
-    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("metrics connect");
-    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-    write!(stream, "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").unwrap();
+    let mut stream =
+        TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("metrics connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(5)))
+        .unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
     let mut response = String::new();
     stream.read_to_string(&mut response).expect("metrics read");
-    let body = response.split_once("\r\n\r\n").map(|(_, b)| b).unwrap_or_default();
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b)
+        .unwrap_or_default();
     // Chunked or not, the samples are plain lines.
     body.to_owned()
 }
@@ -306,6 +327,22 @@ pub fn process_env(pid: i32, key: &str) -> Option<String> {
     let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
     environ.split(|b| *b == 0).find_map(|entry| {
         let entry = std::str::from_utf8(entry).ok()?;
-        entry.strip_prefix(key)?.strip_prefix('=').map(str::to_owned)
+        entry
+            .strip_prefix(key)?
+            .strip_prefix('=')
+            .map(str::to_owned)
     })
+}
+
+/// Async form of [`wait_until`], for tests on a tokio runtime: it yields
+/// between checks so the runtime's connection tasks keep running.
+pub async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        if check() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    check()
 }

@@ -21,8 +21,7 @@ pub fn make_pki(dir: &Path) -> TestPki {
     let ca = ca_params.self_signed(&ca_key).expect("ca cert");
 
     let key = KeyPair::generate().expect("server key");
-    let mut params =
-        CertificateParams::new(vec!["localhost".to_owned()]).expect("server params");
+    let mut params = CertificateParams::new(vec!["localhost".to_owned()]).expect("server params");
     params
         .subject_alt_names
         .push(SanType::IpAddress("127.0.0.1".parse().unwrap()));

@@ -50,7 +50,11 @@ pub async fn client(gw: &Gateway) -> Client {
 }
 
 pub fn phase(sandbox: &Sandbox) -> SandboxPhase {
-    sandbox.status.as_ref().map(|s| s.phase()).unwrap_or_default()
+    sandbox
+        .status
+        .as_ref()
+        .map(|s| s.phase())
+        .unwrap_or_default()
 }
 
 /// Creates a sandbox and waits (watch, at most 30 s) until it is READY.

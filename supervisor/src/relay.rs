@@ -1,0 +1,156 @@
+//! Relays: the data channels the gateway announces on the session.
+//!
+//! The gateway sends `RelayOpen{channel_id, target}` on the session; the
+//! supervisor claims the channel by opening `RelayStream` on the same
+//! connection with `init{channel_id}` as the first frame, then runs the
+//! target (a TCP connection in [`crate::forward`], a process in
+//! [`crate::exec`]) over that stream.
+//!
+//! Every relay runs in its own task with a cancel signal owned by the
+//! session: `relay_close`, the end of the session, and supervisor shutdown
+//! all cancel through it. Outbound frames go through a bounded channel, so a
+//! slow gateway slows the process or socket instead of growing a buffer.
+
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use openshell_proto::open_shell_client::OpenShellClient;
+use openshell_proto::{
+    RelayFrame, RelayInit, RelayOpen, RelayOpenResult, SupervisorMessage, relay_frame, relay_open,
+    supervisor_message,
+};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
+use tracing::{debug, info, warn};
+
+use crate::exec::{self, ExecSettings};
+use crate::forward;
+use crate::transport::{self, BearerToken};
+
+/// Outbound frames buffered per relay (each at most 64 KiB of payload).
+const OUTBOUND_FRAMES: usize = 16;
+/// After our side finished, how long the gateway gets to end the stream.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What a relay task needs from its session.
+#[derive(Clone)]
+pub struct RelayContext {
+    /// The session's channel: relays ride the same HTTP/2 connection.
+    pub channel: Channel,
+    pub token: BearerToken,
+    /// The session's outbound side, for `relay_open_result`.
+    pub session: mpsc::Sender<SupervisorMessage>,
+    pub exec: Arc<ExecSettings>,
+    /// Never sent on: held for the life of the relay task, so shutdown can
+    /// wait until every clone is dropped.
+    #[allow(dead_code)]
+    pub alive: mpsc::Sender<()>,
+}
+
+/// A claimed relay: outbound frames in, inbound frames out.
+pub struct Claimed {
+    pub out: mpsc::Sender<RelayFrame>,
+    pub inbound: tonic::Streaming<RelayFrame>,
+}
+
+/// Opens `RelayStream` for `channel_id` and sends `init` first.
+pub async fn claim(ctx: &RelayContext, channel_id: &str) -> Result<Claimed, tonic::Status> {
+    let (out, rx) = mpsc::channel(OUTBOUND_FRAMES);
+    let init = RelayFrame {
+        payload: Some(relay_frame::Payload::Init(RelayInit {
+            channel_id: channel_id.to_owned(),
+        })),
+    };
+    out.try_send(init)
+        .expect("a fresh channel has room for init");
+    let mut client = OpenShellClient::new(ctx.channel.clone());
+    let response = client
+        .relay_stream(ctx.token.request(ReceiverStream::new(rx)))
+        .await?;
+    Ok(Claimed {
+        out,
+        inbound: response.into_inner(),
+    })
+}
+
+/// Runs one announced relay until it ends or `cancel` resolves.
+pub async fn serve(open: RelayOpen, ctx: RelayContext, cancel: impl Future<Output = ()>) {
+    let channel_id = open.channel_id;
+    let mut cancel = pin!(cancel);
+    match open.target {
+        Some(relay_open::Target::Tcp(target)) => {
+            forward::run(&ctx, &channel_id, target, cancel).await;
+        }
+        Some(relay_open::Target::Exec(request)) => {
+            let claimed = tokio::select! {
+                _ = cancel.as_mut() => return,
+                claimed = claim(&ctx, &channel_id) => claimed,
+            };
+            let claimed = match claimed {
+                Ok(claimed) => claimed,
+                Err(status) => {
+                    warn!(channel_id, error = %transport::describe_status(&status), "claiming exec relay failed");
+                    report_failure(
+                        &ctx,
+                        &channel_id,
+                        format!("claim relay: {}", transport::describe_status(&status)),
+                    )
+                    .await;
+                    return;
+                }
+            };
+            exec::run(request, &ctx.exec, claimed.out, claimed.inbound, cancel).await;
+        }
+        Some(relay_open::Target::Ssh(_)) => {
+            info!(channel_id, "refusing ssh relay");
+            report_failure(&ctx, &channel_id, "ssh relays are not supported".into()).await;
+        }
+        None => {
+            info!(channel_id, "refusing relay without a target");
+            report_failure(&ctx, &channel_id, "relay has no target".into()).await;
+        }
+    }
+}
+
+/// Tells the gateway on the session that a relay could not be opened.
+pub async fn report_failure(ctx: &RelayContext, channel_id: &str, error: String) {
+    let message = SupervisorMessage {
+        payload: Some(supervisor_message::Payload::RelayOpenResult(
+            RelayOpenResult {
+                channel_id: channel_id.to_owned(),
+                success: false,
+                error,
+            },
+        )),
+    };
+    if ctx.session.send(message).await.is_err() {
+        debug!(channel_id, "session gone before relay_open_result");
+    }
+}
+
+/// After our side ended its request stream: reads inbound to its end, so the
+/// gateway receives everything we sent before the call is torn down.
+pub async fn drain<S>(mut inbound: S, cancel: impl Future<Output = ()>)
+where
+    S: Stream<Item = Result<RelayFrame, tonic::Status>> + Unpin,
+{
+    let to_end = async { while let Some(Ok(_)) = inbound.next().await {} };
+    tokio::select! {
+        _ = to_end => {}
+        _ = cancel => {}
+        _ = tokio::time::sleep(DRAIN_TIMEOUT) => debug!("gateway did not end the relay stream"),
+    }
+}
+
+/// An OS error as its plain description ("Connection refused"), without
+/// the " (os error N)" suffix, for messages shown to users.
+pub fn error_text(err: &std::io::Error) -> String {
+    match err.raw_os_error() {
+        Some(code) => nix::errno::Errno::from_raw(code).desc().to_owned(),
+        None => err.to_string(),
+    }
+}

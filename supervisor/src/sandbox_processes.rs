@@ -1,0 +1,115 @@
+//! Every process the sandbox starts stays under the supervisor.
+//!
+//! The supervisor makes itself a child subreaper (Linux), so a process whose
+//! parent exits (a daemon, `cmd &` in a finished exec) is re-parented to the
+//! supervisor instead of to init. That lets shutdown find and kill the whole
+//! sandbox by walking `/proc` for our children until none are left, and it
+//! obliges us to reap such adopted orphans: exec children that tokio waits
+//! on are tracked here and left alone, everything else is reaped by pid.
+
+use std::collections::HashSet;
+use std::io;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use tokio::process::{Child, Command};
+
+/// Direct children that tokio waits on. Held while spawning, so the reaper
+/// never sees such a child before it is recorded.
+static TRACKED: Mutex<Option<HashSet<i32>>> = Mutex::new(None);
+
+/// Becomes the child subreaper of this process tree.
+pub fn become_subreaper() -> io::Result<()> {
+    // SAFETY: prctl with PR_SET_CHILD_SUBREAPER takes plain integers.
+    let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    if rc == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// Spawns a child that tokio will wait on.
+pub fn spawn_tracked(command: &mut Command) -> io::Result<Child> {
+    let mut tracked = TRACKED.lock().unwrap();
+    let child = command.spawn()?;
+    if let Some(pid) = child.id() {
+        tracked.get_or_insert_with(HashSet::new).insert(pid as i32);
+    }
+    Ok(child)
+}
+
+/// The child was waited for; its pid may be reused from now on.
+pub fn untrack(pid: i32) {
+    if let Some(set) = TRACKED.lock().unwrap().as_mut() {
+        set.remove(&pid);
+    }
+}
+
+/// Our children as (pid, is_zombie).
+fn children() -> Vec<(i32, bool)> {
+    let me = std::process::id() as i32;
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| {
+            let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+            let (_, rest) = stat.rsplit_once(')')?;
+            let mut fields = rest.split_whitespace();
+            let state = fields.next()?;
+            let ppid: i32 = fields.next()?.parse().ok()?;
+            (ppid == me).then_some((pid, state == "Z"))
+        })
+        .collect()
+}
+
+/// Reaps adopted orphans that have exited (not tokio's children).
+pub fn reap_orphans() {
+    let tracked = TRACKED.lock().unwrap();
+    for (pid, zombie) in children() {
+        let is_tracked = tracked.as_ref().is_some_and(|s| s.contains(&pid));
+        if zombie && !is_tracked {
+            // SAFETY: waitpid on a specific pid with WNOHANG.
+            unsafe {
+                libc::waitpid(pid, std::ptr::null_mut(), libc::WNOHANG);
+            }
+        }
+    }
+}
+
+/// Periodically reaps adopted orphans.
+pub async fn reap_loop() {
+    let mut tick = tokio::time::interval(Duration::from_secs(2));
+    loop {
+        tick.tick().await;
+        reap_orphans();
+    }
+}
+
+/// Kills every process left under the supervisor (and their groups), until
+/// none is left or `limit` passes.
+pub async fn kill_all(limit: Duration) {
+    let started = Instant::now();
+    loop {
+        reap_orphans();
+        let live: Vec<i32> = children()
+            .into_iter()
+            .filter(|(_, zombie)| !zombie)
+            .map(|(pid, _)| pid)
+            .collect();
+        if live.is_empty() || started.elapsed() > limit {
+            return;
+        }
+        for pid in live {
+            // SAFETY: kill(2) has no memory-safety preconditions. The pid is
+            // our own child, so it cannot have been reused by a stranger.
+            unsafe {
+                libc::kill(-pid, libc::SIGKILL);
+                libc::kill(pid, libc::SIGKILL);
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
