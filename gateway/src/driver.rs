@@ -176,5 +176,5 @@ pub fn is_our_supervisor(pid: i32, sandbox_id: &str) -> bool {
             .file_name()
             .is_some_and(|n| n == "openshell-supervisor")
     });
-    is_supervisor && args.iter().any(|a| *a == sandbox_id.as_bytes())
+    is_supervisor && args.contains(&sandbox_id.as_bytes())
 }

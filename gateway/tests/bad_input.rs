@@ -160,10 +160,7 @@ async fn exec_rejects_bad_requests() {
         .await
     {
         Err(status) => status,
-        Ok(response) => collect(response.into_inner())
-            .await
-            .err()
-            .expect("an error"),
+        Ok(response) => collect(response.into_inner()).await.expect_err("an error"),
     };
     assert_eq!(err.code(), Code::InvalidArgument);
 
@@ -184,10 +181,7 @@ async fn exec_rejects_bad_requests() {
         .await;
     let err = match response {
         Err(status) => status,
-        Ok(response) => collect(response.into_inner())
-            .await
-            .err()
-            .expect("an error"),
+        Ok(response) => collect(response.into_inner()).await.expect_err("an error"),
     };
     assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
 
@@ -323,12 +317,7 @@ async fn a_sandbox_token_acts_only_for_its_sandbox() {
         .await;
     let err = match result {
         Err(status) => status,
-        Ok(response) => response
-            .into_inner()
-            .message()
-            .await
-            .err()
-            .expect("an error"),
+        Ok(response) => response.into_inner().message().await.expect_err("an error"),
     };
     assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
 
@@ -348,12 +337,7 @@ async fn a_sandbox_token_acts_only_for_its_sandbox() {
         .await
     {
         Err(status) => status,
-        Ok(response) => response
-            .into_inner()
-            .message()
-            .await
-            .err()
-            .expect("an error"),
+        Ok(response) => response.into_inner().message().await.expect_err("an error"),
     };
     assert_eq!(err.code(), Code::Unauthenticated);
 
