@@ -1,0 +1,54 @@
+//! Buffered exec: run a command, get stdout, stderr and the exit code.
+//!
+//! Output is collected inside the core up to a cap; past it the call is
+//! cancelled and fails with code `output_limit`.
+//!
+//! ```sh
+//! OPENSHELL_ENDPOINT=http://127.0.0.1:50051 OPENSHELL_TOKEN=dev \
+//!     cargo run -p openshell-sdk --example exec -- my-sandbox uname -a
+//! ```
+
+use std::time::Duration;
+
+use openshell_sdk::{CallOptions, Client, ClientConfig, Error, ExecRequest};
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    let mut args = std::env::args().skip(1);
+    let sandbox = args
+        .next()
+        .ok_or_else(|| Error::invalid_config("usage: exec <sandbox> <command...>"))?;
+    let mut command: Vec<String> = args.collect();
+    if command.is_empty() {
+        command = vec!["echo".into(), "hello from the sandbox".into()];
+    }
+    let client = Client::connect(config_from_env()?).await?;
+
+    let request = ExecRequest::new(&sandbox, command)
+        .env("EXAMPLE", "1")
+        .timeout(Duration::from_secs(60)) // server-side: exit code 124 when it expires
+        .output_limit(8 * 1024 * 1024); // this call only; the client default is 64 MiB
+    match client.exec(request, CallOptions::new()).await {
+        Ok(output) => {
+            print!("{}", output.stdout_text());
+            eprint!("{}", output.stderr_text());
+            println!("exit code {}", output.exit_code);
+            Ok(())
+        }
+        Err(err) if err.code() == "output_limit" => {
+            eprintln!("too much output: {err}");
+            Err(err)
+        }
+        Err(err) => Err(err),
+    }
+}
+
+fn config_from_env() -> Result<ClientConfig, Error> {
+    let endpoint =
+        std::env::var("OPENSHELL_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:50051".into());
+    let mut builder = ClientConfig::builder(endpoint);
+    if let Ok(token) = std::env::var("OPENSHELL_TOKEN") {
+        builder = builder.token(token);
+    }
+    builder.build()
+}

@@ -1,0 +1,54 @@
+//! Streaming exec: print stdout and stderr as they arrive, then the exit code.
+//!
+//! The stream always ends with `ExecEvent::Exit` or an error; a server stream
+//! without an exit event is reported as a `protocol` error. A deadline bounds
+//! the whole command here.
+//!
+//! ```sh
+//! OPENSHELL_ENDPOINT=http://127.0.0.1:50051 OPENSHELL_TOKEN=dev \
+//!     cargo run -p openshell-sdk --example exec_stream -- my-sandbox
+//! ```
+
+use std::io::Write;
+use std::time::Duration;
+
+use futures::StreamExt;
+use openshell_sdk::{CallOptions, Client, ClientConfig, Error, ExecEvent, ExecRequest};
+
+#[tokio::main]
+async fn main() -> Result<(), Error> {
+    let sandbox = std::env::args()
+        .nth(1)
+        .ok_or_else(|| Error::invalid_config("usage: exec_stream <sandbox>"))?;
+    let client = Client::connect(config_from_env()?).await?;
+
+    let script = "for i in 1 2 3; do echo tick $i; echo tock $i >&2; sleep 1; done";
+    let mut events = client
+        .exec_stream(
+            ExecRequest::new(&sandbox, ["sh", "-c", script]),
+            CallOptions::new().deadline(Duration::from_secs(30)),
+        )
+        .await?;
+    while let Some(event) = events.next().await {
+        match event? {
+            ExecEvent::Stdout(chunk) => {
+                std::io::stdout().write_all(&chunk).ok();
+            }
+            ExecEvent::Stderr(chunk) => {
+                std::io::stderr().write_all(&chunk).ok();
+            }
+            ExecEvent::Exit(code) => println!("exit code {code}"),
+        }
+    }
+    Ok(())
+}
+
+fn config_from_env() -> Result<ClientConfig, Error> {
+    let endpoint =
+        std::env::var("OPENSHELL_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:50051".into());
+    let mut builder = ClientConfig::builder(endpoint);
+    if let Ok(token) = std::env::var("OPENSHELL_TOKEN") {
+        builder = builder.token(token);
+    }
+    builder.build()
+}
