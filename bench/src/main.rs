@@ -1,8 +1,15 @@
-//! `openshell-bench gateway`: starts the real gateway (binaries from
-//! `OPENSHELL_BIN_DIR`, release builds via `make bench`) and prints, in one
-//! run: exec round-trip latency of `true` (p50, p99), and ForwardTcp
-//! throughput through the gateway as a ratio of a plain loopback TCP copy of
-//! the same bytes.
+//! Benchmarks against the real gateway (binaries from `OPENSHELL_BIN_DIR`,
+//! release builds via `make bench`). Each prints its figures in one run.
+//!
+//! - `openshell-bench gateway` (the default): exec round-trip latency of
+//!   `true` (p50, p99), and ForwardTcp throughput through the gateway as a
+//!   ratio of a plain loopback TCP copy of the same bytes.
+//! - `openshell-bench sdk`: the core client (`openshell-sdk`). Forward
+//!   throughput through `Client::forward` (bytes pushed into the core's local
+//!   listener, through the gateway and supervisor, to a sink server) as a
+//!   ratio of a plain loopback TCP copy; and unary `GetSandbox` latency (p50,
+//!   p99) through the SDK against a plain tonic client ("SDK vs native").
+//! - `openshell-bench all`: both.
 
 use std::time::{Duration, Instant};
 
@@ -14,8 +21,20 @@ use tokio::net::{TcpListener, TcpStream};
 use tonic::transport::Channel;
 
 const EXEC_ROUNDS: usize = 300;
-const FORWARD_BYTES: usize = 256 * 1024 * 1024;
+const FORWARD_MIB_DEFAULT: usize = 256;
 const CHUNK: usize = 64 * 1024;
+
+/// Bytes per copy: 256 MiB, or `OPENSHELL_BENCH_FORWARD_MIB` MiB (a smaller
+/// figure makes a quick smoke run of debug builds practical).
+fn forward_bytes() -> usize {
+    std::env::var("OPENSHELL_BENCH_FORWARD_MIB")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&mib| mib > 0)
+        .unwrap_or(FORWARD_MIB_DEFAULT)
+        * 1024
+        * 1024
+}
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
@@ -52,13 +71,13 @@ async fn plain_tcp_copy(port: u16) -> Duration {
     let started = Instant::now();
     let mut socket = TcpStream::connect(("127.0.0.1", port)).await.unwrap();
     socket.set_nodelay(true).unwrap();
-    for _ in 0..FORWARD_BYTES / CHUNK {
+    for _ in 0..forward_bytes() / CHUNK {
         socket.write_all(&chunk).await.unwrap();
     }
     socket.shutdown().await.unwrap();
     let mut count = [0u8; 8];
     socket.read_exact(&mut count).await.unwrap();
-    assert_eq!(u64::from_be_bytes(count), FORWARD_BYTES as u64);
+    assert_eq!(u64::from_be_bytes(count), forward_bytes() as u64);
     started.elapsed()
 }
 
@@ -84,7 +103,7 @@ async fn forward_copy(client: &mut OpenShellClient<Channel>, sandbox: &str, port
         .into_inner();
     let writer = tokio::spawn(async move {
         let chunk = vec![7u8; CHUNK];
-        for _ in 0..FORWARD_BYTES / CHUNK {
+        for _ in 0..forward_bytes() / CHUNK {
             let frame = TcpForwardFrame {
                 payload: Some(tcp_forward_frame::Payload::Data(chunk.clone())),
             };
@@ -103,7 +122,7 @@ async fn forward_copy(client: &mut OpenShellClient<Channel>, sandbox: &str, port
     assert_eq!(reply.len(), 8);
     assert_eq!(
         u64::from_be_bytes(reply.try_into().unwrap()),
-        FORWARD_BYTES as u64
+        forward_bytes() as u64
     );
     started.elapsed()
 }
@@ -169,7 +188,7 @@ async fn gateway_bench() {
     let forwarded = forward_copy(&mut client, "bench", port)
         .await
         .min(forward_copy(&mut client, "bench", port).await);
-    let mib = FORWARD_BYTES as f64 / (1024.0 * 1024.0);
+    let mib = forward_bytes() as f64 / (1024.0 * 1024.0);
     let plain_rate = mib / plain.as_secs_f64();
     let forward_rate = mib / forwarded.as_secs_f64();
 
@@ -190,12 +209,152 @@ async fn gateway_bench() {
     );
 }
 
+const UNARY_ROUNDS: usize = 1000;
+const UNARY_WARMUP: usize = 100;
+
+/// `GetSandbox` latencies through the SDK, sorted.
+async fn sdk_get_latencies(client: &openshell_sdk::Client, sandbox: &str) -> Vec<Duration> {
+    let sandboxes = client.sandboxes();
+    let mut latencies = Vec::with_capacity(UNARY_ROUNDS);
+    for round in 0..UNARY_WARMUP + UNARY_ROUNDS {
+        let started = Instant::now();
+        let got = sandboxes
+            .get(sandbox, openshell_sdk::CallOptions::new())
+            .await
+            .unwrap();
+        let elapsed = started.elapsed();
+        assert_eq!(got.name, sandbox);
+        if round >= UNARY_WARMUP {
+            latencies.push(elapsed);
+        }
+    }
+    latencies.sort();
+    latencies
+}
+
+/// `GetSandbox` latencies through a plain tonic client, sorted.
+async fn native_get_latencies(client: &mut OpenShellClient<Channel>, sandbox: &str) -> Vec<Duration> {
+    let mut latencies = Vec::with_capacity(UNARY_ROUNDS);
+    for round in 0..UNARY_WARMUP + UNARY_ROUNDS {
+        let started = Instant::now();
+        let got = client
+            .get_sandbox(GetSandboxRequest {
+                name: sandbox.into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner();
+        let elapsed = started.elapsed();
+        assert!(got.sandbox.is_some());
+        if round >= UNARY_WARMUP {
+            latencies.push(elapsed);
+        }
+    }
+    latencies.sort();
+    latencies
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+async fn sdk_bench() {
+    use openshell_sdk::{CallOptions, Client, ClientConfig, CreateSandbox};
+
+    let gw = Gateway::start(GatewayOptions::dev());
+    let config = ClientConfig::builder(gw.url.clone()).build().unwrap();
+    let client = Client::connect(config).await.unwrap();
+    let sandboxes = client.sandboxes();
+    sandboxes
+        .create(CreateSandbox::new().name("bench"), CallOptions::new())
+        .await
+        .unwrap();
+    sandboxes
+        .wait_ready("bench", CallOptions::new())
+        .await
+        .unwrap();
+
+    // Forward throughput: the same copy, once straight to the sink and once
+    // into the core's local listener (core -> gateway -> supervisor -> sink).
+    let (port, _server) = sink_server().await;
+    let forward = client
+        .forward("bench", port, "127.0.0.1:0", CallOptions::new())
+        .await
+        .unwrap();
+    let local_port = forward.local_addr().port();
+    // Warm up both paths once, then measure each twice and keep the best.
+    plain_tcp_copy(port).await;
+    plain_tcp_copy(local_port).await;
+    let plain = plain_tcp_copy(port).await.min(plain_tcp_copy(port).await);
+    let forwarded = plain_tcp_copy(local_port)
+        .await
+        .min(plain_tcp_copy(local_port).await);
+    let stats = forward.stats();
+    assert_eq!(stats.connections_failed, 0, "{stats:?}");
+    assert_eq!(stats.bytes_out, 4 * forward_bytes() as u64, "{stats:?}");
+    forward.close();
+    forward.closed().await;
+    let mib = forward_bytes() as f64 / (1024.0 * 1024.0);
+    let plain_rate = mib / plain.as_secs_f64();
+    let forward_rate = mib / forwarded.as_secs_f64();
+
+    // Unary latency: SDK and plain tonic, alternating so both see the same
+    // machine load.
+    let channel = Channel::from_shared(gw.url.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut native = OpenShellClient::new(channel);
+    let mut sdk = sdk_get_latencies(&client, "bench").await;
+    let mut plain_grpc = native_get_latencies(&mut native, "bench").await;
+    sdk.extend(sdk_get_latencies(&client, "bench").await);
+    plain_grpc.extend(native_get_latencies(&mut native, "bench").await);
+    sdk.sort();
+    plain_grpc.sort();
+    let (sdk_p50, sdk_p99) = (percentile(&sdk, 0.50), percentile(&sdk, 0.99));
+    let (native_p50, native_p99) = (percentile(&plain_grpc, 0.50), percentile(&plain_grpc, 0.99));
+
+    println!(
+        "sdk benchmark ({} MiB per copy, {} GetSandbox calls per client)",
+        mib as u64,
+        sdk.len()
+    );
+    println!("  plain loopback TCP copy:      {plain_rate:.0} MiB/s");
+    println!("  Client::forward via gateway:  {forward_rate:.0} MiB/s");
+    println!(
+        "  ratio SDK forward / plain TCP: {:.3}",
+        forward_rate / plain_rate
+    );
+    println!(
+        "  GetSandbox via SDK:           p50 {:.3} ms, p99 {:.3} ms",
+        ms(sdk_p50),
+        ms(sdk_p99)
+    );
+    println!(
+        "  GetSandbox via plain tonic:   p50 {:.3} ms, p99 {:.3} ms",
+        ms(native_p50),
+        ms(native_p99)
+    );
+    println!(
+        "  ratio SDK vs native:          p50 {:.3}, p99 {:.3}",
+        sdk_p50.as_secs_f64() / native_p50.as_secs_f64(),
+        sdk_p99.as_secs_f64() / native_p99.as_secs_f64()
+    );
+}
+
 #[tokio::main]
 async fn main() {
     match std::env::args().nth(1).as_deref() {
         Some("gateway") | None => gateway_bench().await,
+        Some("sdk") => sdk_bench().await,
+        Some("all") => {
+            gateway_bench().await;
+            sdk_bench().await;
+        }
         Some(other) => {
-            eprintln!("unknown benchmark {other:?}; try: gateway");
+            eprintln!("unknown benchmark {other:?}; try: gateway, sdk, all");
             std::process::exit(2);
         }
     }

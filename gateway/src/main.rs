@@ -230,8 +230,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         auth: Arc::new(Authenticator::new(&tokens, args.dev, store.clone())),
         metrics: metrics.clone(),
     };
+    // Relays carry bulk data: the HTTP/2 default window (64 KiB) throttles them.
     let mut builder = Server::builder()
-        .tcp_nodelay(true)
+        .initial_stream_window_size(Some(2 << 20))
+        .initial_connection_window_size(Some(16 << 20))
         .http2_keepalive_interval(Some(Duration::from_secs(20)))
         .http2_keepalive_timeout(Some(Duration::from_secs(20)));
     if let Some(identity) = tls {
@@ -248,7 +250,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let stop = server_stop.clone();
     let server = tokio::spawn(async move {
         router
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), stop.cancelled_owned())
+            .serve_with_incoming_shutdown(accept_nodelay(listener), stop.cancelled_owned())
             .await
     });
     let metrics_stop = CancellationToken::new();
@@ -294,6 +296,20 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     metrics_stop.cancel();
     store.close().await;
     Ok(())
+}
+
+/// Accepted connections with Nagle off: small frames (exec events, acks)
+/// must not wait for delayed ACKs. (`Server::tcp_nodelay` only applies to
+/// listeners tonic binds itself.)
+fn accept_nodelay(
+    listener: TcpListener,
+) -> impl futures::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use futures::StreamExt;
+    TcpListenerStream::new(listener).map(|accepted| {
+        let stream = accepted?;
+        stream.set_nodelay(true)?;
+        Ok(stream)
+    })
 }
 
 async fn wait_for_signal() {

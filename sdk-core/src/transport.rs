@@ -18,6 +18,9 @@ pub fn endpoint(config: &ClientConfig) -> Result<Endpoint, Error> {
         .map_err(|e| Error::invalid_config(format!("user agent: {e}")))?
         .connect_timeout(config.connect_timeout)
         .tcp_nodelay(true)
+        // Exec output and forwards are bulk streams; 64 KiB windows throttle them.
+        .initial_stream_window_size(2 << 20)
+        .initial_connection_window_size(16 << 20)
         .tcp_keepalive(config.keepalive)
         .keep_alive_timeout(config.keepalive_timeout);
     if let Some(interval) = config.keepalive {
