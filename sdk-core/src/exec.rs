@@ -328,6 +328,9 @@ pub(crate) fn assemble_events(
             }
         },
     )
+    // Fused: polling after the end keeps returning `None` (an `Unfold`
+    // panics), as `next_event` promises.
+    .fuse()
     .boxed()
 }
 

@@ -366,6 +366,8 @@ pub(crate) fn stop_after_error<T: Send + 'static>(
         let failed = item.is_err();
         Some((item, (stream, failed)))
     })
+    // Fused: polling after the end keeps returning `None` instead of panicking.
+    .fuse()
     .boxed()
 }
 
@@ -737,6 +739,8 @@ impl RawReceiver {
                 Err(err) => Some((Err(err), None)),
             }
         })
+        // Fused: polling after the end keeps returning `None` instead of panicking.
+        .fuse()
         .boxed()
     }
 
