@@ -9,8 +9,9 @@ use std::path::PathBuf;
 
 use prost_reflect::{DescriptorPool, Value};
 
-const FILES: [&str; 3] = [
+const FILES: [&str; 4] = [
     "openshell/openshell.proto",
+    "openshell/peer.proto",
     "openshell/datamodel.proto",
     "openshell/options.proto",
 ];

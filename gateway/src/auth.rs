@@ -14,6 +14,8 @@ pub enum Principal {
     User,
     /// A supervisor holding the token of this sandbox id.
     Sandbox(String),
+    /// Another replica of the cluster (peer service).
+    Peer(String),
     /// No credentials needed (Health).
     Anonymous,
 }
@@ -24,9 +26,13 @@ pub enum Access {
     Public,
     User,
     Sandbox,
+    Peer,
 }
 
 pub fn access_for(path: &str) -> Access {
+    if path.starts_with("/openshell.peer.v1.") {
+        return Access::Peer;
+    }
     match path.rsplit('/').next().unwrap_or_default() {
         "Health" => Access::Public,
         "ConnectSupervisor" | "RelayStream" => Access::Sandbox,
@@ -36,14 +42,16 @@ pub fn access_for(path: &str) -> Access {
 
 pub struct Authenticator {
     user_token_hashes: Vec<[u8; 32]>,
+    peer_token_hash: Option<[u8; 32]>,
     dev: bool,
     store: Store,
 }
 
 impl Authenticator {
-    pub fn new(user_tokens: &[String], dev: bool, store: Store) -> Self {
+    pub fn new(user_tokens: &[String], peer_token: Option<&str>, dev: bool, store: Store) -> Self {
         Self {
             user_token_hashes: user_tokens.iter().map(|t| sha256(t.as_bytes())).collect(),
+            peer_token_hash: peer_token.map(|t| sha256(t.as_bytes())),
             dev,
             store,
         }
@@ -53,6 +61,7 @@ impl Authenticator {
         &self,
         access: Access,
         authorization: Option<&[u8]>,
+        peer_replica: Option<&[u8]>,
     ) -> Result<Principal, Status> {
         if access == Access::Public {
             return Ok(Principal::Anonymous);
@@ -78,6 +87,20 @@ impl Authenticator {
                 } else {
                     Err(Status::unauthenticated("invalid bearer token"))
                 }
+            }
+            Access::Peer => {
+                let Some(expected) = &self.peer_token_hash else {
+                    return Err(Status::permission_denied("this replica has no peer service"));
+                };
+                let token = token.ok_or_else(|| Status::unauthenticated("missing peer token"))?;
+                if !constant_time_eq(expected, &sha256(token)) {
+                    return Err(Status::unauthenticated("invalid peer token"));
+                }
+                let replica = peer_replica
+                    .and_then(|r| std::str::from_utf8(r).ok())
+                    .filter(|r| !r.is_empty())
+                    .ok_or_else(|| Status::invalid_argument("x-openshell-peer-replica is required"))?;
+                Ok(Principal::Peer(replica.to_owned()))
             }
             Access::Sandbox => {
                 let token =

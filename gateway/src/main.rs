@@ -1,13 +1,19 @@
 //! `openshell-gateway`: the reference OpenShell gateway.
 //!
 //! `serve` runs one replica: the OpenShell gRPC API, the supervisor session
-//! endpoint, the process sandbox driver, an SQLite store under the data
-//! directory, and Prometheus metrics on a separate listener.
+//! endpoint, the process sandbox driver, the store (SQLite under the data
+//! directory, or PostgreSQL), and Prometheus metrics on a separate listener.
+//! Given a peer token it joins a cluster: membership, ring placement,
+//! redirects, the peer relay and owner reporting.
 
 mod auth;
+mod cluster;
 mod driver;
 mod metrics;
+mod peer_service;
+mod relay_routing;
 mod request_layer;
+mod ring;
 mod sandboxes;
 mod service;
 mod sessions;
@@ -30,6 +36,11 @@ use tokio_util::sync::CancellationToken;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 
 use crate::auth::Authenticator;
+use crate::cluster::{Cluster, ClusterConfig};
+use crate::peer_service::PeerService;
+use crate::relay_routing::RelayRouter;
+use openshell_proto::SessionRedirect;
+use openshell_proto::peer::peer_server::PeerServer;
 use crate::driver::ProcessDriver;
 use crate::metrics::Metrics;
 use crate::request_layer::GatewayLayer;
@@ -68,9 +79,22 @@ struct ServeArgs {
     /// Prometheus `/metrics` listen address.
     #[arg(long, default_value = "127.0.0.1:9090")]
     metrics_listen: SocketAddr,
-    /// Directory for the SQLite store and sandbox directories.
+    /// Directory for the SQLite store and sandbox directories. Replicas on
+    /// one host may share it.
     #[arg(long, default_value = "openshell-data")]
     data_dir: PathBuf,
+    /// Store URL: `sqlite://PATH` (default `<data-dir>/gateway.db`) or
+    /// `postgres://...` for replicas on several hosts.
+    #[arg(long, env = "OPENSHELL_DATABASE_URL", hide_env_values = true)]
+    database_url: Option<String>,
+    /// Shared secret of the cluster's peer service. Setting it makes this
+    /// replica a cluster member.
+    #[arg(long, env = "OPENSHELL_PEER_TOKEN", hide_env_values = true)]
+    peer_token: Option<String>,
+    /// URL other replicas and redirected supervisors use to reach this
+    /// replica (default: its listen address).
+    #[arg(long)]
+    peer_endpoint: Option<String>,
     /// This replica's id, sent as `x-openshell-served-by`.
     #[arg(long, default_value = "gw-0")]
     replica_id: String,
@@ -160,7 +184,15 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("creating data directory {}", args.data_dir.display()))?;
     let data_dir = args.data_dir.canonicalize()?;
-    let store = Store::open(&data_dir).await.context("opening the store")?;
+    let database_url = args
+        .database_url
+        .clone()
+        .unwrap_or_else(|| format!("sqlite://{}", data_dir.join("gateway.db").display()));
+    // The URL may hold a password: never print it.
+    let store = Store::open(&database_url)
+        .await
+        .map_err(|err| anyhow::anyhow!("opening the store ({:?}): {err}", store_kind(&database_url)))?;
+    let peer_token = args.peer_token.clone().filter(|t| !t.trim().is_empty());
 
     let listener = TcpListener::bind(args.listen)
         .await
@@ -194,6 +226,17 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
     let metrics = Metrics::new();
     let sessions = Sessions::new(metrics.clone());
+    let cluster = match &peer_token {
+        Some(token) => {
+            let peer_endpoint = args
+                .peer_endpoint
+                .clone()
+                .unwrap_or_else(|| format!("{scheme}://{grpc_addr}"));
+            let config = ClusterConfig::new(args.replica_id.clone(), peer_endpoint, token.clone());
+            Some(Cluster::start(config, store.clone(), metrics.clone()).await)
+        }
+        None => None,
+    };
     let (driver, mut exits) = ProcessDriver::new(
         data_dir.clone(),
         supervisor_bin,
@@ -205,8 +248,17 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         hub: WatchHub::new(),
         driver,
         sessions: sessions.clone(),
+        cluster: cluster.clone(),
+        host: host_name(),
     });
     sandboxes.recover().await.context("recovering sandboxes")?;
+    tokio::spawn(sandboxes.clone().follow_events());
+    let router = Arc::new(RelayRouter {
+        sessions: sessions.clone(),
+        cluster: cluster.clone(),
+        store: store.clone(),
+        metrics: metrics.clone(),
+    });
     {
         let sandboxes = sandboxes.clone();
         tokio::spawn(async move {
@@ -222,12 +274,20 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         sessions: sessions.clone(),
         streams: Streams {
             sandboxes: sandboxes.clone(),
+            router: router.clone(),
             shutdown: shutdown.clone(),
         },
+        router: router.clone(),
+        cluster: cluster.clone(),
     };
     let layer = GatewayLayer {
         replica_id: replica_header,
-        auth: Arc::new(Authenticator::new(&tokens, args.dev, store.clone())),
+        auth: Arc::new(Authenticator::new(
+            &tokens,
+            peer_token.as_deref(),
+            args.dev,
+            store.clone(),
+        )),
         metrics: metrics.clone(),
     };
     // Relays carry bulk data: the HTTP/2 default window (64 KiB) throttles them.
@@ -242,11 +302,20 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .context("TLS configuration")?;
     }
     let server_stop = CancellationToken::new();
-    let router = builder.layer(layer).add_service(
-        OpenShellServer::new(service)
+    let router = builder
+        .layer(layer)
+        .add_service(
+            OpenShellServer::new(service)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .add_service(
+            PeerServer::new(PeerService {
+                sessions: sessions.clone(),
+            })
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES),
-    );
+        );
     let stop = server_stop.clone();
     let server = tokio::spawn(async move {
         router
@@ -280,9 +349,31 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
 
     wait_for_signal().await;
     tracing::info!("shutting down");
-    // Streams end with UNAVAILABLE, sessions close, then the server drains.
+    // Leave the ring first, so the redirects below point at the replicas
+    // that stay; then streams end with UNAVAILABLE, sessions are redirected
+    // and closed, and the server drains.
+    let redirects = match &cluster {
+        Some(cluster) => {
+            let ring = cluster.leave().await;
+            sessions.shutdown(|sandbox_id| {
+                cluster
+                    .placement(&ring, sandbox_id)
+                    .map(|(owner, endpoint)| SessionRedirect {
+                        peer_endpoint: endpoint,
+                        owner_replica_id: owner,
+                    })
+            })
+        }
+        None => sessions.shutdown(|_| None),
+    };
+    metrics
+        .session_redirects
+        .get_or_create(&crate::metrics::RedirectLabels { reason: "shutdown" })
+        .inc_by(redirects as u64);
+    if redirects > 0 {
+        tracing::info!(redirects, "redirected supervisors to the remaining replicas");
+    }
     shutdown.cancel();
-    sessions.shutdown();
     if args.stop_sandboxes_on_exit {
         sandboxes.stop_all_supervisors().await;
     }
@@ -310,6 +401,17 @@ fn accept_nodelay(
         stream.set_nodelay(true)?;
         Ok(stream)
     })
+}
+
+/// "sqlite" or "postgres": what to say about a store URL without showing it.
+fn store_kind(url: &str) -> &'static str {
+    if url.starts_with("postgres") { "postgres" } else { "sqlite" }
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "localhost".to_owned())
 }
 
 async fn wait_for_signal() {

@@ -29,8 +29,30 @@ pub struct RelayLabels {
     pub kind: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RedirectLabels {
+    /// connect or shutdown.
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RouteLabels {
+    /// relay (exec, interactive exec and forward streams).
+    pub operation: &'static str,
+    /// local (this replica holds the session) or peer (relayed to the owner).
+    pub route: &'static str,
+    /// exec or tcp.
+    pub relay_kind: &'static str,
+    /// success, local_error or remote_error.
+    pub outcome: &'static str,
+}
+
 pub struct Metrics {
     registry: Registry,
+    pub ring_members: Gauge,
+    pub session_redirects: Family<RedirectLabels, Counter>,
+    pub offring_admissions: Counter,
+    pub routed_requests: Family<RouteLabels, Counter>,
     pub supervisor_sessions: Gauge,
     pub requests: Family<RequestLabels, Counter>,
     pub relays_active: Family<RelayLabels, Gauge>,
@@ -44,6 +66,43 @@ impl Metrics {
         let requests = Family::<RequestLabels, Counter>::default();
         let relays_active = Family::<RelayLabels, Gauge>::default();
         let relays_opened = Family::<RelayLabels, Counter>::default();
+        let ring_members = Gauge::default();
+        let session_redirects = Family::<RedirectLabels, Counter>::default();
+        let offring_admissions = Counter::default();
+        let routed_requests = Family::<RouteLabels, Counter>::default();
+        registry.register(
+            "openshell_server_ring_members",
+            "Live replicas on this replica's placement ring",
+            ring_members.clone(),
+        );
+        registry.register(
+            "openshell_server_session_redirects",
+            "SessionRedirects sent to supervisors, by reason (connect, shutdown)",
+            session_redirects.clone(),
+        );
+        registry.register(
+            "openshell_server_session_offring_admissions",
+            "Redirected supervisors admitted by a replica that is not their ring owner",
+            offring_admissions.clone(),
+        );
+        registry.register(
+            "openshell_server_routed_request_attempts",
+            "Owner-routed stream attempts by route (local, peer), relay kind and outcome",
+            routed_requests.clone(),
+        );
+        for reason in ["connect", "shutdown"] {
+            let _ = session_redirects.get_or_create(&RedirectLabels { reason });
+        }
+        for route in ["local", "peer"] {
+            for relay_kind in ["exec", "tcp"] {
+                let _ = routed_requests.get_or_create(&RouteLabels {
+                    operation: "relay",
+                    route,
+                    relay_kind,
+                    outcome: "success",
+                });
+            }
+        }
         registry.register(
             "openshell_server_supervisor_sessions",
             "Supervisor sessions held by this replica",
@@ -70,11 +129,26 @@ impl Metrics {
         }
         Arc::new(Self {
             registry,
+            ring_members,
+            session_redirects,
+            offring_admissions,
+            routed_requests,
             supervisor_sessions,
             requests,
             relays_active,
             relays_opened,
         })
+    }
+
+    pub fn record_route(&self, route: &'static str, relay_kind: &'static str, outcome: &'static str) {
+        self.routed_requests
+            .get_or_create(&RouteLabels {
+                operation: "relay",
+                route,
+                relay_kind,
+                outcome,
+            })
+            .inc();
     }
 
     pub fn record_request(&self, method: &str, code: &str) {

@@ -72,9 +72,13 @@ where
                 .headers()
                 .get(http::header::AUTHORIZATION)
                 .map(|v| v.as_bytes().to_vec());
+            let peer_replica = req
+                .headers()
+                .get(crate::relay_routing::PEER_REPLICA_HEADER)
+                .map(|v| v.as_bytes().to_vec());
             let principal = layer
                 .auth
-                .authenticate(access_for(&path), authorization.as_deref())
+                .authenticate(access_for(&path), authorization.as_deref(), peer_replica.as_deref())
                 .await;
             let mut response = match principal {
                 Ok(principal) => {

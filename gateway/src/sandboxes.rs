@@ -17,6 +17,8 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 use crate::auth;
+use crate::cluster::Cluster;
+use crate::relay_routing::OWNER_TTL;
 use crate::driver::{ProcessDriver, SupervisorExit};
 use crate::sessions::{SessionEnd, SessionHooks, Sessions};
 use crate::store::{Store, StoreError};
@@ -31,6 +33,10 @@ pub struct Sandboxes {
     pub hub: WatchHub,
     pub driver: ProcessDriver,
     pub sessions: Arc<Sessions>,
+    pub cluster: Option<Arc<Cluster>>,
+    /// This host's name: the driver manages supervisors of sandboxes whose
+    /// `driver_host` matches.
+    pub host: String,
 }
 
 pub fn store_status(err: StoreError) -> Status {
@@ -133,14 +139,14 @@ impl Sandboxes {
         );
         let (token, token_hash) = auth::new_sandbox_token();
         self.store
-            .insert(&sandbox, &token_hash)
+            .insert(&sandbox, &token_hash, &self.host)
             .await
             .map_err(store_status)?;
         self.hub.publish(Change::Updated(Box::new(sandbox.clone())));
         match self.driver.start(&id, &token).await {
             Ok(pid) => {
                 self.store
-                    .set_supervisor(&id, Some(pid), None)
+                    .swap_supervisor(&id, 0, i64::from(pid), None)
                     .await
                     .map_err(store_status)?;
             }
@@ -290,8 +296,9 @@ impl Sandboxes {
         })
     }
 
-    async fn finish_delete(&self, id: &str, pid: Option<i32>) -> Result<(), Status> {
+    async fn finish_delete(&self, id: &str, pid: i64) -> Result<(), Status> {
         self.sessions.close(id);
+        let pid = i32::try_from(pid).ok().filter(|p| *p > 0);
         self.driver.stop(id, pid).await;
         self.store.delete(id).await.map_err(store_status)?;
         self.hub.publish(Change::Deleted { id: id.to_owned() });
@@ -407,6 +414,18 @@ impl Sandboxes {
 
 #[tonic::async_trait]
 impl SessionHooks for Sandboxes {
+    async fn heartbeat(&self, sandbox_id: &str, session_id: &str) -> bool {
+        if self.cluster.is_none() {
+            return true;
+        }
+        let renewal = self.store.renew_owner(sandbox_id, session_id);
+        match tokio::time::timeout(Duration::from_secs(5), renewal).await {
+            Ok(Ok(held)) => held,
+            // A store hiccup is not a lost ownership; the next beat retries.
+            _ => true,
+        }
+    }
+
     async fn accepted(&self, sandbox_id: &str) {
         if let Err(status) = self
             .update_phase(
@@ -422,9 +441,28 @@ impl SessionHooks for Sandboxes {
     }
 
     async fn ended(&self, end: SessionEnd) {
-        let SessionEnd::Lost { sandbox_id } = end else {
-            return;
+        let (sandbox_id, session_id, lost) = match end {
+            SessionEnd::Lost {
+                sandbox_id,
+                session_id,
+            } => (sandbox_id, session_id, true),
+            SessionEnd::Replaced {
+                sandbox_id,
+                session_id,
+            } => (sandbox_id, session_id, false),
         };
+        if self.cluster.is_some() {
+            let _ = self.store.release_owner(&sandbox_id, &session_id).await;
+        }
+        if !lost {
+            return;
+        }
+        // Another replica may already hold the supervisor's new session.
+        if self.cluster.is_some()
+            && matches!(self.store.owner(&sandbox_id, OWNER_TTL).await, Ok(Some(_)))
+        {
+            return;
+        }
         match self.store.get_by_id(&sandbox_id).await {
             Ok(stored) if phase_of(&stored.sandbox) == SandboxPhase::Ready => {
                 let _ = self
@@ -447,7 +485,7 @@ impl Sandboxes {
             return;
         };
         // A replaced or deliberately stopped supervisor is not a failure.
-        if stored.supervisor_pid != Some(exit.pid)
+        if stored.supervisor_pid != i64::from(exit.pid)
             || phase_of(&stored.sandbox) == SandboxPhase::Deleting
             || self.sessions.is_shutting_down()
         {
@@ -469,16 +507,23 @@ impl Sandboxes {
     }
 
     /// At start-up: finish interrupted deletions, adopt live supervisors,
-    /// restart dead ones, and mark sandboxes without a session as waiting.
+    /// restart dead ones (claiming each with a compare-and-swap so replicas
+    /// starting together start one supervisor, not several), and mark
+    /// sandboxes whose session nobody holds as waiting.
     pub async fn recover(&self) -> anyhow::Result<()> {
         for stored in self.store.all().await? {
             let id = id_of(&stored.sandbox).to_owned();
             let phase = phase_of(&stored.sandbox);
+            if stored.driver_host != self.host {
+                continue;
+            }
             if phase == SandboxPhase::Deleting {
                 self.finish_delete(&id, stored.supervisor_pid).await.ok();
                 continue;
             }
-            if phase == SandboxPhase::Ready {
+            let held_elsewhere = self.cluster.is_some()
+                && matches!(self.store.owner(&id, OWNER_TTL).await, Ok(Some(_)));
+            if phase == SandboxPhase::Ready && !held_elsewhere {
                 self.update_phase(
                     &id,
                     SandboxPhase::Unknown,
@@ -488,27 +533,31 @@ impl Sandboxes {
                 .await
                 .ok();
             }
-            let alive = stored
-                .supervisor_pid
-                .is_some_and(|pid| crate::driver::is_our_supervisor(pid, &id));
+            let alive = i32::try_from(stored.supervisor_pid)
+                .is_ok_and(|pid| crate::driver::is_our_supervisor(pid, &id));
             if alive {
-                tracing::info!(
-                    sandbox_id = id,
-                    pid = stored.supervisor_pid,
-                    "adopted running supervisor"
-                );
+                tracing::info!(sandbox_id = id, pid = stored.supervisor_pid, "adopted running supervisor");
+                continue;
+            }
+            let claim = -i64::from(std::process::id());
+            if !self
+                .store
+                .swap_supervisor(&id, stored.supervisor_pid, claim, None)
+                .await?
+            {
                 continue;
             }
             let (token, hash) = auth::new_sandbox_token();
             match self.driver.start(&id, &token).await {
                 Ok(pid) => {
                     self.store
-                        .set_supervisor(&id, Some(pid), Some(&hash))
+                        .swap_supervisor(&id, claim, i64::from(pid), Some(&hash))
                         .await?;
                     tracing::info!(sandbox_id = id, pid, "restarted supervisor");
                 }
                 Err(err) => {
                     tracing::error!(sandbox_id = id, %err, "could not restart supervisor");
+                    self.store.swap_supervisor(&id, claim, 0, None).await?;
                     self.update_phase(
                         &id,
                         SandboxPhase::Error,
@@ -523,13 +572,55 @@ impl Sandboxes {
         Ok(())
     }
 
+    /// Feeds this replica's watchers with changes any replica wrote, by
+    /// following `sandbox_events`. Local writes are also published directly;
+    /// watchers drop versions they have already seen.
+    pub async fn follow_events(self: Arc<Self>) {
+        let mut last = match self.store.last_event_seq().await {
+            Ok(seq) => seq,
+            Err(err) => {
+                tracing::error!(%err, "cannot read the event log; cross-replica watch disabled");
+                return;
+            }
+        };
+        let mut tick = tokio::time::interval(Duration::from_millis(200));
+        let mut pruned = tokio::time::Instant::now();
+        loop {
+            tick.tick().await;
+            let events = match self.store.events_after(last, 500).await {
+                Ok(events) => events,
+                Err(err) => {
+                    tracing::warn!(%err, "reading sandbox events failed");
+                    continue;
+                }
+            };
+            for event in events {
+                last = event.seq;
+                if event.deleted {
+                    self.hub.publish(Change::Deleted {
+                        id: event.sandbox_id,
+                    });
+                } else if let Ok(stored) = self.store.get_by_id(&event.sandbox_id).await {
+                    self.hub.publish(Change::Updated(Box::new(stored.sandbox)));
+                }
+            }
+            if pruned.elapsed() > Duration::from_secs(60) {
+                pruned = tokio::time::Instant::now();
+                let _ = self.store.prune_events(Duration::from_secs(600)).await;
+            }
+        }
+    }
+
     /// Stops every supervisor (used by `--stop-sandboxes-on-exit`).
     pub async fn stop_all_supervisors(&self) {
         let Ok(all) = self.store.all().await else {
             return;
         };
         for stored in all {
-            if let Some(pid) = stored.supervisor_pid {
+            if stored.driver_host == self.host
+                && let Ok(pid) = i32::try_from(stored.supervisor_pid)
+                && pid > 0
+            {
                 self.driver.stop_process(id_of(&stored.sandbox), pid).await;
             }
         }
@@ -567,4 +658,3 @@ pub fn merged_environment(
     env
 }
 
-pub const SESSION_WAIT: Duration = Duration::from_secs(15);

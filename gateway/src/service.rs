@@ -11,9 +11,15 @@ use openshell_proto::*;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::Principal;
-use crate::sandboxes::Sandboxes;
+use crate::cluster::Cluster;
+use crate::relay_routing::{OWNER_TTL, RelayRouter};
+use crate::sandboxes::{Sandboxes, id_of, store_status};
 use crate::sessions::Sessions;
+use crate::store::OwnerRecord;
 use crate::streams::Streams;
+
+pub const WANT_OWNER: &str = "x-openshell-want-owner";
+pub const OWNER: &str = "x-openshell-owner";
 
 pub const VERSION: &str = env!("CARGO_PKG_VERSION");
 
@@ -21,6 +27,70 @@ pub struct GatewayService {
     pub sandboxes: Arc<Sandboxes>,
     pub sessions: Arc<Sessions>,
     pub streams: Streams,
+    pub router: Arc<RelayRouter>,
+    pub cluster: Option<Arc<Cluster>>,
+}
+
+impl GatewayService {
+    /// Placement and ownership for a new session in a cluster: a redirect
+    /// when the ring places the sandbox elsewhere (and the supervisor can
+    /// follow one), else the published ownership record.
+    async fn place_session(
+        &self,
+        cluster: &Cluster,
+        sandbox_id: &str,
+        session_id: &str,
+        hello: &SupervisorHello,
+    ) -> Result<Option<SessionRedirect>, Status> {
+        let me = cluster.replica_id().to_owned();
+        let ring = cluster.ring();
+        if hello.supports_session_redirect
+            && !hello.redirected
+            && let Some((owner, endpoint)) = cluster.placement(&ring, sandbox_id)
+            && owner != me
+            && !endpoint.is_empty()
+        {
+            return Ok(Some(SessionRedirect {
+                peer_endpoint: endpoint,
+                owner_replica_id: owner,
+            }));
+        }
+        if hello.redirected && ring.owner(sandbox_id).is_some_and(|owner| owner != me) {
+            self.sessions.metrics().offring_admissions.inc();
+        }
+        let record = OwnerRecord {
+            sandbox_id: sandbox_id.to_owned(),
+            replica_id: me.clone(),
+            peer_endpoint: cluster.config.peer_endpoint.clone(),
+            session_id: session_id.to_owned(),
+            instance_id: hello.instance_id.clone(),
+            connection_epoch: hello.connection_epoch as i64,
+        };
+        let local_session = self.sessions.has_session(sandbox_id);
+        let published = self
+            .sandboxes
+            .store
+            .publish_owner(&record, OWNER_TTL, |existing| {
+                if existing.instance_id == hello.instance_id {
+                    // A newer connection of the same supervisor supersedes.
+                    existing.connection_epoch > hello.connection_epoch as i64
+                } else if existing.replica_id == me {
+                    // Ours: only a live local session keeps out a stranger.
+                    local_session
+                } else {
+                    // A stranger never supersedes a live replica's session.
+                    cluster.is_live(&existing.replica_id)
+                }
+            })
+            .await
+            .map_err(store_status)?;
+        match published {
+            Ok(()) => Ok(None),
+            Err(_) => Err(Status::unavailable(
+                "supervisor session owned by another gateway replica",
+            )),
+        }
+    }
 }
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -61,11 +131,22 @@ impl OpenShell for GatewayService {
         &self,
         request: Request<GetSandboxRequest>,
     ) -> Result<Response<SandboxResponse>, Status> {
+        let want_owner = request.metadata().contains_key(WANT_OWNER);
         let sandbox = self.sandboxes.get(request.get_ref()).await?;
-        Ok(Response::new(SandboxResponse {
+        let owner = match want_owner {
+            true => self.router.owner_of(id_of(&sandbox)).await,
+            false => None,
+        };
+        let mut response = Response::new(SandboxResponse {
             sandbox: Some(sandbox),
             service_urls: Default::default(),
-        }))
+        });
+        if let Some(owner) = owner
+            && let Ok(value) = owner.parse()
+        {
+            response.metadata_mut().insert(OWNER, value);
+        }
+        Ok(response)
     }
 
     async fn list_sandboxes(
@@ -147,9 +228,31 @@ impl OpenShell for GatewayService {
             return Err(Status::unavailable("gateway is shutting down"));
         }
         self.sandboxes.check_session_target(&principal).await?;
-        let stream = self
-            .sessions
-            .accept(principal, inbound, self.sandboxes.clone())?;
+        let session_id = uuid::Uuid::new_v4().to_string();
+        if let Some(cluster) = &self.cluster
+            && let Some(redirect) = self
+                .place_session(cluster, &principal, &session_id, &hello)
+                .await?
+        {
+            tracing::info!(
+                sandbox_id = principal,
+                owner = redirect.owner_replica_id,
+                "redirecting supervisor to its ring owner"
+            );
+            self.sessions
+                .metrics()
+                .session_redirects
+                .get_or_create(&crate::metrics::RedirectLabels { reason: "connect" })
+                .inc();
+            return Ok(Response::new(Box::pin(Sessions::redirect_stream(redirect))));
+        }
+        let stream = self.sessions.accept(
+            principal,
+            session_id,
+            &hello,
+            inbound,
+            self.sandboxes.clone(),
+        )?;
         Ok(Response::new(Box::pin(stream)))
     }
 

@@ -3,17 +3,22 @@
 //! A relay is how exec and forward reach a sandbox: the gateway registers a
 //! pending channel, sends `RelayOpen` on the sandbox's session, and the
 //! supervisor claims the channel by opening `RelayStream` with `init`. The
-//! waiter then owns both directions of that stream. Pending channels are
+//! waiter then owns both directions of that stream ([`Relay`]). A relay to a
+//! sandbox whose session another replica holds has the same shape, built on
+//! the peer service instead (see `relay_routing`). Pending channels are
 //! removed when the waiter gives up, so a late claim finds nothing.
 
 use std::collections::HashMap;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::Stream;
 use openshell_proto::{
     GatewayHeartbeat, GatewayMessage, RelayClose, RelayFrame, RelayOpen, SessionAccepted,
-    SupervisorMessage, gateway_message, relay_frame, relay_open, supervisor_message,
+    SessionRedirect, SupervisorHello, SupervisorMessage, gateway_message, relay_frame, relay_open,
+    supervisor_message,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::ReceiverStream;
@@ -30,11 +35,13 @@ const CLAIM_TIMEOUT: Duration = Duration::from_secs(10);
 
 pub type GatewayStream = ReceiverStream<Result<GatewayMessage, Status>>;
 pub type RelayStreamOut = ReceiverStream<Result<RelayFrame, Status>>;
+pub type FrameStream = Pin<Box<dyn Stream<Item = Result<RelayFrame, Status>> + Send>>;
 
 struct Session {
     id: String,
     tx: mpsc::Sender<Result<GatewayMessage, Status>>,
     closed: CancellationToken,
+    supports_redirect: bool,
 }
 
 struct Pending {
@@ -43,12 +50,33 @@ struct Pending {
     reply: oneshot::Sender<Result<Relay, Status>>,
 }
 
-/// Both directions of a claimed relay. Dropping it ends the relay, which the
-/// supervisor treats as cancellation.
+/// Both directions of a relay to a supervisor. Dropping it ends the relay,
+/// which the supervisor treats as cancellation.
 pub struct Relay {
-    pub inbound: Streaming<RelayFrame>,
+    pub inbound: FrameStream,
     pub outbound: mpsc::Sender<Result<RelayFrame, Status>>,
-    _gauge: Option<RelayGauge>,
+    gauge: Option<RelayGauge>,
+}
+
+impl Relay {
+    pub fn new(inbound: FrameStream, outbound: mpsc::Sender<Result<RelayFrame, Status>>) -> Self {
+        Self {
+            inbound,
+            outbound,
+            gauge: None,
+        }
+    }
+
+    /// Counts the relay in `relays_active` / `relays_opened` while it lives.
+    pub fn counted(mut self, metrics: &Arc<Metrics>, kind: &'static str) -> Self {
+        metrics.relays_active.get_or_create(&RelayLabels { kind }).inc();
+        metrics.relays_opened.get_or_create(&RelayLabels { kind }).inc();
+        self.gauge = Some(RelayGauge {
+            metrics: metrics.clone(),
+            kind,
+        });
+        self
+    }
 }
 
 struct RelayGauge {
@@ -65,19 +93,30 @@ impl Drop for RelayGauge {
     }
 }
 
-/// Lifecycle callbacks of a session, run in order on its task.
-#[tonic::async_trait]
-pub trait SessionHooks: Send + Sync + 'static {
-    async fn accepted(&self, sandbox_id: &str);
-    async fn ended(&self, end: SessionEnd);
+pub fn relay_kind(target: &relay_open::Target) -> &'static str {
+    match target {
+        relay_open::Target::Exec(_) => "exec",
+        _ => "tcp",
+    }
 }
 
 /// What happened to a session when its task ended.
 pub enum SessionEnd {
-    /// Disconnected or timed out: the sandbox lost its supervisor.
-    Lost { sandbox_id: String },
-    /// Replaced by a newer session or closed by shutdown/deletion.
-    Replaced,
+    /// Disconnected, timed out or lost its ownership: the sandbox lost its
+    /// supervisor here.
+    Lost { sandbox_id: String, session_id: String },
+    /// Replaced by a newer session here, or closed by shutdown or deletion.
+    Replaced { sandbox_id: String, session_id: String },
+}
+
+/// Lifecycle callbacks of a session, run in order on its task.
+#[tonic::async_trait]
+pub trait SessionHooks: Send + Sync + 'static {
+    async fn accepted(&self, sandbox_id: &str);
+    /// Called on every supervisor heartbeat; false means the session lost
+    /// its ownership and must close.
+    async fn heartbeat(&self, sandbox_id: &str, session_id: &str) -> bool;
+    async fn ended(&self, end: SessionEnd);
 }
 
 pub struct Sessions {
@@ -99,14 +138,22 @@ impl Sessions {
         })
     }
 
+    pub fn metrics(&self) -> &Arc<Metrics> {
+        &self.metrics
+    }
+
     pub fn is_shutting_down(&self) -> bool {
         self.shutting_down.load(Ordering::SeqCst)
     }
 
-    /// Reads the hello of a new session. Returns it with the inbound stream.
+    pub fn has_session(&self, sandbox_id: &str) -> bool {
+        self.sessions.lock().unwrap().contains_key(sandbox_id)
+    }
+
+    /// Reads the hello of a new session.
     pub async fn read_hello(
         inbound: &mut Streaming<SupervisorMessage>,
-    ) -> Result<openshell_proto::SupervisorHello, Status> {
+    ) -> Result<SupervisorHello, Status> {
         let first = tokio::time::timeout(HELLO_TIMEOUT, inbound.message())
             .await
             .map_err(|_| Status::deadline_exceeded("no hello within 10 s"))??;
@@ -118,18 +165,29 @@ impl Sessions {
         }
     }
 
-    /// Registers an accepted session and starts its task, which calls
-    /// `hooks.accepted` first and `hooks.ended` when the session ends.
+    /// A response stream carrying one redirect and nothing else: no session
+    /// starts.
+    pub fn redirect_stream(redirect: SessionRedirect) -> GatewayStream {
+        let (tx, rx) = mpsc::channel(1);
+        let message = GatewayMessage {
+            payload: Some(gateway_message::Payload::SessionRedirect(redirect)),
+        };
+        tx.try_send(Ok(message)).expect("fresh channel has room");
+        ReceiverStream::new(rx)
+    }
+
+    /// Registers an accepted session and starts its task.
     pub fn accept(
         self: &Arc<Self>,
         sandbox_id: String,
+        session_id: String,
+        hello: &SupervisorHello,
         mut inbound: Streaming<SupervisorMessage>,
         hooks: Arc<dyn SessionHooks>,
     ) -> Result<GatewayStream, Status> {
         if self.is_shutting_down() {
             return Err(Status::unavailable("gateway is shutting down"));
         }
-        let session_id = uuid::Uuid::new_v4().to_string();
         let (tx, rx) = mpsc::channel(64);
         let accepted = GatewayMessage {
             payload: Some(gateway_message::Payload::SessionAccepted(SessionAccepted {
@@ -148,6 +206,7 @@ impl Sessions {
                 id: session_id.clone(),
                 tx: tx.clone(),
                 closed: closed.clone(),
+                supports_redirect: hello.supports_session_redirect,
             },
         );
         match previous {
@@ -164,6 +223,7 @@ impl Sessions {
             hooks.accepted(&sandbox_id).await;
             let mut heartbeat = tokio::time::interval(HEARTBEAT_INTERVAL);
             heartbeat.tick().await;
+            let mut lost = false;
             loop {
                 tokio::select! {
                     _ = closed.cancelled() => break,
@@ -177,7 +237,16 @@ impl Sessions {
                     }
                     message = tokio::time::timeout(SESSION_IDLE_LIMIT, inbound.message()) => {
                         match message {
-                            Ok(Ok(Some(message))) => this.on_supervisor_message(message),
+                            Ok(Ok(Some(message))) => {
+                                if matches!(message.payload, Some(supervisor_message::Payload::Heartbeat(_)))
+                                    && !hooks.heartbeat(&sandbox_id, &session_id).await
+                                {
+                                    tracing::warn!(sandbox_id, "session lost its ownership; closing");
+                                    lost = true;
+                                    break;
+                                }
+                                this.on_supervisor_message(message);
+                            }
                             Ok(Ok(None)) | Ok(Err(_)) => break,
                             Err(_) => {
                                 tracing::warn!(sandbox_id, "supervisor session idle; closing");
@@ -187,7 +256,7 @@ impl Sessions {
                     }
                 }
             }
-            let end = this.unregister(&sandbox_id, &session_id);
+            let end = this.unregister(&sandbox_id, &session_id, lost);
             hooks.ended(end).await;
         });
         Ok(ReceiverStream::new(rx))
@@ -219,11 +288,15 @@ impl Sessions {
         }
     }
 
-    fn unregister(&self, sandbox_id: &str, session_id: &str) -> SessionEnd {
+    fn unregister(&self, sandbox_id: &str, session_id: &str, lost: bool) -> SessionEnd {
+        let replaced = SessionEnd::Replaced {
+            sandbox_id: sandbox_id.to_owned(),
+            session_id: session_id.to_owned(),
+        };
         let mut sessions = self.sessions.lock().unwrap();
         let mine = sessions.get(sandbox_id).is_some_and(|s| s.id == session_id);
         if !mine {
-            return SessionEnd::Replaced;
+            return replaced;
         }
         sessions.remove(sandbox_id);
         drop(sessions);
@@ -243,11 +316,12 @@ impl Sessions {
             }
         }
         tracing::info!(sandbox_id, session_id, "supervisor session ended");
-        if self.is_shutting_down() {
-            SessionEnd::Replaced
+        if self.is_shutting_down() && !lost {
+            replaced
         } else {
             SessionEnd::Lost {
                 sandbox_id: sandbox_id.to_owned(),
+                session_id: session_id.to_owned(),
             }
         }
     }
@@ -259,15 +333,32 @@ impl Sessions {
         }
     }
 
-    /// Refuses new sessions and closes every held one.
-    pub fn shutdown(&self) {
+    /// Refuses new sessions, sends each held session that can follow one the
+    /// redirect `redirect_for` computes, and closes every session. Returns
+    /// how many redirects were sent.
+    pub fn shutdown(&self, redirect_for: impl Fn(&str) -> Option<SessionRedirect>) -> usize {
         self.shutting_down.store(true, Ordering::SeqCst);
-        for session in self.sessions.lock().unwrap().values() {
+        let mut sent = 0;
+        for (sandbox_id, session) in self.sessions.lock().unwrap().iter() {
+            if session.supports_redirect
+                && let Some(redirect) = redirect_for(sandbox_id)
+            {
+                let message = GatewayMessage {
+                    payload: Some(gateway_message::Payload::SessionRedirect(redirect)),
+                };
+                // A full queue means a supervisor that is not reading; it
+                // reconnects through the edge instead.
+                if session.tx.try_send(Ok(message)).is_ok() {
+                    sent += 1;
+                }
+            }
             session.closed.cancel();
         }
+        sent
     }
 
-    async fn wait_session(
+    /// Waits up to `wait` for a local session of the sandbox.
+    pub async fn wait_session(
         &self,
         sandbox_id: &str,
         wait: Duration,
@@ -288,17 +379,15 @@ impl Sessions {
         }
     }
 
-    /// Opens a relay to the sandbox's supervisor and waits for the claim.
-    pub async fn open_relay(
+    /// Opens a relay over this replica's session of the sandbox and waits for
+    /// the supervisor's claim.
+    pub async fn open_local(
         &self,
         sandbox_id: &str,
         target: relay_open::Target,
         session_wait: Duration,
     ) -> Result<Relay, Status> {
-        let kind = match target {
-            relay_open::Target::Exec(_) => "exec",
-            _ => "tcp",
-        };
+        let kind = relay_kind(&target);
         let (session_id, session_tx) = self.wait_session(sandbox_id, session_wait).await?;
         let channel_id = uuid::Uuid::new_v4().to_string();
         let (reply, claimed) = oneshot::channel();
@@ -339,20 +428,7 @@ impl Sessions {
                 Err(Status::deadline_exceeded("relay open timed out"))
             }
         };
-        let mut relay = result?;
-        relay._gauge = Some(RelayGauge {
-            metrics: self.metrics.clone(),
-            kind,
-        });
-        self.metrics
-            .relays_active
-            .get_or_create(&RelayLabels { kind })
-            .inc();
-        self.metrics
-            .relays_opened
-            .get_or_create(&RelayLabels { kind })
-            .inc();
-        Ok(relay)
+        Ok(result?.counted(&self.metrics, kind))
     }
 
     /// Serves a supervisor's `RelayStream`: hands it to the waiting opener.
@@ -386,11 +462,7 @@ impl Sessions {
             }
         };
         let (tx, rx) = mpsc::channel(16);
-        let relay = Relay {
-            inbound,
-            outbound: tx,
-            _gauge: None,
-        };
+        let relay = Relay::new(Box::pin(inbound), tx);
         if pending.reply.send(Ok(relay)).is_err() {
             return Err(Status::cancelled("relay waiter went away"));
         }
@@ -405,10 +477,6 @@ struct PendingCleanup<'a> {
 
 impl Drop for PendingCleanup<'_> {
     fn drop(&mut self) {
-        self.sessions
-            .pending
-            .lock()
-            .unwrap()
-            .remove(self.channel_id);
+        self.sessions.pending.lock().unwrap().remove(self.channel_id);
     }
 }

@@ -1,22 +1,50 @@
-//! The gateway's durable state: sandbox records in SQLite through sqlx.
+//! The gateway's durable state, in SQLite (default, one file shared by the
+//! replicas of one host) or PostgreSQL (replicas on several hosts), through
+//! sqlx's `Any` driver. Both speak the same SQL here except for a few
+//! dialect pieces ([`Dialect`]): the schema types, how a write transaction
+//! starts, and the database clock.
 //!
-//! Each row keeps the whole `Sandbox` message (prost-encoded) next to the
-//! columns we query by, so the record a client sees is exactly what was
-//! stored. Supervisor credentials are kept only as SHA-256 hashes.
-//! Migrations are plain SQL statements applied in order and recorded in
-//! `schema_migrations`, so a new backend only needs its own SQL text.
+//! Every freshness judgement (membership, session ownership) compares
+//! timestamps written and read with the **database's** clock, so replicas
+//! whose own clocks disagree still agree on who is live.
+//!
+//! Sandbox rows keep the whole `Sandbox` message (prost-encoded) beside the
+//! columns we query by. Every sandbox write appends to `sandbox_events`, which
+//! replicas poll to feed their watchers changes made elsewhere. Supervisor
+//! credentials are stored only as SHA-256 hashes.
 
-use std::path::Path;
-use std::str::FromStr;
 use std::time::Duration;
 
 use openshell_proto::Sandbox;
 use prost::Message;
-use sqlx::Row;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePool, SqlitePoolOptions};
+use sqlx::any::{AnyPoolOptions, AnyRow};
+use sqlx::{AnyPool, AssertSqlSafe, Row};
 
-/// Schema versions, applied in order, each exactly once.
-const MIGRATIONS: &[(i64, &str)] = &[(
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dialect {
+    Sqlite,
+    Postgres,
+}
+
+impl Dialect {
+    /// Milliseconds since the epoch by the database's clock.
+    fn now_ms(self) -> &'static str {
+        match self {
+            Dialect::Sqlite => "CAST((julianday('now') - 2440587.5) * 86400000.0 AS INTEGER)",
+            Dialect::Postgres => "CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000 AS BIGINT)",
+        }
+    }
+
+    fn lock_row(self) -> &'static str {
+        match self {
+            Dialect::Sqlite => "",
+            Dialect::Postgres => " FOR UPDATE",
+        }
+    }
+}
+
+/// Schema versions, applied in order, each once: (version, sqlite, postgres).
+const MIGRATIONS: &[(i64, &str, &str)] = &[(
     1,
     "CREATE TABLE sandboxes (
         id TEXT PRIMARY KEY,
@@ -24,10 +52,62 @@ const MIGRATIONS: &[(i64, &str)] = &[(
         resource_version INTEGER NOT NULL,
         record BLOB NOT NULL,
         token_hash TEXT NOT NULL,
-        supervisor_pid INTEGER,
+        supervisor_pid INTEGER NOT NULL DEFAULT 0,
+        driver_host TEXT NOT NULL DEFAULT '',
         created_ms INTEGER NOT NULL
     );
-    CREATE INDEX sandboxes_token_hash ON sandboxes (token_hash);",
+    CREATE INDEX sandboxes_token_hash ON sandboxes (token_hash);
+    CREATE TABLE sandbox_events (
+        seq INTEGER PRIMARY KEY AUTOINCREMENT,
+        sandbox_id TEXT NOT NULL,
+        deleted INTEGER NOT NULL,
+        created_ms INTEGER NOT NULL
+    );
+    CREATE TABLE gateway_members (
+        replica_id TEXT PRIMARY KEY,
+        peer_endpoint TEXT NOT NULL,
+        updated_ms INTEGER NOT NULL
+    );
+    CREATE TABLE session_owners (
+        sandbox_id TEXT PRIMARY KEY,
+        replica_id TEXT NOT NULL,
+        peer_endpoint TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        instance_id TEXT NOT NULL,
+        connection_epoch INTEGER NOT NULL,
+        updated_ms INTEGER NOT NULL
+    )",
+    "CREATE TABLE sandboxes (
+        id TEXT PRIMARY KEY,
+        name TEXT NOT NULL UNIQUE,
+        resource_version BIGINT NOT NULL,
+        record BYTEA NOT NULL,
+        token_hash TEXT NOT NULL,
+        supervisor_pid BIGINT NOT NULL DEFAULT 0,
+        driver_host TEXT NOT NULL DEFAULT '',
+        created_ms BIGINT NOT NULL
+    );
+    CREATE INDEX sandboxes_token_hash ON sandboxes (token_hash);
+    CREATE TABLE sandbox_events (
+        seq BIGSERIAL PRIMARY KEY,
+        sandbox_id TEXT NOT NULL,
+        deleted BIGINT NOT NULL,
+        created_ms BIGINT NOT NULL
+    );
+    CREATE TABLE gateway_members (
+        replica_id TEXT PRIMARY KEY,
+        peer_endpoint TEXT NOT NULL,
+        updated_ms BIGINT NOT NULL
+    );
+    CREATE TABLE session_owners (
+        sandbox_id TEXT PRIMARY KEY,
+        replica_id TEXT NOT NULL,
+        peer_endpoint TEXT NOT NULL,
+        session_id TEXT NOT NULL,
+        instance_id TEXT NOT NULL,
+        connection_epoch BIGINT NOT NULL,
+        updated_ms BIGINT NOT NULL
+    )",
 )];
 
 #[derive(Debug, thiserror::Error)]
@@ -46,87 +126,186 @@ pub enum StoreError {
 #[derive(Debug, Clone)]
 pub struct StoredSandbox {
     pub sandbox: Sandbox,
-    pub supervisor_pid: Option<i32>,
+    /// 0: none; -1: a replica is starting one.
+    pub supervisor_pid: i64,
+    /// Host whose driver runs the supervisor.
+    pub driver_host: String,
+}
+
+/// A replica of the cluster as the store knows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Member {
+    pub replica_id: String,
+    pub peer_endpoint: String,
+}
+
+/// Which replica holds a sandbox's supervisor session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnerRecord {
+    pub sandbox_id: String,
+    pub replica_id: String,
+    pub peer_endpoint: String,
+    pub session_id: String,
+    pub instance_id: String,
+    pub connection_epoch: i64,
+}
+
+/// A change to one sandbox, from `sandbox_events`.
+#[derive(Debug, Clone)]
+pub struct SandboxEvent {
+    pub seq: i64,
+    pub sandbox_id: String,
+    pub deleted: bool,
 }
 
 #[derive(Clone)]
 pub struct Store {
-    pool: SqlitePool,
+    pool: AnyPool,
+    dialect: Dialect,
 }
 
+const SANDBOX_COLUMNS: &str = "record, supervisor_pid, driver_host";
+
 impl Store {
-    /// Opens (creating if needed) `<data_dir>/gateway.db` and migrates it.
-    pub async fn open(data_dir: &Path) -> Result<Self, StoreError> {
-        let path = data_dir.join("gateway.db");
-        let options = SqliteConnectOptions::from_str(&format!("sqlite://{}", path.display()))?
-            .create_if_missing(true)
-            .journal_mode(SqliteJournalMode::Wal)
-            .busy_timeout(Duration::from_secs(5));
-        let pool = SqlitePoolOptions::new()
+    /// Opens `url` (`sqlite://PATH` or `postgres://...`), creating an SQLite
+    /// file if needed, and migrates it.
+    pub async fn open(url: &str) -> Result<Self, StoreError> {
+        sqlx::any::install_default_drivers();
+        let dialect = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
+            Dialect::Postgres
+        } else {
+            Dialect::Sqlite
+        };
+        let url = match dialect {
+            Dialect::Sqlite if !url.contains('?') => format!("{url}?mode=rwc"),
+            _ => url.to_owned(),
+        };
+        let pool = AnyPoolOptions::new()
             .max_connections(8)
             .acquire_timeout(Duration::from_secs(10))
-            .connect_with(options)
+            .after_connect(move |conn, _meta| {
+                Box::pin(async move {
+                    if dialect == Dialect::Sqlite {
+                        // Several replicas may share the file: wait for locks
+                        // instead of failing, and let readers run beside a writer.
+                        sqlx::query("PRAGMA busy_timeout = 10000").execute(&mut *conn).await?;
+                        sqlx::query("PRAGMA journal_mode = WAL").execute(&mut *conn).await?;
+                    }
+                    Ok(())
+                })
+            })
+            .connect(&url)
             .await?;
-        let store = Self { pool };
+        let store = Self { pool, dialect };
         store.migrate().await?;
         Ok(store)
     }
 
+    /// A transaction that holds the write lock (SQLite) or takes row locks
+    /// with `FOR UPDATE` (PostgreSQL).
+    async fn begin_write(&self) -> Result<sqlx::Transaction<'static, sqlx::Any>, StoreError> {
+        Ok(match self.dialect {
+            Dialect::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await?,
+            Dialect::Postgres => self.pool.begin().await?,
+        })
+    }
+
     async fn migrate(&self) -> Result<(), StoreError> {
-        sqlx::query("CREATE TABLE IF NOT EXISTS schema_migrations (version INTEGER PRIMARY KEY)")
-            .execute(&self.pool)
+        let mut tx = self.begin_write().await?;
+        if self.dialect == Dialect::Postgres {
+            // Replicas starting together migrate one at a time.
+            sqlx::query("SELECT pg_advisory_xact_lock(7167001)")
+                .execute(&mut *tx)
+                .await?;
+        }
+        sqlx::query("CREATE TABLE IF NOT EXISTS schema_migrations (version BIGINT PRIMARY KEY)")
+            .execute(&mut *tx)
             .await?;
-        for (version, sql) in MIGRATIONS {
-            let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-            let done = sqlx::query("SELECT 1 FROM schema_migrations WHERE version = ?")
+        for (version, sqlite, postgres) in MIGRATIONS {
+            let done = sqlx::query("SELECT version FROM schema_migrations WHERE version = $1")
                 .bind(version)
                 .fetch_optional(&mut *tx)
                 .await?;
             if done.is_some() {
                 continue;
             }
+            let sql = match self.dialect {
+                Dialect::Sqlite => sqlite,
+                Dialect::Postgres => postgres,
+            };
             for statement in sql.split(';').map(str::trim).filter(|s| !s.is_empty()) {
                 sqlx::query(statement).execute(&mut *tx).await?;
             }
-            sqlx::query("INSERT INTO schema_migrations (version) VALUES (?)")
+            sqlx::query("INSERT INTO schema_migrations (version) VALUES ($1)")
                 .bind(version)
                 .execute(&mut *tx)
                 .await?;
-            tx.commit().await?;
         }
+        tx.commit().await?;
         Ok(())
     }
 
-    pub async fn insert(&self, sandbox: &Sandbox, token_hash: &str) -> Result<(), StoreError> {
+    async fn record_event(
+        &self,
+        tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+        sandbox_id: &str,
+        deleted: bool,
+    ) -> Result<(), StoreError> {
+        let sql = format!(
+            "INSERT INTO sandbox_events (sandbox_id, deleted, created_ms) VALUES ($1, $2, {})",
+            self.dialect.now_ms()
+        );
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(sandbox_id)
+            .bind(i64::from(deleted))
+            .execute(&mut **tx)
+            .await?;
+        Ok(())
+    }
+
+    // ------------------------------------------------------------ sandboxes
+
+    pub async fn insert(
+        &self,
+        sandbox: &Sandbox,
+        token_hash: &str,
+        driver_host: &str,
+    ) -> Result<(), StoreError> {
         let meta = sandbox.metadata.as_ref().expect("metadata");
         let created_ms = meta
             .created_time
             .as_ref()
             .map(|t| t.seconds * 1000 + i64::from(t.nanos) / 1_000_000)
             .unwrap_or_default();
+        let mut tx = self.begin_write().await?;
         let result = sqlx::query(
-            "INSERT INTO sandboxes (id, name, resource_version, record, token_hash, created_ms)
-             VALUES (?, ?, ?, ?, ?, ?)",
+            "INSERT INTO sandboxes (id, name, resource_version, record, token_hash, driver_host, created_ms)
+             VALUES ($1, $2, $3, $4, $5, $6, $7)",
         )
         .bind(&meta.id)
         .bind(&meta.name)
         .bind(meta.resource_version as i64)
         .bind(sandbox.encode_to_vec())
         .bind(token_hash)
+        .bind(driver_host)
         .bind(created_ms)
-        .execute(&self.pool)
+        .execute(&mut *tx)
         .await;
         match result {
-            Ok(_) => Ok(()),
+            Ok(_) => {}
             Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
-                Err(StoreError::AlreadyExists)
+                return Err(StoreError::AlreadyExists);
             }
-            Err(e) => Err(e.into()),
+            Err(e) => return Err(e.into()),
         }
+        self.record_event(&mut tx, &meta.id, false).await?;
+        tx.commit().await?;
+        Ok(())
     }
 
     pub async fn get_by_name(&self, name: &str) -> Result<StoredSandbox, StoreError> {
-        let row = sqlx::query("SELECT record, supervisor_pid FROM sandboxes WHERE name = ?")
+        let sql = format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE name = $1");
+        let row = sqlx::query(AssertSqlSafe(sql))
             .bind(name)
             .fetch_optional(&self.pool)
             .await?
@@ -135,7 +314,8 @@ impl Store {
     }
 
     pub async fn get_by_id(&self, id: &str) -> Result<StoredSandbox, StoreError> {
-        let row = sqlx::query("SELECT record, supervisor_pid FROM sandboxes WHERE id = ?")
+        let sql = format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE id = $1");
+        let row = sqlx::query(AssertSqlSafe(sql))
             .bind(id)
             .fetch_optional(&self.pool)
             .await?
@@ -145,7 +325,7 @@ impl Store {
 
     /// The sandbox id a supervisor token hash belongs to.
     pub async fn sandbox_for_token(&self, token_hash: &str) -> Result<Option<String>, StoreError> {
-        let row = sqlx::query("SELECT id FROM sandboxes WHERE token_hash = ?")
+        let row = sqlx::query("SELECT id FROM sandboxes WHERE token_hash = $1")
             .bind(token_hash)
             .fetch_optional(&self.pool)
             .await?;
@@ -153,18 +333,15 @@ impl Store {
     }
 
     /// Sandboxes ordered by name, starting after `after`.
-    pub async fn list_after(
-        &self,
-        after: &str,
-        limit: i64,
-    ) -> Result<Vec<StoredSandbox>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT record, supervisor_pid FROM sandboxes WHERE name > ? ORDER BY name LIMIT ?",
-        )
-        .bind(after)
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?;
+    pub async fn list_after(&self, after: &str, limit: i64) -> Result<Vec<StoredSandbox>, StoreError> {
+        let sql = format!(
+            "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE name > $1 ORDER BY name LIMIT $2"
+        );
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .bind(after)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
         rows.iter().map(decode_row).collect()
     }
 
@@ -178,10 +355,9 @@ impl Store {
     where
         F: FnOnce(&mut Sandbox),
     {
-        // IMMEDIATE takes the write lock up front: two deferred read-then-write
-        // transactions would otherwise fail with "database is locked".
-        let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
-        let row = sqlx::query("SELECT record FROM sandboxes WHERE id = ?")
+        let mut tx = self.begin_write().await?;
+        let sql = format!("SELECT record FROM sandboxes WHERE id = $1{}", self.dialect.lock_row());
+        let row = sqlx::query(AssertSqlSafe(sql))
             .bind(id)
             .fetch_optional(&mut *tx)
             .await?
@@ -191,40 +367,249 @@ impl Store {
         let meta = sandbox.metadata.get_or_insert_with(Default::default);
         meta.resource_version += 1;
         let version = meta.resource_version as i64;
-        sqlx::query("UPDATE sandboxes SET record = ?, resource_version = ? WHERE id = ?")
+        sqlx::query("UPDATE sandboxes SET record = $1, resource_version = $2 WHERE id = $3")
             .bind(sandbox.encode_to_vec())
             .bind(version)
             .bind(id)
             .execute(&mut *tx)
             .await?;
+        self.record_event(&mut tx, id, false).await?;
         tx.commit().await?;
         Ok(sandbox)
     }
 
-    pub async fn set_supervisor(
+    /// Sets the supervisor pid (and optionally a new token hash) only if the
+    /// stored pid is still `expected`; false when another replica got there first.
+    pub async fn swap_supervisor(
         &self,
         id: &str,
-        pid: Option<i32>,
+        expected: i64,
+        pid: i64,
         token_hash: Option<&str>,
-    ) -> Result<(), StoreError> {
-        let query = match token_hash {
-            Some(hash) => {
-                sqlx::query("UPDATE sandboxes SET supervisor_pid = ?, token_hash = ? WHERE id = ?")
-                    .bind(pid)
-                    .bind(hash)
-                    .bind(id)
-            }
-            None => sqlx::query("UPDATE sandboxes SET supervisor_pid = ? WHERE id = ?")
-                .bind(pid)
-                .bind(id),
-        };
-        query.execute(&self.pool).await?;
-        Ok(())
+    ) -> Result<bool, StoreError> {
+        let result = match token_hash {
+            Some(hash) => sqlx::query(
+                "UPDATE sandboxes SET supervisor_pid = $1, token_hash = $2
+                 WHERE id = $3 AND supervisor_pid = $4",
+            )
+            .bind(pid)
+            .bind(hash)
+            .bind(id)
+            .bind(expected),
+            None => sqlx::query(
+                "UPDATE sandboxes SET supervisor_pid = $1 WHERE id = $2 AND supervisor_pid = $3",
+            )
+            .bind(pid)
+            .bind(id)
+            .bind(expected),
+        }
+        .execute(&self.pool)
+        .await?;
+        Ok(result.rows_affected() == 1)
     }
 
     pub async fn delete(&self, id: &str) -> Result<(), StoreError> {
-        sqlx::query("DELETE FROM sandboxes WHERE id = ?")
+        let mut tx = self.begin_write().await?;
+        sqlx::query("DELETE FROM sandboxes WHERE id = $1")
             .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        sqlx::query("DELETE FROM session_owners WHERE sandbox_id = $1")
+            .bind(id)
+            .execute(&mut *tx)
+            .await?;
+        self.record_event(&mut tx, id, true).await?;
+        tx.commit().await?;
+        Ok(())
+    }
+
+    /// The newest event sequence number (0 when none).
+    pub async fn last_event_seq(&self) -> Result<i64, StoreError> {
+        let row = sqlx::query("SELECT COALESCE(MAX(seq), 0) FROM sandbox_events")
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(row.get::<i64, _>(0))
+    }
+
+    pub async fn events_after(&self, seq: i64, limit: i64) -> Result<Vec<SandboxEvent>, StoreError> {
+        let rows = sqlx::query(
+            "SELECT seq, sandbox_id, deleted FROM sandbox_events WHERE seq > $1 ORDER BY seq LIMIT $2",
+        )
+        .bind(seq)
+        .bind(limit)
+        .fetch_all(&self.pool)
+        .await?;
+        Ok(rows
+            .iter()
+            .map(|r| SandboxEvent {
+                seq: r.get(0),
+                sandbox_id: r.get(1),
+                deleted: r.get::<i64, _>(2) != 0,
+            })
+            .collect())
+    }
+
+    /// Drops events older than `age` (by database time).
+    pub async fn prune_events(&self, age: Duration) -> Result<(), StoreError> {
+        let sql = format!(
+            "DELETE FROM sandbox_events WHERE created_ms < {} - $1",
+            self.dialect.now_ms()
+        );
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(age.as_millis() as i64)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    // ------------------------------------------------------------ membership
+
+    /// Registers or refreshes a replica, stamped with database time.
+    pub async fn register_member(&self, member: &Member) -> Result<(), StoreError> {
+        let now = self.dialect.now_ms();
+        let sql = format!(
+            "INSERT INTO gateway_members (replica_id, peer_endpoint, updated_ms) VALUES ($1, $2, {now})
+             ON CONFLICT (replica_id) DO UPDATE SET peer_endpoint = $3, updated_ms = {now}"
+        );
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(&member.replica_id)
+            .bind(&member.peer_endpoint)
+            .bind(&member.peer_endpoint)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Replicas refreshed within `ttl` by database time, sorted by id.
+    pub async fn live_members(&self, ttl: Duration) -> Result<Vec<Member>, StoreError> {
+        let sql = format!(
+            "SELECT replica_id, peer_endpoint FROM gateway_members
+             WHERE updated_ms > {} - $1 ORDER BY replica_id",
+            self.dialect.now_ms()
+        );
+        let rows = sqlx::query(AssertSqlSafe(sql))
+            .bind(ttl.as_millis() as i64)
+            .fetch_all(&self.pool)
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| Member {
+                replica_id: r.get(0),
+                peer_endpoint: r.get(1),
+            })
+            .collect())
+    }
+
+    pub async fn remove_member(&self, replica_id: &str) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM gateway_members WHERE replica_id = $1")
+            .bind(replica_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    /// Deletes members not refreshed for `age` (database time).
+    pub async fn sweep_members(&self, age: Duration) -> Result<(), StoreError> {
+        let sql = format!(
+            "DELETE FROM gateway_members WHERE updated_ms < {} - $1",
+            self.dialect.now_ms()
+        );
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(age.as_millis() as i64)
+            .execute(&self.pool)
+            .await?;
+        Ok(())
+    }
+
+    // ------------------------------------------------------------ ownership
+
+    /// The owner record of a sandbox if it was renewed within `ttl`.
+    pub async fn owner(&self, sandbox_id: &str, ttl: Duration) -> Result<Option<OwnerRecord>, StoreError> {
+        let sql = format!(
+            "SELECT sandbox_id, replica_id, peer_endpoint, session_id, instance_id, connection_epoch
+             FROM session_owners WHERE sandbox_id = $1 AND updated_ms > {} - $2",
+            self.dialect.now_ms()
+        );
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(sandbox_id)
+            .bind(ttl.as_millis() as i64)
+            .fetch_optional(&self.pool)
+            .await?;
+        Ok(row.as_ref().map(decode_owner))
+    }
+
+    /// Publishes `record` as the owner unless `keep_existing` says the fresh
+    /// record already there must stand. Returns the record that stands.
+    pub async fn publish_owner(
+        &self,
+        record: &OwnerRecord,
+        ttl: Duration,
+        keep_existing: impl FnOnce(&OwnerRecord) -> bool,
+    ) -> Result<Result<(), OwnerRecord>, StoreError> {
+        let mut tx = self.begin_write().await?;
+        let sql = format!(
+            "SELECT sandbox_id, replica_id, peer_endpoint, session_id, instance_id, connection_epoch
+             FROM session_owners WHERE sandbox_id = $1 AND updated_ms > {} - $2{}",
+            self.dialect.now_ms(),
+            self.dialect.lock_row()
+        );
+        let existing = sqlx::query(AssertSqlSafe(sql))
+            .bind(&record.sandbox_id)
+            .bind(ttl.as_millis() as i64)
+            .fetch_optional(&mut *tx)
+            .await?
+            .as_ref()
+            .map(decode_owner);
+        if let Some(existing) = existing
+            && keep_existing(&existing)
+        {
+            return Ok(Err(existing));
+        }
+        let now = self.dialect.now_ms();
+        let sql = format!(
+            "INSERT INTO session_owners
+                (sandbox_id, replica_id, peer_endpoint, session_id, instance_id, connection_epoch, updated_ms)
+             VALUES ($1, $2, $3, $4, $5, $6, {now})
+             ON CONFLICT (sandbox_id) DO UPDATE SET replica_id = $7, peer_endpoint = $8,
+                session_id = $9, instance_id = $10, connection_epoch = $11, updated_ms = {now}"
+        );
+        sqlx::query(AssertSqlSafe(sql))
+            .bind(&record.sandbox_id)
+            .bind(&record.replica_id)
+            .bind(&record.peer_endpoint)
+            .bind(&record.session_id)
+            .bind(&record.instance_id)
+            .bind(record.connection_epoch)
+            .bind(&record.replica_id)
+            .bind(&record.peer_endpoint)
+            .bind(&record.session_id)
+            .bind(&record.instance_id)
+            .bind(record.connection_epoch)
+            .execute(&mut *tx)
+            .await?;
+        tx.commit().await?;
+        Ok(Ok(()))
+    }
+
+    /// Renews the record if this session still holds it.
+    pub async fn renew_owner(&self, sandbox_id: &str, session_id: &str) -> Result<bool, StoreError> {
+        let sql = format!(
+            "UPDATE session_owners SET updated_ms = {} WHERE sandbox_id = $1 AND session_id = $2",
+            self.dialect.now_ms()
+        );
+        let result = sqlx::query(AssertSqlSafe(sql))
+            .bind(sandbox_id)
+            .bind(session_id)
+            .execute(&self.pool)
+            .await?;
+        Ok(result.rows_affected() == 1)
+    }
+
+    /// Drops the record if this session still holds it.
+    pub async fn release_owner(&self, sandbox_id: &str, session_id: &str) -> Result<(), StoreError> {
+        sqlx::query("DELETE FROM session_owners WHERE sandbox_id = $1 AND session_id = $2")
+            .bind(sandbox_id)
+            .bind(session_id)
             .execute(&self.pool)
             .await?;
         Ok(())
@@ -235,10 +620,22 @@ impl Store {
     }
 }
 
-fn decode_row(row: &sqlx::sqlite::SqliteRow) -> Result<StoredSandbox, StoreError> {
+fn decode_row(row: &AnyRow) -> Result<StoredSandbox, StoreError> {
     let record: Vec<u8> = row.get(0);
     Ok(StoredSandbox {
         sandbox: Sandbox::decode(record.as_slice())?,
-        supervisor_pid: row.get::<Option<i32>, _>(1),
+        supervisor_pid: row.get::<i64, _>(1),
+        driver_host: row.get::<String, _>(2),
     })
+}
+
+fn decode_owner(row: &AnyRow) -> OwnerRecord {
+    OwnerRecord {
+        sandbox_id: row.get(0),
+        replica_id: row.get(1),
+        peer_endpoint: row.get(2),
+        session_id: row.get(3),
+        instance_id: row.get(4),
+        connection_epoch: row.get(5),
+    }
 }

@@ -16,8 +16,10 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Status, Streaming};
 
-use crate::sandboxes::{SESSION_WAIT, Sandboxes, id_of, merged_environment, phase_of};
+use crate::relay_routing::RelayRouter;
+use crate::sandboxes::{Sandboxes, id_of, merged_environment, phase_of};
 use crate::sessions::Relay;
+use futures::StreamExt;
 use crate::validate;
 
 pub type ExecEvents = ReceiverStream<Result<ExecSandboxEvent, Status>>;
@@ -25,6 +27,7 @@ pub type ForwardFrames = ReceiverStream<Result<TcpForwardFrame, Status>>;
 
 pub struct Streams {
     pub sandboxes: Arc<Sandboxes>,
+    pub router: Arc<RelayRouter>,
     pub shutdown: CancellationToken,
 }
 
@@ -71,10 +74,7 @@ impl Streams {
     }
 
     async fn open(&self, sandbox_id: &str, target: relay_open::Target) -> Result<Relay, Status> {
-        self.sandboxes
-            .sessions
-            .open_relay(sandbox_id, target, SESSION_WAIT)
-            .await
+        self.router.open(sandbox_id, target).await
     }
 
     pub async fn exec(&self, req: ExecSandboxRequest) -> Result<ExecEvents, Status> {
@@ -297,7 +297,7 @@ impl Streams {
                         abort.cancel();
                         return;
                     }
-                    frame = relay.inbound.message() => frame,
+                    frame = relay.inbound.next() => frame.transpose(),
                 };
                 let payload = match frame {
                     Ok(Some(RelayFrame {
@@ -380,7 +380,7 @@ async fn pump_exec_events(
                 let _ = tx.send(Err(Status::unavailable("gateway is shutting down"))).await;
                 return;
             }
-            frame = relay.inbound.message() => frame,
+            frame = relay.inbound.next() => frame.transpose(),
         };
         match frame {
             Ok(Some(RelayFrame {

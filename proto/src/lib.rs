@@ -15,6 +15,11 @@ pub mod openshell {
             tonic::include_proto!("openshell.datamodel.v1");
         }
     }
+    pub mod peer {
+        pub mod v1 {
+            tonic::include_proto!("openshell.peer.v1");
+        }
+    }
     pub mod options {
         pub mod v1 {
             tonic::include_proto!("openshell.options.v1");
@@ -23,6 +28,7 @@ pub mod openshell {
 }
 
 pub use openshell::datamodel::v1 as datamodel;
+pub use openshell::peer::v1 as peer;
 pub use openshell::v1::*;
 
 /// Encoded `FileDescriptorSet` of the whole contract (with source info), for

@@ -1,0 +1,110 @@
+//! The peer service (`openshell.peer.v1.Peer`): the owner side of a relayed
+//! stream. Another replica asks this one, which holds the sandbox's
+//! supervisor session, to open a relay and pipe frames both ways. Only
+//! replicas get here: the request layer checks the peer token.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::{Stream, StreamExt};
+use openshell_proto::peer::peer_server::Peer;
+use openshell_proto::peer::{PeerRelayFrame, peer_relay_frame};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::auth::Principal;
+use crate::sessions::Sessions;
+
+/// How long the owner waits for its own session (it may be reconnecting).
+const OWNER_SESSION_WAIT: Duration = Duration::from_secs(5);
+
+pub struct PeerService {
+    pub sessions: Arc<Sessions>,
+}
+
+type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
+
+#[tonic::async_trait]
+impl Peer for PeerService {
+    type PeerRelayStream = BoxStream<PeerRelayFrame>;
+
+    async fn peer_relay(
+        &self,
+        request: Request<Streaming<PeerRelayFrame>>,
+    ) -> Result<Response<Self::PeerRelayStream>, Status> {
+        let requester = match request.extensions().get::<Principal>() {
+            Some(Principal::Peer(replica)) => replica.clone(),
+            _ => return Err(Status::permission_denied("peer credentials required")),
+        };
+        let mut inbound = request.into_inner();
+        let init = match inbound.message().await? {
+            Some(PeerRelayFrame {
+                payload: Some(peer_relay_frame::Payload::Init(init)),
+            }) => init,
+            _ => return Err(Status::invalid_argument("the first peer relay frame must be init")),
+        };
+        if init.requester_replica_id != requester {
+            return Err(Status::permission_denied(
+                "requester_replica_id does not match the calling replica",
+            ));
+        }
+        let target = init
+            .relay_open
+            .and_then(|open| open.target)
+            .ok_or_else(|| Status::invalid_argument("peer relay init needs a target"))?;
+        let relay = self
+            .sessions
+            .open_local(&init.sandbox_id, target, OWNER_SESSION_WAIT)
+            .await?;
+        let (tx, rx) = mpsc::channel::<Result<PeerRelayFrame, Status>>(16);
+        // The requester ending its stream, cleanly or not, ends the relay:
+        // half-closes travel as `eof` frames, never as stream ends.
+        let requester_gone = CancellationToken::new();
+        let outbound = relay.outbound.clone();
+        let gone = requester_gone.clone();
+        tokio::spawn(async move {
+            let _gone = gone.drop_guard();
+            while let Some(frame) = inbound.next().await {
+                match frame {
+                    Ok(PeerRelayFrame {
+                        payload: Some(peer_relay_frame::Payload::Frame(frame)),
+                    }) => {
+                        if outbound.send(Ok(frame)).await.is_err() {
+                            return;
+                        }
+                    }
+                    Ok(_) => continue,
+                    Err(_) => return,
+                }
+            }
+        });
+        tokio::spawn(async move {
+            let mut relay = relay;
+            loop {
+                tokio::select! {
+                    _ = requester_gone.cancelled() => return,
+                    _ = tx.closed() => return,
+                    frame = relay.inbound.next() => match frame {
+                        Some(Ok(frame)) => {
+                            let frame = PeerRelayFrame {
+                                payload: Some(peer_relay_frame::Payload::Frame(frame)),
+                            };
+                            if tx.send(Ok(frame)).await.is_err() {
+                                return;
+                            }
+                        }
+                        Some(Err(status)) => {
+                            let _ = tx.send(Err(status)).await;
+                            return;
+                        }
+                        None => return,
+                    },
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
+    }
+}
