@@ -95,6 +95,12 @@ struct ServeArgs {
     /// replica (default: its listen address).
     #[arg(long)]
     peer_endpoint: Option<String>,
+    /// How often membership is refreshed.
+    #[arg(long, default_value_t = 10_000, hide = true)]
+    member_refresh_ms: u64,
+    /// How long a member stays live without a refresh (database time).
+    #[arg(long, default_value_t = 30_000, hide = true)]
+    member_ttl_ms: u64,
     /// This replica's id, sent as `x-openshell-served-by`.
     #[arg(long, default_value = "gw-0")]
     replica_id: String,
@@ -232,7 +238,11 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 .peer_endpoint
                 .clone()
                 .unwrap_or_else(|| format!("{scheme}://{grpc_addr}"));
-            let config = ClusterConfig::new(args.replica_id.clone(), peer_endpoint, token.clone());
+            let mut config =
+                ClusterConfig::new(args.replica_id.clone(), peer_endpoint, token.clone());
+            config.refresh_every = Duration::from_millis(args.member_refresh_ms.max(100));
+            config.member_ttl = Duration::from_millis(args.member_ttl_ms.max(500));
+            config.store_timeout = config.store_timeout.min(config.member_ttl / 2);
             Some(Cluster::start(config, store.clone(), metrics.clone()).await)
         }
         None => None,

@@ -12,7 +12,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+pub mod cluster;
+pub mod edge;
 pub mod tls;
+
+pub use edge::{Edge, Nginx};
 
 /// Directory holding the workspace's built binaries.
 pub fn bin_dir() -> PathBuf {
@@ -51,6 +55,15 @@ pub struct GatewayOptions {
     pub extra_args: Vec<String>,
     /// Replica id (default gw-0).
     pub replica_id: Option<String>,
+    /// Store and sandbox directory shared with other replicas (default: a
+    /// private one).
+    pub data_dir: Option<PathBuf>,
+    /// `--database-url` (default: SQLite in the data directory).
+    pub database_url: Option<String>,
+    /// `--peer-token`: makes the replica a cluster member.
+    pub peer_token: Option<String>,
+    /// URL the replica's supervisors dial (default: the replica itself).
+    pub supervisor_url: Option<String>,
 }
 
 impl GatewayOptions {
@@ -104,6 +117,14 @@ impl Gateway {
         self.data.path()
     }
 
+    /// The `--data-dir` of the gateway: store and sandbox directories.
+    pub fn store_dir(&self) -> PathBuf {
+        self.options
+            .data_dir
+            .clone()
+            .unwrap_or_else(|| self.data.path().join("data"))
+    }
+
     pub fn pid(&self) -> Option<i32> {
         self.child.as_ref().map(|c| c.id() as i32)
     }
@@ -123,12 +144,14 @@ impl Gateway {
             .arg("--metrics-listen")
             .arg("127.0.0.1:0")
             .arg("--data-dir")
-            .arg(self.data.path().join("data"))
+            .arg(self.store_dir())
             .arg("--ready-file")
             .arg(&ready)
             .arg("--supervisor-bin")
             .arg(bin("openshell-supervisor"))
             .env_remove("OPENSHELL_GATEWAY_TOKENS")
+            .env_remove("OPENSHELL_DATABASE_URL")
+            .env_remove("OPENSHELL_PEER_TOKEN")
             .env(
                 "RUST_LOG",
                 std::env::var("OPENSHELL_TEST_LOG").unwrap_or_else(|_| "info".into()),
@@ -150,6 +173,15 @@ impl Gateway {
         }
         if let Some(id) = &self.options.replica_id {
             cmd.arg("--replica-id").arg(id);
+        }
+        if let Some(url) = &self.options.database_url {
+            cmd.env("OPENSHELL_DATABASE_URL", url);
+        }
+        if let Some(token) = &self.options.peer_token {
+            cmd.env("OPENSHELL_PEER_TOKEN", token);
+        }
+        if let Some(url) = &self.options.supervisor_url {
+            cmd.arg("--supervisor-url").arg(url);
         }
         cmd.args(&self.options.extra_args);
         let mut child = cmd.spawn().expect("start openshell-gateway");
@@ -216,7 +248,7 @@ impl Gateway {
 
     /// PIDs of the supervisors this gateway's driver started.
     pub fn supervisor_pids(&self) -> Vec<i32> {
-        let dir = self.data.path().join("data/sandboxes");
+        let dir = self.store_dir().join("sandboxes");
         let Ok(entries) = std::fs::read_dir(dir) else {
             return Vec::new();
         };

@@ -1,0 +1,310 @@
+//! A real multi-replica cluster: replicas sharing an SQLite file or a real
+//! PostgreSQL server, supervisors placed on their ring owner by redirects,
+//! streams relayed by peers, owner reporting, shutdown redirects, and
+//! membership that survives a dead replica or a hung database.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use openshell_proto::*;
+use openshell_testkit::cluster::{ClusterOptions, Postgres, TestCluster, ring_owner};
+use openshell_testkit::{Gateway, eventually, metric_value, process_env};
+use tonic::Code;
+
+fn options(replicas: usize, database_url: Option<String>) -> ClusterOptions {
+    ClusterOptions {
+        replicas,
+        database_url,
+        tokens: vec![TOKEN.into()],
+        extra_args: ["--member-refresh-ms", "300", "--member-ttl-ms", "3000"]
+            .map(String::from)
+            .to_vec(),
+        supervisor_url: None,
+    }
+}
+
+fn metric(gw: &Gateway, sample: &str) -> f64 {
+    metric_value(&gw.metrics(), sample).unwrap_or(0.0)
+}
+
+async fn wait_ring(cluster: &TestCluster, members: f64) {
+    for gw in &cluster.replicas {
+        let ok = eventually(Duration::from_secs(15), || {
+            metric(gw, "openshell_server_ring_members") == members
+        })
+        .await;
+        assert!(ok, "ring never reached {members} members:\n{}", gw.metrics());
+    }
+}
+
+fn route(gw: &Gateway, route: &str) -> f64 {
+    metric(
+        gw,
+        &format!(
+            r#"openshell_server_routed_request_attempts_total{{operation="relay",route="{route}",relay_kind="exec",outcome="success"}}"#
+        ),
+    )
+}
+
+async fn owner_via(client: &mut Client, name: &str) -> Option<String> {
+    let mut request = tonic::Request::new(GetSandboxRequest {
+        name: name.into(),
+        ..Default::default()
+    });
+    request
+        .metadata_mut()
+        .insert("x-openshell-want-owner", "1".parse().unwrap());
+    let response = client.get_sandbox(request).await.expect("get");
+    response
+        .metadata()
+        .get("x-openshell-owner")
+        .map(|v| v.to_str().unwrap().to_owned())
+}
+
+async fn placement_routing_and_owner_reporting(cluster: &TestCluster) {
+    wait_ring(cluster, 3.0).await;
+    let ids = cluster.ids();
+    let ids: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let mut clients = Vec::new();
+    for gw in &cluster.replicas {
+        clients.push(client(gw).await);
+    }
+    let mut expected = Vec::new();
+    for i in 0..6 {
+        let name = format!("placed-{i}");
+        let sandbox = create_ready(&mut clients[0], &name).await;
+        let id = sandbox.metadata.unwrap().id;
+        expected.push((name, ring_owner(&ids, &id)));
+    }
+    let not_on_gw0 = expected.iter().filter(|(_, o)| o != "gw-0").count() as f64;
+    assert_eq!(
+        metric(
+            &cluster.replicas[0],
+            r#"openshell_server_session_redirects_total{reason="connect"}"#
+        ),
+        not_on_gw0
+    );
+    for (name, owner) in &expected {
+        // Every replica reports the same owner: the ring owner.
+        for client in clients.iter_mut() {
+            let reported = owner_via(client, name).await;
+            assert_eq!(reported.as_deref(), Some(owner.as_str()), "{name}");
+        }
+    }
+    // An exec through every replica works; only the owner runs it locally.
+    for (name, owner) in &expected {
+        let before: Vec<(f64, f64)> = cluster
+            .replicas
+            .iter()
+            .map(|gw| (route(gw, "local"), route(gw, "peer")))
+            .collect();
+        for client in clients.iter_mut() {
+            let out = sh(client, name, "echo routed").await;
+            assert_eq!(out.stdout_text(), "routed\n");
+        }
+        for (i, gw) in cluster.replicas.iter().enumerate() {
+            let (local, peer) = (route(gw, "local") - before[i].0, route(gw, "peer") - before[i].1);
+            // The owner serves its own client's stream locally; the others
+            // relay theirs to it (the owner's side of a relay is not a route).
+            if format!("gw-{i}") == *owner {
+                assert_eq!((local, peer), (1.0, 0.0), "owner {owner}");
+            } else {
+                assert_eq!((local, peer), (0.0, 1.0), "gw-{i} for {name}");
+            }
+        }
+    }
+}
+
+#[tokio::test]
+async fn sqlite_cluster_places_routes_and_reports_owners() {
+    let cluster = TestCluster::start(options(3, None));
+    placement_routing_and_owner_reporting(&cluster).await;
+}
+
+#[tokio::test]
+async fn postgres_cluster_places_routes_and_reports_owners() {
+    let pg = Postgres::start();
+    let cluster = TestCluster::start(options(3, Some(pg.url())));
+    placement_routing_and_owner_reporting(&cluster).await;
+}
+
+#[tokio::test]
+async fn forward_and_interactive_exec_are_relayed_by_peers() {
+    let cluster = TestCluster::start(options(2, None));
+    wait_ring(&cluster, 2.0).await;
+    let mut gw0 = client(&cluster.replicas[0]).await;
+    // Find a sandbox owned by gw-1, so gw-0 must relay.
+    let mut name = None;
+    for i in 0..12 {
+        let candidate = format!("relay-{i}");
+        let sandbox = create_ready(&mut gw0, &candidate).await;
+        if ring_owner(&["gw-0", "gw-1"], &sandbox.metadata.unwrap().id) == "gw-1" {
+            name = Some(candidate);
+            break;
+        }
+    }
+    let name = name.expect("some sandbox lands on gw-1");
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let (mut socket, _) = listener.accept().await.unwrap();
+        let mut received = Vec::new();
+        socket.read_to_end(&mut received).await.unwrap();
+        socket.write_all(&received).await.unwrap();
+    });
+    let payload: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8).collect();
+    let mut frames = vec![TcpForwardFrame {
+        payload: Some(tcp_forward_frame::Payload::Init(TcpForwardInit {
+            sandbox: name.clone(),
+            target: Some(tcp_forward_init::Target::Tcp(TcpRelayTarget {
+                host: "127.0.0.1".into(),
+                port: port.into(),
+            })),
+            ..Default::default()
+        })),
+    }];
+    frames.extend(payload.chunks(50_000).map(|c| TcpForwardFrame {
+        payload: Some(tcp_forward_frame::Payload::Data(c.to_vec())),
+    }));
+    let mut stream = gw0.forward_tcp(tokio_stream::iter(frames)).await.unwrap().into_inner();
+    let mut echoed = Vec::new();
+    while let Some(frame) = stream.message().await.unwrap() {
+        if let Some(tcp_forward_frame::Payload::Data(d)) = frame.payload {
+            echoed.extend(d);
+        }
+    }
+    assert_eq!(echoed, payload);
+
+    let messages = vec![
+        ExecSandboxInput {
+            payload: Some(exec_sandbox_input::Payload::Start(exec_request(&name, &["wc", "-c"]))),
+        },
+        ExecSandboxInput {
+            payload: Some(exec_sandbox_input::Payload::Stdin(vec![b'z'; 4321])),
+        },
+    ];
+    let out = collect(
+        gw0.exec_sandbox_interactive(tokio_stream::iter(messages))
+            .await
+            .unwrap()
+            .into_inner(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(out.stdout_text().trim(), "4321");
+    assert!(
+        metric(
+            &cluster.replicas[0],
+            r#"openshell_server_routed_request_attempts_total{operation="relay",route="peer",relay_kind="tcp",outcome="success"}"#
+        ) >= 1.0
+    );
+}
+
+#[tokio::test]
+async fn a_stopping_replica_redirects_its_supervisors_to_the_remaining_ring() {
+    let mut cluster = TestCluster::start(options(3, None));
+    wait_ring(&cluster, 3.0).await;
+    let mut gw0 = client(&cluster.replicas[0]).await;
+    // A sandbox owned by a replica other than gw-0 (the supervisors' address).
+    let ids = ["gw-0", "gw-1", "gw-2"];
+    let mut chosen = None;
+    for i in 0..12 {
+        let name = format!("mover-{i}");
+        let id = create_ready(&mut gw0, &name).await.metadata.unwrap().id;
+        let owner = ring_owner(&ids, &id);
+        if owner != "gw-0" {
+            chosen = Some((name, id, owner));
+            break;
+        }
+    }
+    let (name, id, owner) = chosen.expect("a sandbox off gw-0");
+    let remaining: Vec<&str> = ids.iter().copied().filter(|r| *r != owner).collect();
+    let next = ring_owner(&remaining, &id);
+    cluster.replica_mut(&owner).stop();
+
+    let mut new_owner = None;
+    for _ in 0..100 {
+        new_owner = owner_via(&mut gw0, &name).await;
+        if new_owner.as_deref() == Some(next.as_str()) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(new_owner.as_deref(), Some(next.as_str()));
+    assert_eq!(wait_phase(&mut gw0, &name, SandboxPhase::Ready).await.metadata.unwrap().id, id);
+    assert_eq!(sh(&mut gw0, &name, "echo still here").await.stdout_text(), "still here\n");
+}
+
+#[tokio::test]
+async fn a_stranger_cannot_take_over_a_live_session() {
+    let cluster = TestCluster::start(options(2, None));
+    wait_ring(&cluster, 2.0).await;
+    let mut gw0 = client(&cluster.replicas[0]).await;
+    let sandbox = create_ready(&mut gw0, "guarded").await;
+    let id = sandbox.metadata.unwrap().id;
+    let owner = ring_owner(&["gw-0", "gw-1"], &id);
+    let other = if owner == "gw-0" { "gw-1" } else { "gw-0" };
+    let pid = cluster.replicas[0].supervisor_pids()[0];
+    let token = process_env(pid, "OPENSHELL_SANDBOX_TOKEN").expect("sandbox token");
+    let mut as_supervisor = client_with(cluster.replica(other), Some(&token)).await;
+    let hello = SupervisorMessage {
+        payload: Some(supervisor_message::Payload::Hello(SupervisorHello {
+            sandbox_id: id.clone(),
+            instance_id: "a-stranger".into(),
+            connection_epoch: 99,
+            redirected: true,
+            supports_session_redirect: true,
+            ..Default::default()
+        })),
+    };
+    let err = match as_supervisor
+        .connect_supervisor(tokio_stream::iter(vec![hello]))
+        .await
+    {
+        Err(status) => status,
+        Ok(response) => response
+            .into_inner()
+            .message()
+            .await
+            .expect_err("a stranger is refused"),
+    };
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    assert!(err.message().contains("owned by another"), "{err:?}");
+    // The real session is untouched.
+    assert_eq!(owner_via(&mut gw0, "guarded").await.as_deref(), Some(owner.as_str()));
+    assert_eq!(sh(&mut gw0, "guarded", "echo mine").await.stdout_text(), "mine\n");
+}
+
+#[tokio::test]
+async fn dead_replicas_leave_the_ring_and_a_hung_database_clears_it() {
+    let pg = Postgres::start();
+    let mut cluster = TestCluster::start(options(2, Some(pg.url())));
+    wait_ring(&cluster, 2.0).await;
+
+    // A replica killed without leaving drops out once its row is older than
+    // the TTL by the database's clock.
+    cluster.replica_mut("gw-1").kill();
+    let gw0 = cluster.replica("gw-0");
+    assert!(
+        eventually(Duration::from_secs(15), || metric(gw0, "openshell_server_ring_members") == 1.0).await,
+        "{}",
+        gw0.metrics()
+    );
+
+    // A database that hangs (SIGSTOP) makes every membership call time out;
+    // after the TTL the ring is cleared rather than trusted.
+    pg.pause();
+    let cleared = eventually(Duration::from_secs(20), || {
+        metric(gw0, "openshell_server_ring_members") == 0.0
+    })
+    .await;
+    pg.resume();
+    assert!(cleared, "ring not cleared while the database hung:\n{}", gw0.metrics());
+    assert!(
+        eventually(Duration::from_secs(15), || metric(gw0, "openshell_server_ring_members") == 1.0).await,
+        "ring did not come back after the database did"
+    );
+}

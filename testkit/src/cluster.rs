@@ -1,0 +1,300 @@
+//! Multi-replica test clusters: several `openshell-gateway serve` replicas
+//! sharing one store (an SQLite file in a shared directory, or a real
+//! PostgreSQL server started here), plus a mirror of the placement ring so
+//! tests can say which replica should own a sandbox.
+
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+
+use crate::{Gateway, GatewayOptions, is_running, signal};
+
+/// The replica the ring places `key` on (PROTOCOL.md section 6), mirrored
+/// here so tests do not depend on the gateway's private ring.
+pub fn ring_owner(replicas: &[&str], key: &str) -> String {
+    let point = |k: &str| {
+        let digest = Sha256::digest(k.as_bytes());
+        u64::from_be_bytes(digest[..8].try_into().unwrap())
+    };
+    let mut points: Vec<(u64, &str)> = replicas
+        .iter()
+        .flat_map(|r| (0..128).map(move |n| (point(&format!("{r}#{n}")), *r)))
+        .collect();
+    points.sort();
+    let target = point(key);
+    let index = points.partition_point(|(p, _)| *p < target) % points.len();
+    points[index].1.to_owned()
+}
+
+/// Settings for a test cluster.
+#[derive(Debug, Clone, Default)]
+pub struct ClusterOptions {
+    pub replicas: usize,
+    /// `None`: a shared SQLite file.
+    pub database_url: Option<String>,
+    pub tokens: Vec<String>,
+    /// Extra `serve` arguments for every replica.
+    pub extra_args: Vec<String>,
+    /// URL supervisors dial (default: replica gw-0).
+    pub supervisor_url: Option<String>,
+}
+
+/// Replicas `gw-0..gw-N` of one cluster.
+pub struct TestCluster {
+    pub replicas: Vec<Gateway>,
+    pub peer_token: String,
+    shared: tempfile::TempDir,
+}
+
+impl TestCluster {
+    pub fn start(options: ClusterOptions) -> Self {
+        let shared = tempfile::Builder::new()
+            .prefix("openshell-cluster-")
+            .tempdir()
+            .expect("temp dir");
+        let peer_token = format!("peer-{}", std::process::id());
+        let mut cluster = Self {
+            replicas: Vec::new(),
+            peer_token,
+            shared,
+        };
+        for i in 0..options.replicas {
+            cluster.add_replica(&options, i);
+        }
+        cluster
+    }
+
+    fn add_replica(&mut self, options: &ClusterOptions, index: usize) {
+        let supervisor_url = options
+            .supervisor_url
+            .clone()
+            .or_else(|| self.replicas.first().map(|g| g.url.clone()));
+        let gateway = Gateway::start(GatewayOptions {
+            tokens: options.tokens.clone(),
+            replica_id: Some(format!("gw-{index}")),
+            data_dir: Some(self.shared.path().join("data")),
+            database_url: options.database_url.clone(),
+            peer_token: Some(self.peer_token.clone()),
+            supervisor_url,
+            extra_args: options.extra_args.clone(),
+            ..GatewayOptions::default()
+        });
+        self.replicas.push(gateway);
+    }
+
+    pub fn replica(&self, id: &str) -> &Gateway {
+        let index: usize = id.trim_start_matches("gw-").parse().expect("replica id gw-N");
+        &self.replicas[index]
+    }
+
+    pub fn replica_mut(&mut self, id: &str) -> &mut Gateway {
+        let index: usize = id.trim_start_matches("gw-").parse().expect("replica id gw-N");
+        &mut self.replicas[index]
+    }
+
+    pub fn ids(&self) -> Vec<String> {
+        (0..self.replicas.len()).map(|i| format!("gw-{i}")).collect()
+    }
+
+    pub fn shared_dir(&self) -> &Path {
+        self.shared.path()
+    }
+}
+
+/// A real PostgreSQL server on a loopback port, in its own data directory,
+/// stopped by its PID when dropped.
+pub struct Postgres {
+    child: Option<Child>,
+    pub port: u16,
+    dir: tempfile::TempDir,
+}
+
+fn postgres_bin(name: &str) -> PathBuf {
+    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+        .expect("PostgreSQL server binaries under /usr/lib/postgresql: install postgresql (make test does)")
+        .filter_map(|e| e.ok().map(|e| e.path().join("bin")))
+        .filter(|p| p.join(name).exists())
+        .collect();
+    versions.sort();
+    versions
+        .pop()
+        .unwrap_or_else(|| panic!("no PostgreSQL `{name}` found: install postgresql (make test does)"))
+        .join(name)
+}
+
+/// Runs a PostgreSQL tool as the `postgres` user when we are root (the
+/// server refuses to run as root).
+fn as_postgres(program: &Path) -> Command {
+    // SAFETY: getuid has no preconditions.
+    let root = unsafe { libc::getuid() } == 0;
+    if root {
+        let mut cmd = Command::new("setpriv");
+        cmd.args(["--reuid=postgres", "--regid=postgres", "--init-groups"])
+            .arg(program);
+        cmd
+    } else {
+        Command::new(program)
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Postgres {
+    pub fn start() -> Self {
+        let dir = tempfile::Builder::new()
+            .prefix("openshell-pg-")
+            .tempdir()
+            .expect("temp dir");
+        // The server runs as `postgres` and must own its directory.
+        // SAFETY: getuid has no preconditions.
+        if unsafe { libc::getuid() } == 0 {
+            let status = Command::new("chown")
+                .args(["-R", "postgres:postgres"])
+                .arg(dir.path())
+                .status()
+                .expect("chown");
+            assert!(status.success());
+        }
+        let data = dir.path().join("pgdata");
+        let init = as_postgres(&postgres_bin("initdb"))
+            .arg("-D")
+            .arg(&data)
+            .args(["-A", "trust", "-U", "postgres", "--no-sync"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .output()
+            .expect("run initdb");
+        assert!(
+            init.status.success(),
+            "initdb failed: {}",
+            String::from_utf8_lossy(&init.stderr)
+        );
+        let port = free_port();
+        let log = std::fs::File::create(dir.path().join("postgres.log")).unwrap();
+        let child = as_postgres(&postgres_bin("postgres"))
+            .arg("-D")
+            .arg(&data)
+            .arg("-p")
+            .arg(port.to_string())
+            .arg("-k")
+            .arg(dir.path())
+            .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .expect("start postgres");
+        let mut pg = Self {
+            child: Some(child),
+            port,
+            dir,
+        };
+        pg.wait_ready();
+        pg
+    }
+
+    fn wait_ready(&mut self) {
+        let started = Instant::now();
+        loop {
+            let ready = as_postgres(&postgres_bin("pg_isready"))
+                .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-q"])
+                .status()
+                .map(|s| s.success())
+                .unwrap_or(false);
+            if ready {
+                return;
+            }
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                panic!("postgres exited ({status}): {}", self.log());
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(30),
+                "postgres not ready: {}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("postgres.log")).unwrap_or_default()
+    }
+
+    pub fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+
+    pub fn pid(&self) -> i32 {
+        self.child.as_ref().expect("running").id() as i32
+    }
+
+    /// The postmaster and its backends (each connection has its own process).
+    fn server_processes(&self) -> Vec<i32> {
+        let root = self.pid();
+        let mut pids = vec![root];
+        if let Ok(entries) = std::fs::read_dir("/proc") {
+            for pid in entries.filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok()) {
+                let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                    continue;
+                };
+                let ppid = stat
+                    .rsplit_once(')')
+                    .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                    .and_then(|p| p.parse::<i32>().ok());
+                if ppid == Some(root) {
+                    pids.push(pid);
+                }
+            }
+        }
+        pids
+    }
+
+    /// Freezes the whole server (SIGSTOP to the postmaster and every
+    /// backend): calls hang instead of failing.
+    pub fn pause(&self) {
+        for pid in self.server_processes() {
+            signal(pid, libc::SIGSTOP);
+        }
+    }
+
+    pub fn resume(&self) {
+        for pid in self.server_processes() {
+            signal(pid, libc::SIGCONT);
+        }
+    }
+}
+
+impl Drop for Postgres {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let pid = child.id() as i32;
+            self.child = Some(child);
+            self.resume();
+            let mut child = self.child.take().unwrap();
+            // SIGINT: fast shutdown.
+            signal(pid, libc::SIGINT);
+            let started = Instant::now();
+            while started.elapsed() < Duration::from_secs(10) {
+                if let Ok(Some(_)) = child.try_wait() {
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            if is_running(pid) {
+                let _ = child.kill();
+            }
+            let _ = child.wait();
+        }
+    }
+}
