@@ -352,17 +352,168 @@ async fn sdk_bench() {
     );
 }
 
+/// Exec round trips of `true` through `client`, sorted.
+async fn exec_latencies(
+    client: &openshell_sdk::Client,
+    sandbox: &str,
+    rounds: usize,
+) -> Vec<Duration> {
+    use openshell_sdk::{CallOptions, ExecRequest};
+    let mut latencies = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let started = Instant::now();
+        let out = client
+            .exec(ExecRequest::new(sandbox, ["true"]), CallOptions::new())
+            .await
+            .unwrap();
+        assert_eq!(out.exit_code, 0);
+        latencies.push(started.elapsed());
+    }
+    latencies.sort();
+    latencies
+}
+
+/// `openshell-bench routing`: a 3-replica cluster behind the built-in edge.
+/// Hinted (routing on, through the edge, so every stream reaches the owner)
+/// vs unhinted and relayed (routing off, sent to a replica that is not the
+/// owner, so every stream pays the peer hop), plus the owner lookup's cost
+/// amortised over a session of 100 execs.
+async fn routing_bench() {
+    use openshell_sdk::{CallOptions, Client, ClientConfig, CreateSandbox};
+    use openshell_testkit::cluster::{ClusterOptions, TestCluster, ring_owner};
+    use openshell_testkit::edge::Edge;
+
+    let edge = Edge::start(&[]);
+    let cluster = TestCluster::start(ClusterOptions {
+        replicas: 3,
+        supervisor_url: Some(edge.url.clone()),
+        extra_args: vec!["--dev".into(), "--member-refresh-ms".into(), "300".into()],
+        ..ClusterOptions::default()
+    });
+    let ids = cluster.ids();
+    let routes: Vec<(&str, &str)> = ids
+        .iter()
+        .zip(&cluster.replicas)
+        .map(|(id, gw)| (id.as_str(), gw.url.as_str()))
+        .collect();
+    edge.set_routes(&routes);
+    for gw in &cluster.replicas {
+        while gw.metric("openshell_server_ring_members") != Some(3.0) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    let connect = |url: String, routing: bool| async move {
+        let config = ClientConfig::builder(url)
+            .owner_routing(routing)
+            .build()
+            .unwrap();
+        Client::connect(config).await.unwrap()
+    };
+    let hinted = connect(edge.url.clone(), true).await;
+    hinted
+        .sandboxes()
+        .create(CreateSandbox::new().name("bench"), CallOptions::new())
+        .await
+        .unwrap();
+    let sandbox = hinted
+        .sandboxes()
+        .wait_ready("bench", CallOptions::new())
+        .await
+        .unwrap();
+    let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    let owner = ring_owner(&id_refs, &sandbox.id);
+    let other = ids.iter().position(|id| *id != owner).unwrap();
+    let unhinted = connect(cluster.replicas[other].url.clone(), false).await;
+
+    exec_latencies(&hinted, "bench", 20).await;
+    exec_latencies(&unhinted, "bench", 20).await;
+    let hinted_exec = exec_latencies(&hinted, "bench", 200).await;
+    let unhinted_exec = exec_latencies(&unhinted, "bench", 200).await;
+    let relayed: f64 = cluster
+        .replicas
+        .iter()
+        .map(|gw| {
+            gw.metric(r#"openshell_server_routed_request_attempts_total{operation="relay",route="peer",relay_kind="exec",outcome="success"}"#)
+                .unwrap_or(0.0)
+        })
+        .sum();
+
+    // Forward: best of three copies each way.
+    let (port, _server) = sink_server().await;
+    let mut rates = Vec::new();
+    for client in [&hinted, &unhinted] {
+        let forward = client
+            .forward("bench", port, "127.0.0.1:0", CallOptions::new())
+            .await
+            .unwrap();
+        let local = forward.local_addr().port();
+        plain_tcp_copy(local).await;
+        let mut best = Duration::MAX;
+        for _ in 0..3 {
+            best = best.min(plain_tcp_copy(local).await);
+        }
+        forward.close();
+        rates.push(forward_bytes() as f64 / (1024.0 * 1024.0) / best.as_secs_f64());
+    }
+
+    // Owner lookup: a fresh client's first exec pays GetSandbox with
+    // want-owner; measure that call directly.
+    let mut lookups = Vec::new();
+    for _ in 0..200 {
+        let started = Instant::now();
+        hinted
+            .sandboxes()
+            .get_with_owner("bench", CallOptions::new())
+            .await
+            .unwrap();
+        lookups.push(started.elapsed());
+    }
+    lookups.sort();
+    let lookup = percentile(&lookups, 0.5);
+    let exec_p50 = percentile(&hinted_exec, 0.5);
+
+    println!("routing benchmark (3 replicas behind the built-in edge; sandbox owned by {owner})");
+    println!(
+        "  exec `true` hinted:    p50 {:.2} ms, p99 {:.2} ms",
+        ms(exec_p50),
+        ms(percentile(&hinted_exec, 0.99))
+    );
+    println!(
+        "  exec `true` relayed:   p50 {:.2} ms, p99 {:.2} ms ({relayed} execs relayed by a peer)",
+        ms(percentile(&unhinted_exec, 0.5)),
+        ms(percentile(&unhinted_exec, 0.99)),
+    );
+    println!(
+        "  ratio exec p50 relayed / hinted: {:.3}",
+        percentile(&unhinted_exec, 0.5).as_secs_f64() / exec_p50.as_secs_f64()
+    );
+    println!("  forward hinted:   {:.0} MiB/s", rates[0]);
+    println!("  forward relayed:  {:.0} MiB/s", rates[1]);
+    println!(
+        "  ratio forward hinted / relayed: {:.3}",
+        rates[0] / rates[1]
+    );
+    println!(
+        "  owner lookup p50 {:.3} ms; amortised over a session of 100 execs: {:.4} ms per exec ({:.2}% of an exec p50)",
+        ms(lookup),
+        ms(lookup) / 100.0,
+        100.0 * lookup.as_secs_f64() / 100.0 / exec_p50.as_secs_f64()
+    );
+}
+
 #[tokio::main]
 async fn main() {
     match std::env::args().nth(1).as_deref() {
         Some("gateway") | None => gateway_bench().await,
         Some("sdk") => sdk_bench().await,
+        Some("routing") => routing_bench().await,
         Some("all") => {
             gateway_bench().await;
             sdk_bench().await;
+            routing_bench().await;
         }
         Some(other) => {
-            eprintln!("unknown benchmark {other:?}; try: gateway, sdk, all");
+            eprintln!("unknown benchmark {other:?}; try: gateway, sdk, routing, all");
             std::process::exit(2);
         }
     }

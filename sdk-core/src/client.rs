@@ -11,7 +11,7 @@ use tonic::transport::Channel;
 use crate::auth::TokenSource;
 use crate::config::ClientConfig;
 use crate::error::Error;
-use crate::routing::Router;
+use crate::routing::{Router, RoutingStats};
 use crate::transport;
 
 /// A connection to one gateway endpoint. Cheap to clone; clones share the
@@ -46,12 +46,13 @@ impl Client {
 
     fn with_channel(config: ClientConfig, channel: Channel) -> Self {
         let tokens = TokenSource::new(config.credentials.clone());
+        let config_routing = config.routing;
         Self {
             inner: Arc::new(Inner {
                 channel,
                 config,
                 tokens,
-                router: Router::new(),
+                router: Router::new(config_routing),
             }),
         }
     }
@@ -59,6 +60,11 @@ impl Client {
     /// The configuration this client was built from.
     pub fn config(&self) -> &ClientConfig {
         &self.inner.config
+    }
+
+    /// Owner-routing counters of this client (shared by its clones).
+    pub fn routing_stats(&self) -> RoutingStats {
+        self.inner.router.stats()
     }
 }
 

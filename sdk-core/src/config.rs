@@ -14,6 +14,7 @@ use rustls_pki_types::pem::PemObject;
 
 use crate::auth::{AccessToken, Credentials, TokenProvider};
 use crate::error::Error;
+use crate::routing::RoutingConfig;
 
 /// Default cap on buffered exec output (stdout and stderr together).
 pub const DEFAULT_EXEC_OUTPUT_LIMIT: usize = 64 * 1024 * 1024;
@@ -44,6 +45,7 @@ pub struct ClientConfig {
     pub(crate) default_deadline: Option<Duration>,
     pub(crate) exec_output_limit: usize,
     pub(crate) max_message_size: usize,
+    pub(crate) routing: RoutingConfig,
 }
 
 impl ClientConfig {
@@ -63,6 +65,7 @@ impl ClientConfig {
             exec_output_limit: DEFAULT_EXEC_OUTPUT_LIMIT,
             max_message_size: DEFAULT_MAX_MESSAGE_SIZE,
             allow_cleartext_token: false,
+            routing: RoutingConfig::default(),
         }
     }
 
@@ -133,6 +136,7 @@ pub struct ClientConfigBuilder {
     exec_output_limit: usize,
     max_message_size: usize,
     allow_cleartext_token: bool,
+    routing: RoutingConfig,
 }
 
 impl ClientConfigBuilder {
@@ -205,6 +209,20 @@ impl ClientConfigBuilder {
     /// Off by default: the token would travel readable by anyone on the path.
     pub fn allow_cleartext_token(mut self, allow: bool) -> Self {
         self.allow_cleartext_token = allow;
+        self
+    }
+
+    /// Owner routing (on by default): owner-routed streams carry the replica
+    /// hint `x-openshell-replica` of their sandbox's owner. Off: every call
+    /// goes out unhinted and multi-replica gateways relay it.
+    pub fn owner_routing(mut self, enabled: bool) -> Self {
+        self.routing.enabled = enabled;
+        self
+    }
+
+    /// How long a looked-up owner is trusted (default 5 s).
+    pub fn owner_cache_ttl(mut self, ttl: Duration) -> Self {
+        self.routing.cache_ttl = ttl;
         self
     }
 
@@ -299,6 +317,7 @@ impl ClientConfigBuilder {
             default_deadline: self.default_deadline,
             exec_output_limit: self.exec_output_limit,
             max_message_size: self.max_message_size,
+            routing: self.routing,
         })
     }
 }

@@ -42,7 +42,7 @@
 //!
 //! The curated layer encodes prost messages and goes through the same
 //! internal call functions as the raw layer, so a token refresh, a deadline,
-//! a cancellation or (later) an owner-routing hint behaves the same for both.
+//! a cancellation or an owner-routing hint behaves the same for both.
 //!
 //! # Cancellation and deadlines
 //!
@@ -67,7 +67,7 @@
 //! | [`transport`] | the tonic channel: endpoint, TLS, keepalive |
 //! | [`auth`] | bearer tokens, [`TokenProvider`], single-flight refresh |
 //! | [`raw`] | the bytes boundary and the one call path |
-//! | [`routing`] | where owner lookup and replica hints plug in (placeholder) |
+//! | [`routing`] | owner lookup and cache, replica hints, the single unrouted retry, counters |
 //! | [`sandboxes`] | health and sandbox lifecycle |
 //! | [`exec`] | buffered, streaming and interactive exec |
 //! | [`forward`] | local TCP listener pumped over `ForwardTcp` |
@@ -96,6 +96,7 @@ pub use exec::{ExecEvent, ExecInput, ExecOutput, ExecRequest, ExecStream, Intera
 pub use forward::{ForwardHandle, ForwardStats};
 pub use metadata::Metadata;
 pub use raw::{RawReceiver, RawResponse, RawSender, RawStream};
+pub use routing::RoutingStats;
 pub use sandboxes::{
     CreateSandbox, DeletionOutcome, Health, ListSandboxes, Sandbox, SandboxPhase, SandboxWatch,
     Sandboxes, ServiceStatus,

@@ -202,6 +202,7 @@ impl Client {
     }
 
     /// The unary call path used by raw and curated calls alike.
+    #[tracing::instrument(name = "openshell.call", skip_all, fields(path = %ctx.path, replica = tracing::field::Empty))]
     pub(crate) async fn unary_call(
         &self,
         ctx: CallContext,
@@ -213,8 +214,14 @@ impl Client {
             .guard(async {
                 let mut token = self.call_token(&ctx).await?;
                 let mut refreshed = false;
+                let mut unrouted = false;
                 loop {
-                    let route = self.inner.router.route(ctx.method, Some(&request));
+                    let route = self
+                        .inner
+                        .router
+                        .route(self, ctx.method, Some(&request), unrouted)
+                        .await;
+                    record_replica(&route);
                     let req = self.build_request(&ctx, token.as_ref(), &route, request.clone())?;
                     let mut grpc = self.grpc().await?;
                     match grpc.unary(req, ctx.path.clone(), BytesCodec).await {
@@ -226,7 +233,11 @@ impl Client {
                         }
                         Err(status) => {
                             let err = Error::from_status(status);
-                            self.inner.router.observe(&route, Err(&err));
+                            // A unary request is replayable: one unrouted retry.
+                            if self.inner.router.observe(&route, Err(&err)) && !unrouted {
+                                unrouted = true;
+                                continue;
+                            }
                             if err.is_unauthenticated() && !refreshed && self.can_refresh(&ctx) {
                                 refreshed = true;
                                 let rejected = token.as_ref().map_or(0, |t| t.generation);
@@ -289,7 +300,23 @@ impl Client {
         Req: prost::Message,
         Resp: prost::Message + Default,
     {
-        let ctx = CallContext::new(path, Metadata::new(), resolved.clone())?;
+        self.typed_unary_with(path, request, Metadata::new(), resolved)
+            .await
+    }
+
+    /// [`typed_unary`](Self::typed_unary) with caller metadata.
+    pub(crate) async fn typed_unary_with<Req, Resp>(
+        &self,
+        path: &'static str,
+        request: &Req,
+        metadata: Metadata,
+        resolved: &Resolved,
+    ) -> Result<(Resp, Metadata), Error>
+    where
+        Req: prost::Message,
+        Resp: prost::Message + Default,
+    {
+        let ctx = CallContext::new(path, metadata, resolved.clone())?;
         let response = self
             .unary_call(ctx, Bytes::from(request.encode_to_vec()))
             .await?;
@@ -469,6 +496,7 @@ async fn drive_stream(
     }
 }
 
+#[tracing::instrument(name = "openshell.call", skip_all, fields(path = %ctx.path, replica = tracing::field::Empty))]
 async fn start_call(
     client: &Client,
     ctx: &CallContext,
@@ -476,20 +504,24 @@ async fn start_call(
     rx: mpsc::Receiver<Bytes>,
 ) -> Result<(Metadata, Streaming<Bytes>, tonic::CancellationHandle), Error> {
     let single = ctx.single_request();
-    let mut rx = Some(rx);
-    if single {
-        // The whole request is `first`; later sends fail with stream_closed.
-        rx = None;
-    }
+    // Shared by attempts: a retried stream continues with the same sender.
+    let rx = (!single).then(|| Arc::new(tokio::sync::Mutex::new(rx)));
     let mut token = client.call_token(ctx).await?;
     let mut refreshed = false;
+    let mut unrouted = false;
     loop {
-        let route = client.inner.router.route(ctx.method, first.as_ref());
-        let body: BoxStream<'static, Bytes> = match (&first, rx.take()) {
+        let route = client
+            .inner
+            .router
+            .route(client, ctx.method, first.as_ref(), unrouted)
+            .await;
+        record_replica(&route);
+        let gate = AttemptGate::new(route.is_hinted());
+        let body: BoxStream<'static, Bytes> = match (&first, rx.clone()) {
             (Some(first), Some(rx)) => futures::stream::once(std::future::ready(first.clone()))
-                .chain(tokio_stream::wrappers::ReceiverStream::new(rx))
+                .chain(gate.clone().gated(rx))
                 .boxed(),
-            (None, Some(rx)) => tokio_stream::wrappers::ReceiverStream::new(rx).boxed(),
+            (None, Some(rx)) => gate.clone().gated(rx).boxed(),
             (Some(first), None) => futures::stream::once(std::future::ready(first.clone())).boxed(),
             (None, None) => futures::stream::empty().boxed(),
         };
@@ -498,6 +530,7 @@ async fn start_call(
         let mut grpc = client.grpc().await?;
         match grpc.streaming(request, ctx.path.clone(), BytesCodec).await {
             Ok(response) => {
+                gate.open();
                 let (md, streaming, _) = response.into_parts();
                 let metadata = Metadata::from_tonic(&md);
                 client.inner.router.observe(&route, Ok(&metadata));
@@ -505,7 +538,13 @@ async fn start_call(
             }
             Err(status) => {
                 let err = Error::from_status(status);
-                client.inner.router.observe(&route, Err(&err));
+                gate.close();
+                let edge_failure = client.inner.router.observe(&route, Err(&err));
+                // Never after the stream carried more than its first message.
+                if edge_failure && !unrouted && !gate.delivered() {
+                    unrouted = true;
+                    continue;
+                }
                 if err.is_unauthenticated() && !refreshed && client.can_refresh(ctx) {
                     refreshed = true;
                     let rejected = token.as_ref().map_or(0, |t| t.generation);
@@ -519,6 +558,107 @@ async fn start_call(
                 return Err(err);
             }
         }
+    }
+}
+
+/// Names the replica a call was routed to in the current tracing span.
+fn record_replica(route: &RouteDecision) {
+    if let Some(replica) = &route.hinted_replica {
+        tracing::Span::current().record("replica", replica.as_str());
+    }
+}
+
+/// Holds back a hinted stream's messages after the first until the gateway
+/// answered, so that if the edge cannot route the attempt, nothing but the
+/// first message (which the retry resends) was consumed. A server that
+/// wants more than one message before answering gets them after a second.
+#[derive(Clone)]
+struct AttemptGate {
+    state: Option<Arc<GateState>>,
+}
+
+struct GateState {
+    opened: Notify,
+    open: std::sync::atomic::AtomicBool,
+    /// The attempt failed: its body must not take any more messages.
+    dead: std::sync::atomic::AtomicBool,
+    delivered: std::sync::atomic::AtomicBool,
+}
+
+const GATE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
+
+impl AttemptGate {
+    fn new(hinted: bool) -> Self {
+        Self {
+            state: hinted.then(|| {
+                Arc::new(GateState {
+                    opened: Notify::new(),
+                    open: std::sync::atomic::AtomicBool::new(false),
+                    dead: std::sync::atomic::AtomicBool::new(false),
+                    delivered: std::sync::atomic::AtomicBool::new(false),
+                })
+            }),
+        }
+    }
+
+    fn open(&self) {
+        if let Some(state) = &self.state {
+            state.open.store(true, std::sync::atomic::Ordering::SeqCst);
+            state.opened.notify_waiters();
+        }
+    }
+
+    /// The attempt failed: a body still being polled ends without taking
+    /// messages meant for the next attempt.
+    fn close(&self) {
+        if let Some(state) = &self.state {
+            state.dead.store(true, std::sync::atomic::Ordering::SeqCst);
+            state.opened.notify_waiters();
+        }
+    }
+
+    /// Whether this attempt consumed messages beyond the first.
+    fn delivered(&self) -> bool {
+        self.state
+            .as_ref()
+            .is_some_and(|s| s.delivered.load(std::sync::atomic::Ordering::SeqCst))
+    }
+
+    /// The caller's later messages, released by the gate.
+    fn gated(
+        self,
+        rx: Arc<tokio::sync::Mutex<mpsc::Receiver<Bytes>>>,
+    ) -> impl futures::Stream<Item = Bytes> + Send + 'static {
+        futures::stream::unfold((self, rx), |(gate, rx)| async move {
+            if let Some(state) = &gate.state
+                && !state.open.load(std::sync::atomic::Ordering::SeqCst)
+            {
+                let opened = state.opened.notified();
+                if !state.open.load(std::sync::atomic::Ordering::SeqCst) {
+                    let _ = tokio::time::timeout(GATE_PATIENCE, opened).await;
+                }
+            }
+            let dead = |gate: &AttemptGate| {
+                gate.state
+                    .as_ref()
+                    .is_some_and(|s| s.dead.load(std::sync::atomic::Ordering::SeqCst))
+            };
+            if dead(&gate) {
+                return None;
+            }
+            let mut receiver = rx.lock().await;
+            if dead(&gate) {
+                return None;
+            }
+            let next = receiver.recv().await?;
+            drop(receiver);
+            if let Some(state) = &gate.state {
+                state
+                    .delivered
+                    .store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+            Some((next, (gate, rx)))
+        })
     }
 }
 

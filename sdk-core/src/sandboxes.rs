@@ -18,7 +18,7 @@ pub use openshell_proto::{DeletionOutcome, SandboxPhase, ServiceStatus};
 
 use crate::client::{CallOptions, Client, DeadlineKind, Resolved};
 use crate::error::Error;
-use crate::metadata::SERVED_BY;
+use crate::metadata::{Metadata, SERVED_BY};
 use crate::paths;
 use crate::raw::{decode, stop_after_error};
 
@@ -274,6 +274,36 @@ impl Sandboxes {
     pub async fn get(&self, name: &str, options: CallOptions) -> Result<Sandbox, Error> {
         let resolved = Resolved::new(&self.client, &options, DeadlineKind::Bounded);
         self.get_resolved(name, &resolved).await
+    }
+
+    /// Gets a sandbox and the replica holding its supervisor session (`None`
+    /// on single-replica gateways, or when no replica holds it now). The
+    /// answer also refreshes the client's owner cache.
+    pub async fn get_with_owner(
+        &self,
+        name: &str,
+        options: CallOptions,
+    ) -> Result<(Sandbox, Option<String>), Error> {
+        let resolved = Resolved::new(&self.client, &options, DeadlineKind::Bounded);
+        let request = pb::GetSandboxRequest {
+            name: name.to_owned(),
+            ..Default::default()
+        };
+        let (response, metadata): (pb::SandboxResponse, _) = self
+            .client
+            .typed_unary_with(
+                paths::GET_SANDBOX,
+                &request,
+                Metadata::new().with(crate::metadata::WANT_OWNER, "1"),
+                &resolved,
+            )
+            .await?;
+        let owner = metadata
+            .get(crate::metadata::OWNER)
+            .filter(|o| !o.is_empty())
+            .map(str::to_owned);
+        self.client.inner.router.remember(name, owner.clone());
+        Ok((sandbox_of(paths::GET_SANDBOX, response)?, owner))
     }
 
     async fn get_resolved(&self, name: &str, resolved: &Resolved) -> Result<Sandbox, Error> {

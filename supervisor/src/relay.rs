@@ -41,6 +41,9 @@ pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct RelayContext {
     /// The session's channel: relays ride the same HTTP/2 connection.
     pub channel: Channel,
+    /// The replica holding the session (from `x-openshell-served-by`); relay
+    /// claims carry it as `x-openshell-replica` so an edge routes them there.
+    pub replica: Option<String>,
     pub token: BearerToken,
     /// The session's outbound side, for `relay_open_result`.
     pub session: mpsc::Sender<SupervisorMessage>,
@@ -68,9 +71,13 @@ pub async fn claim(ctx: &RelayContext, channel_id: &str) -> Result<Claimed, toni
     out.try_send(init)
         .expect("a fresh channel has room for init");
     let mut client = OpenShellClient::new(ctx.channel.clone());
-    let response = client
-        .relay_stream(ctx.token.request(ReceiverStream::new(rx)))
-        .await?;
+    let mut request = ctx.token.request(ReceiverStream::new(rx));
+    if let Some(replica) = ctx.replica.as_deref().and_then(|r| r.parse().ok()) {
+        request
+            .metadata_mut()
+            .insert("x-openshell-replica", replica);
+    }
+    let response = client.relay_stream(request).await?;
     Ok(Claimed {
         out,
         inbound: response.into_inner(),

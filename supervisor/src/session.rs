@@ -33,6 +33,9 @@ use crate::exec::ExecSettings;
 use crate::relay::{self, RelayContext};
 use crate::transport::{self, BearerToken, TlsSettings};
 
+/// Response metadata naming the replica that answered.
+const SERVED_BY: &str = "x-openshell-served-by";
+
 /// Messages buffered towards the gateway (heartbeats, relay results).
 const OUTBOUND_MESSAGES: usize = 64;
 /// Heartbeats never go out more often than this.
@@ -183,8 +186,18 @@ impl Session {
             .expect("a fresh channel has room for hello");
         let mut client = OpenShellClient::new(channel.clone());
         let request = self.config.token.request(ReceiverStream::new(rx));
+        let served_by;
         let mut inbound = match client.connect_supervisor(request).await {
-            Ok(response) => response.into_inner(),
+            Ok(response) => {
+                // Through an edge, relay claims must reach the replica that
+                // holds this session: pin them with the replica hint.
+                served_by = response
+                    .metadata()
+                    .get(SERVED_BY)
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_owned);
+                response.into_inner()
+            }
             Err(status) => {
                 warn!(error = %transport::describe_status(&status), "session connect failed");
                 return AttemptEnd::Lost { accepted: false };
@@ -194,6 +207,7 @@ impl Session {
 
         let ctx = RelayContext {
             channel,
+            replica: served_by,
             token: self.config.token.clone(),
             session: tx.clone(),
             exec: self.config.exec.clone(),

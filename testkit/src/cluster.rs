@@ -86,17 +86,25 @@ impl TestCluster {
     }
 
     pub fn replica(&self, id: &str) -> &Gateway {
-        let index: usize = id.trim_start_matches("gw-").parse().expect("replica id gw-N");
+        let index: usize = id
+            .trim_start_matches("gw-")
+            .parse()
+            .expect("replica id gw-N");
         &self.replicas[index]
     }
 
     pub fn replica_mut(&mut self, id: &str) -> &mut Gateway {
-        let index: usize = id.trim_start_matches("gw-").parse().expect("replica id gw-N");
+        let index: usize = id
+            .trim_start_matches("gw-")
+            .parse()
+            .expect("replica id gw-N");
         &mut self.replicas[index]
     }
 
     pub fn ids(&self) -> Vec<String> {
-        (0..self.replicas.len()).map(|i| format!("gw-{i}")).collect()
+        (0..self.replicas.len())
+            .map(|i| format!("gw-{i}"))
+            .collect()
     }
 
     pub fn shared_dir(&self) -> &Path {
@@ -121,7 +129,9 @@ fn postgres_bin(name: &str) -> PathBuf {
     versions.sort();
     versions
         .pop()
-        .unwrap_or_else(|| panic!("no PostgreSQL `{name}` found: install postgresql (make test does)"))
+        .unwrap_or_else(|| {
+            panic!("no PostgreSQL `{name}` found: install postgresql (make test does)")
+        })
         .join(name)
 }
 
@@ -277,7 +287,7 @@ impl Postgres {
 
 impl Drop for Postgres {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
+        if let Some(child) = self.child.take() {
             let pid = child.id() as i32;
             self.child = Some(child);
             self.resume();
