@@ -5,15 +5,14 @@ SHELL := /bin/bash
 CARGO ?= cargo
 RUN_DIR ?= .run
 LISTEN ?= 127.0.0.1:17670
-METRICS ?= 127.0.0.1:19090
 
 .PHONY: up test setup build lint test-rust bench clean-run
 
+REPLICAS ?= 3
+
 up: build
 	@mkdir -p $(RUN_DIR)
-	@echo "Starting openshell-gateway in dev mode (no auth, loopback only); Ctrl-C stops it."
-	./target/debug/openshell-gateway serve --dev --listen $(LISTEN) --metrics-listen $(METRICS) \
-		--data-dir $(RUN_DIR)/data --stop-sandboxes-on-exit
+	./target/debug/openshell-gateway up --replicas $(REPLICAS) --listen $(LISTEN) --data-dir $(RUN_DIR)/data
 
 test: setup build lint test-rust
 

@@ -13,4 +13,45 @@ need_rustup_component() {
 command -v cargo >/dev/null || { echo "setup: cargo is required (rustup)"; exit 1; }
 need_rustup_component fmt rustfmt
 need_rustup_component clippy clippy
+
+# Debian packages the tests run as real processes: nginx (the edge tests run
+# deploy/nginx unprivileged) and the PostgreSQL server (cluster tests).
+# Installed without starting their system services.
+install_deb() {
+  local package="$1"
+  if ! command -v apt-get >/dev/null 2>&1; then
+    echo "setup: $package is missing and there is no apt-get: install it by hand"
+    exit 1
+  fi
+  local sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    command -v sudo >/dev/null 2>&1 || { echo "setup: installing $package needs root (or sudo)"; exit 1; }
+    sudo="sudo"
+  fi
+  echo "setup: installing $package"
+  # policy-rc.d answering 101 keeps the package from starting the service;
+  # only a file created here is removed again.
+  local policy=/usr/sbin/policy-rc.d created=""
+  if [ ! -e "$policy" ]; then
+    printf '#!/bin/sh\nexit 101\n' | $sudo tee "$policy" >/dev/null
+    $sudo chmod 755 "$policy"
+    created=1
+  fi
+  local status=0
+  $sudo env DEBIAN_FRONTEND=noninteractive apt-get update -q && \
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "$package" || status=$?
+  if [ -n "$created" ]; then
+    $sudo rm -f "$policy"
+  fi
+  if [ "$status" -ne 0 ]; then
+    echo "setup: installing $package failed"
+    exit "$status"
+  fi
+}
+if ! command -v nginx >/dev/null 2>&1 && [ ! -x /usr/sbin/nginx ]; then
+  install_deb nginx
+fi
+if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
+  install_deb postgresql
+fi
 echo "setup: ok"

@@ -90,7 +90,9 @@ impl Authenticator {
             }
             Access::Peer => {
                 let Some(expected) = &self.peer_token_hash else {
-                    return Err(Status::permission_denied("this replica has no peer service"));
+                    return Err(Status::permission_denied(
+                        "this replica has no peer service",
+                    ));
                 };
                 let token = token.ok_or_else(|| Status::unauthenticated("missing peer token"))?;
                 if !constant_time_eq(expected, &sha256(token)) {
@@ -99,7 +101,9 @@ impl Authenticator {
                 let replica = peer_replica
                     .and_then(|r| std::str::from_utf8(r).ok())
                     .filter(|r| !r.is_empty())
-                    .ok_or_else(|| Status::invalid_argument("x-openshell-peer-replica is required"))?;
+                    .ok_or_else(|| {
+                        Status::invalid_argument("x-openshell-peer-replica is required")
+                    })?;
                 Ok(Principal::Peer(replica.to_owned()))
             }
             Access::Sandbox => {

@@ -124,7 +124,9 @@ impl Cluster {
             };
             self.timed(self.store.register_member(&me)).await?;
         }
-        let members = self.timed(self.store.live_members(self.config.member_ttl)).await?;
+        let members = self
+            .timed(self.store.live_members(self.config.member_ttl))
+            .await?;
         // Rows long dead are removed by whoever notices first.
         let _ = self
             .timed(self.store.sweep_members(self.config.member_ttl * 2))
@@ -192,7 +194,10 @@ impl Cluster {
         let _ = self
             .timed(self.store.remove_member(&self.config.replica_id))
             .await;
-        if let Ok(members) = self.timed(self.store.live_members(self.config.member_ttl)).await {
+        if let Ok(members) = self
+            .timed(self.store.live_members(self.config.member_ttl))
+            .await
+        {
             self.install(members);
         }
         self.ring().without(&self.config.replica_id)

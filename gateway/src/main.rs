@@ -9,6 +9,7 @@
 mod auth;
 mod cluster;
 mod driver;
+mod edge;
 mod metrics;
 mod peer_service;
 mod relay_routing;
@@ -19,6 +20,7 @@ mod service;
 mod sessions;
 mod store;
 mod streams;
+mod up;
 mod validate;
 mod watch_hub;
 
@@ -37,12 +39,10 @@ use tonic::transport::{Identity, Server, ServerTlsConfig};
 
 use crate::auth::Authenticator;
 use crate::cluster::{Cluster, ClusterConfig};
-use crate::peer_service::PeerService;
-use crate::relay_routing::RelayRouter;
-use openshell_proto::SessionRedirect;
-use openshell_proto::peer::peer_server::PeerServer;
 use crate::driver::ProcessDriver;
 use crate::metrics::Metrics;
+use crate::peer_service::PeerService;
+use crate::relay_routing::RelayRouter;
 use crate::request_layer::GatewayLayer;
 use crate::sandboxes::Sandboxes;
 use crate::service::GatewayService;
@@ -50,6 +50,8 @@ use crate::sessions::Sessions;
 use crate::store::Store;
 use crate::streams::Streams;
 use crate::watch_hub::WatchHub;
+use openshell_proto::SessionRedirect;
+use openshell_proto::peer::peer_server::PeerServer;
 
 /// Largest request message the gateway decodes (exec stdin travels inline).
 const MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
@@ -65,10 +67,16 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once at startup: the size of the largest variant does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Run one gateway replica.
     Serve(ServeArgs),
+    /// Run the developer cluster: replicas + edge + process sandboxes.
+    Up(up::UpArgs),
+    /// Run the edge proxy: routes gRPC by `x-openshell-replica` to replicas.
+    Edge(edge::EdgeArgs),
 }
 
 #[derive(Args, Debug)]
@@ -151,6 +159,8 @@ async fn main() -> anyhow::Result<()> {
         .init();
     match Cli::parse().command {
         Command::Serve(args) => serve(args).await,
+        Command::Up(args) => up::run(args).await,
+        Command::Edge(args) => edge::run(args).await,
     }
 }
 
@@ -195,9 +205,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .clone()
         .unwrap_or_else(|| format!("sqlite://{}", data_dir.join("gateway.db").display()));
     // The URL may hold a password: never print it.
-    let store = Store::open(&database_url)
-        .await
-        .map_err(|err| anyhow::anyhow!("opening the store ({:?}): {err}", store_kind(&database_url)))?;
+    let store = Store::open(&database_url).await.map_err(|err| {
+        anyhow::anyhow!("opening the store ({:?}): {err}", store_kind(&database_url))
+    })?;
     let peer_token = args.peer_token.clone().filter(|t| !t.trim().is_empty());
 
     let listener = TcpListener::bind(args.listen)
@@ -381,7 +391,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .get_or_create(&crate::metrics::RedirectLabels { reason: "shutdown" })
         .inc_by(redirects as u64);
     if redirects > 0 {
-        tracing::info!(redirects, "redirected supervisors to the remaining replicas");
+        tracing::info!(
+            redirects,
+            "redirected supervisors to the remaining replicas"
+        );
     }
     shutdown.cancel();
     if args.stop_sandboxes_on_exit {
@@ -415,7 +428,11 @@ fn accept_nodelay(
 
 /// "sqlite" or "postgres": what to say about a store URL without showing it.
 fn store_kind(url: &str) -> &'static str {
-    if url.starts_with("postgres") { "postgres" } else { "sqlite" }
+    if url.starts_with("postgres") {
+        "postgres"
+    } else {
+        "sqlite"
+    }
 }
 
 fn host_name() -> String {

@@ -140,7 +140,12 @@ impl Metrics {
         })
     }
 
-    pub fn record_route(&self, route: &'static str, relay_kind: &'static str, outcome: &'static str) {
+    pub fn record_route(
+        &self,
+        route: &'static str,
+        relay_kind: &'static str,
+        outcome: &'static str,
+    ) {
         self.routed_requests
             .get_or_create(&RouteLabels {
                 operation: "relay",

@@ -44,7 +44,11 @@ impl Peer for PeerService {
             Some(PeerRelayFrame {
                 payload: Some(peer_relay_frame::Payload::Init(init)),
             }) => init,
-            _ => return Err(Status::invalid_argument("the first peer relay frame must be init")),
+            _ => {
+                return Err(Status::invalid_argument(
+                    "the first peer relay frame must be init",
+                ));
+            }
         };
         if init.requester_replica_id != requester {
             return Err(Status::permission_denied(

@@ -53,11 +53,18 @@ impl RelayRouter {
         }
     }
 
-    pub async fn open(&self, sandbox_id: &str, target: relay_open::Target) -> Result<Relay, Status> {
+    pub async fn open(
+        &self,
+        sandbox_id: &str,
+        target: relay_open::Target,
+    ) -> Result<Relay, Status> {
         let kind = relay_kind(&target);
         let Some(cluster) = &self.cluster else {
             // One replica: the session is here or not at all.
-            let result = self.sessions.open_local(sandbox_id, target, OPEN_BUDGET).await;
+            let result = self
+                .sessions
+                .open_local(sandbox_id, target, OPEN_BUDGET)
+                .await;
             self.count("local", kind, &result);
             return result;
         };
@@ -77,7 +84,9 @@ impl RelayRouter {
             } else if let Ok(Some(owner)) = self.store.owner(sandbox_id, OWNER_TTL).await
                 && owner.replica_id != cluster.replica_id()
             {
-                let result = self.open_peer(cluster, &owner.peer_endpoint, sandbox_id, target.clone()).await;
+                let result = self
+                    .open_peer(cluster, &owner.peer_endpoint, sandbox_id, target.clone())
+                    .await;
                 self.count("peer", kind, &result);
                 match result {
                     Err(status) if retryable(&status) => {

@@ -78,7 +78,11 @@ where
                 .map(|v| v.as_bytes().to_vec());
             let principal = layer
                 .auth
-                .authenticate(access_for(&path), authorization.as_deref(), peer_replica.as_deref())
+                .authenticate(
+                    access_for(&path),
+                    authorization.as_deref(),
+                    peer_replica.as_deref(),
+                )
                 .await;
             let mut response = match principal {
                 Ok(principal) => {

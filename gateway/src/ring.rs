@@ -98,7 +98,11 @@ mod tests {
         let mut counts = std::collections::HashMap::new();
         for i in 0..3000 {
             *counts
-                .entry(ring.owner(&uuid::Uuid::new_v4().to_string()).unwrap().to_owned())
+                .entry(
+                    ring.owner(&uuid::Uuid::new_v4().to_string())
+                        .unwrap()
+                        .to_owned(),
+                )
                 .or_insert(0) += 1;
             let _ = i;
         }
@@ -131,6 +135,9 @@ mod tests {
     fn known_point() {
         // SHA-256("gw-0#0") starts with these 8 bytes; guards the key format.
         let digest = Sha256::digest(b"gw-0#0");
-        assert_eq!(point("gw-0#0"), u64::from_be_bytes(digest[..8].try_into().unwrap()));
+        assert_eq!(
+            point("gw-0#0"),
+            u64::from_be_bytes(digest[..8].try_into().unwrap())
+        );
     }
 }

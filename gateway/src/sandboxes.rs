@@ -18,8 +18,8 @@ use tonic::Status;
 
 use crate::auth;
 use crate::cluster::Cluster;
-use crate::relay_routing::OWNER_TTL;
 use crate::driver::{ProcessDriver, SupervisorExit};
+use crate::relay_routing::OWNER_TTL;
 use crate::sessions::{SessionEnd, SessionHooks, Sessions};
 use crate::store::{Store, StoreError};
 use crate::validate;
@@ -536,7 +536,11 @@ impl Sandboxes {
             let alive = i32::try_from(stored.supervisor_pid)
                 .is_ok_and(|pid| crate::driver::is_our_supervisor(pid, &id));
             if alive {
-                tracing::info!(sandbox_id = id, pid = stored.supervisor_pid, "adopted running supervisor");
+                tracing::info!(
+                    sandbox_id = id,
+                    pid = stored.supervisor_pid,
+                    "adopted running supervisor"
+                );
                 continue;
             }
             let claim = -i64::from(std::process::id());
@@ -657,4 +661,3 @@ pub fn merged_environment(
     env.extend(request.clone());
     env
 }
-

@@ -69,8 +69,14 @@ impl Relay {
 
     /// Counts the relay in `relays_active` / `relays_opened` while it lives.
     pub fn counted(mut self, metrics: &Arc<Metrics>, kind: &'static str) -> Self {
-        metrics.relays_active.get_or_create(&RelayLabels { kind }).inc();
-        metrics.relays_opened.get_or_create(&RelayLabels { kind }).inc();
+        metrics
+            .relays_active
+            .get_or_create(&RelayLabels { kind })
+            .inc();
+        metrics
+            .relays_opened
+            .get_or_create(&RelayLabels { kind })
+            .inc();
         self.gauge = Some(RelayGauge {
             metrics: metrics.clone(),
             kind,
@@ -104,9 +110,15 @@ pub fn relay_kind(target: &relay_open::Target) -> &'static str {
 pub enum SessionEnd {
     /// Disconnected, timed out or lost its ownership: the sandbox lost its
     /// supervisor here.
-    Lost { sandbox_id: String, session_id: String },
+    Lost {
+        sandbox_id: String,
+        session_id: String,
+    },
     /// Replaced by a newer session here, or closed by shutdown or deletion.
-    Replaced { sandbox_id: String, session_id: String },
+    Replaced {
+        sandbox_id: String,
+        session_id: String,
+    },
 }
 
 /// Lifecycle callbacks of a session, run in order on its task.
@@ -477,6 +489,10 @@ struct PendingCleanup<'a> {
 
 impl Drop for PendingCleanup<'_> {
     fn drop(&mut self) {
-        self.sessions.pending.lock().unwrap().remove(self.channel_id);
+        self.sessions
+            .pending
+            .lock()
+            .unwrap()
+            .remove(self.channel_id);
     }
 }

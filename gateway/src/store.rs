@@ -188,8 +188,12 @@ impl Store {
                     if dialect == Dialect::Sqlite {
                         // Several replicas may share the file: wait for locks
                         // instead of failing, and let readers run beside a writer.
-                        sqlx::query("PRAGMA busy_timeout = 10000").execute(&mut *conn).await?;
-                        sqlx::query("PRAGMA journal_mode = WAL").execute(&mut *conn).await?;
+                        sqlx::query("PRAGMA busy_timeout = 10000")
+                            .execute(&mut *conn)
+                            .await?;
+                        sqlx::query("PRAGMA journal_mode = WAL")
+                            .execute(&mut *conn)
+                            .await?;
                     }
                     Ok(())
                 })
@@ -333,7 +337,11 @@ impl Store {
     }
 
     /// Sandboxes ordered by name, starting after `after`.
-    pub async fn list_after(&self, after: &str, limit: i64) -> Result<Vec<StoredSandbox>, StoreError> {
+    pub async fn list_after(
+        &self,
+        after: &str,
+        limit: i64,
+    ) -> Result<Vec<StoredSandbox>, StoreError> {
         let sql = format!(
             "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE name > $1 ORDER BY name LIMIT $2"
         );
@@ -356,7 +364,10 @@ impl Store {
         F: FnOnce(&mut Sandbox),
     {
         let mut tx = self.begin_write().await?;
-        let sql = format!("SELECT record FROM sandboxes WHERE id = $1{}", self.dialect.lock_row());
+        let sql = format!(
+            "SELECT record FROM sandboxes WHERE id = $1{}",
+            self.dialect.lock_row()
+        );
         let row = sqlx::query(AssertSqlSafe(sql))
             .bind(id)
             .fetch_optional(&mut *tx)
@@ -431,7 +442,11 @@ impl Store {
         Ok(row.get::<i64, _>(0))
     }
 
-    pub async fn events_after(&self, seq: i64, limit: i64) -> Result<Vec<SandboxEvent>, StoreError> {
+    pub async fn events_after(
+        &self,
+        seq: i64,
+        limit: i64,
+    ) -> Result<Vec<SandboxEvent>, StoreError> {
         let rows = sqlx::query(
             "SELECT seq, sandbox_id, deleted FROM sandbox_events WHERE seq > $1 ORDER BY seq LIMIT $2",
         )
@@ -524,7 +539,11 @@ impl Store {
     // ------------------------------------------------------------ ownership
 
     /// The owner record of a sandbox if it was renewed within `ttl`.
-    pub async fn owner(&self, sandbox_id: &str, ttl: Duration) -> Result<Option<OwnerRecord>, StoreError> {
+    pub async fn owner(
+        &self,
+        sandbox_id: &str,
+        ttl: Duration,
+    ) -> Result<Option<OwnerRecord>, StoreError> {
         let sql = format!(
             "SELECT sandbox_id, replica_id, peer_endpoint, session_id, instance_id, connection_epoch
              FROM session_owners WHERE sandbox_id = $1 AND updated_ms > {} - $2",
@@ -592,7 +611,11 @@ impl Store {
     }
 
     /// Renews the record if this session still holds it.
-    pub async fn renew_owner(&self, sandbox_id: &str, session_id: &str) -> Result<bool, StoreError> {
+    pub async fn renew_owner(
+        &self,
+        sandbox_id: &str,
+        session_id: &str,
+    ) -> Result<bool, StoreError> {
         let sql = format!(
             "UPDATE session_owners SET updated_ms = {} WHERE sandbox_id = $1 AND session_id = $2",
             self.dialect.now_ms()
@@ -606,7 +629,11 @@ impl Store {
     }
 
     /// Drops the record if this session still holds it.
-    pub async fn release_owner(&self, sandbox_id: &str, session_id: &str) -> Result<(), StoreError> {
+    pub async fn release_owner(
+        &self,
+        sandbox_id: &str,
+        session_id: &str,
+    ) -> Result<(), StoreError> {
         sqlx::query("DELETE FROM session_owners WHERE sandbox_id = $1 AND session_id = $2")
             .bind(sandbox_id)
             .bind(session_id)

@@ -19,8 +19,8 @@ use tonic::{Status, Streaming};
 use crate::relay_routing::RelayRouter;
 use crate::sandboxes::{Sandboxes, id_of, merged_environment, phase_of};
 use crate::sessions::Relay;
-use futures::StreamExt;
 use crate::validate;
+use futures::StreamExt;
 
 pub type ExecEvents = ReceiverStream<Result<ExecSandboxEvent, Status>>;
 pub type ForwardFrames = ReceiverStream<Result<TcpForwardFrame, Status>>;

@@ -35,7 +35,11 @@ async fn wait_ring(cluster: &TestCluster, members: f64) {
             metric(gw, "openshell_server_ring_members") == members
         })
         .await;
-        assert!(ok, "ring never reached {members} members:\n{}", gw.metrics());
+        assert!(
+            ok,
+            "ring never reached {members} members:\n{}",
+            gw.metrics()
+        );
     }
 }
 
@@ -105,7 +109,10 @@ async fn placement_routing_and_owner_reporting(cluster: &TestCluster) {
             assert_eq!(out.stdout_text(), "routed\n");
         }
         for (i, gw) in cluster.replicas.iter().enumerate() {
-            let (local, peer) = (route(gw, "local") - before[i].0, route(gw, "peer") - before[i].1);
+            let (local, peer) = (
+                route(gw, "local") - before[i].0,
+                route(gw, "peer") - before[i].1,
+            );
             // The owner serves its own client's stream locally; the others
             // relay theirs to it (the owner's side of a relay is not a route).
             if format!("gw-{i}") == *owner {
@@ -169,7 +176,11 @@ async fn forward_and_interactive_exec_are_relayed_by_peers() {
     frames.extend(payload.chunks(50_000).map(|c| TcpForwardFrame {
         payload: Some(tcp_forward_frame::Payload::Data(c.to_vec())),
     }));
-    let mut stream = gw0.forward_tcp(tokio_stream::iter(frames)).await.unwrap().into_inner();
+    let mut stream = gw0
+        .forward_tcp(tokio_stream::iter(frames))
+        .await
+        .unwrap()
+        .into_inner();
     let mut echoed = Vec::new();
     while let Some(frame) = stream.message().await.unwrap() {
         if let Some(tcp_forward_frame::Payload::Data(d)) = frame.payload {
@@ -180,7 +191,10 @@ async fn forward_and_interactive_exec_are_relayed_by_peers() {
 
     let messages = vec![
         ExecSandboxInput {
-            payload: Some(exec_sandbox_input::Payload::Start(exec_request(&name, &["wc", "-c"]))),
+            payload: Some(exec_sandbox_input::Payload::Start(exec_request(
+                &name,
+                &["wc", "-c"],
+            ))),
         },
         ExecSandboxInput {
             payload: Some(exec_sandbox_input::Payload::Stdin(vec![b'z'; 4321])),
@@ -234,8 +248,18 @@ async fn a_stopping_replica_redirects_its_supervisors_to_the_remaining_ring() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     assert_eq!(new_owner.as_deref(), Some(next.as_str()));
-    assert_eq!(wait_phase(&mut gw0, &name, SandboxPhase::Ready).await.metadata.unwrap().id, id);
-    assert_eq!(sh(&mut gw0, &name, "echo still here").await.stdout_text(), "still here\n");
+    assert_eq!(
+        wait_phase(&mut gw0, &name, SandboxPhase::Ready)
+            .await
+            .metadata
+            .unwrap()
+            .id,
+        id
+    );
+    assert_eq!(
+        sh(&mut gw0, &name, "echo still here").await.stdout_text(),
+        "still here\n"
+    );
 }
 
 #[tokio::test]
@@ -274,8 +298,14 @@ async fn a_stranger_cannot_take_over_a_live_session() {
     assert_eq!(err.code(), Code::Unavailable, "{err:?}");
     assert!(err.message().contains("owned by another"), "{err:?}");
     // The real session is untouched.
-    assert_eq!(owner_via(&mut gw0, "guarded").await.as_deref(), Some(owner.as_str()));
-    assert_eq!(sh(&mut gw0, "guarded", "echo mine").await.stdout_text(), "mine\n");
+    assert_eq!(
+        owner_via(&mut gw0, "guarded").await.as_deref(),
+        Some(owner.as_str())
+    );
+    assert_eq!(
+        sh(&mut gw0, "guarded", "echo mine").await.stdout_text(),
+        "mine\n"
+    );
 }
 
 #[tokio::test]
@@ -289,7 +319,11 @@ async fn dead_replicas_leave_the_ring_and_a_hung_database_clears_it() {
     cluster.replica_mut("gw-1").kill();
     let gw0 = cluster.replica("gw-0");
     assert!(
-        eventually(Duration::from_secs(15), || metric(gw0, "openshell_server_ring_members") == 1.0).await,
+        eventually(Duration::from_secs(15), || metric(
+            gw0,
+            "openshell_server_ring_members"
+        ) == 1.0)
+        .await,
         "{}",
         gw0.metrics()
     );
@@ -302,9 +336,17 @@ async fn dead_replicas_leave_the_ring_and_a_hung_database_clears_it() {
     })
     .await;
     pg.resume();
-    assert!(cleared, "ring not cleared while the database hung:\n{}", gw0.metrics());
     assert!(
-        eventually(Duration::from_secs(15), || metric(gw0, "openshell_server_ring_members") == 1.0).await,
+        cleared,
+        "ring not cleared while the database hung:\n{}",
+        gw0.metrics()
+    );
+    assert!(
+        eventually(Duration::from_secs(15), || metric(
+            gw0,
+            "openshell_server_ring_members"
+        ) == 1.0)
+        .await,
         "ring did not come back after the database did"
     );
 }

@@ -216,6 +216,12 @@ pub struct Nginx {
 impl Nginx {
     /// Routes `(id, "127.0.0.1:PORT")` (an `http://` prefix is accepted).
     pub fn start(replicas: &[(&str, &str)]) -> Self {
+        Self::start_with(replicas, &[])
+    }
+
+    /// Like [`Nginx::start`] with further `render.py` arguments (for example
+    /// `--max-concurrent-streams 16`).
+    pub fn start_with(replicas: &[(&str, &str)], render_args: &[&str]) -> Self {
         let nginx = nginx_bin();
         let dir = tempfile::Builder::new()
             .prefix("openshell-nginx-")
@@ -241,6 +247,7 @@ impl Nginx {
             for (id, url) in replicas {
                 render.arg("--replica").arg(format!("{id}={url}"));
             }
+            render.args(render_args);
             let rendered = render
                 .output()
                 .expect("run python3 deploy/nginx/render.py (is python3 installed?)");
@@ -265,8 +272,8 @@ impl Nginx {
             let started = Instant::now();
             loop {
                 if let Ok(Some(_)) = child.try_wait() {
-                    last_error = std::fs::read_to_string(prefix.join("error.log"))
-                        .unwrap_or_default();
+                    last_error =
+                        std::fs::read_to_string(prefix.join("error.log")).unwrap_or_default();
                     break;
                 }
                 if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {

@@ -1,0 +1,203 @@
+//! `openshell-gateway up`: the developer cluster on one machine. It starts
+//! N `serve` replicas (gw-0..gw-N-1) sharing the embedded SQLite store and a
+//! generated peer token, then the edge on the public address with one route
+//! per replica; supervisors dial the edge, so placement works as in
+//! production. It stays in the foreground; Ctrl-C (or SIGTERM) stops the
+//! edge, the replicas and their sandboxes' supervisors, each by its PID.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::Args;
+use tokio::process::{Child, Command};
+
+#[derive(Args, Debug)]
+pub struct UpArgs {
+    /// Number of replicas.
+    #[arg(long, default_value_t = 3)]
+    replicas: usize,
+    /// The edge's address: the one clients and supervisors use.
+    #[arg(long, default_value = "127.0.0.1:17670")]
+    listen: SocketAddr,
+    /// Shared data directory (store and sandboxes); logs go under it.
+    #[arg(long, default_value = ".run/data")]
+    data_dir: PathBuf,
+}
+
+struct Running {
+    name: String,
+    child: Child,
+}
+
+async fn wait_ready_file(
+    path: &Path,
+    child: &mut Child,
+    name: &str,
+) -> anyhow::Result<serde_json::Value> {
+    let started = Instant::now();
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path) {
+            return Ok(serde_json::from_str(&text)?);
+        }
+        if let Some(status) = child.try_wait()? {
+            bail!("{name} exited during start-up ({status}); see its log");
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            bail!("{name} not ready after 30 s; see its log");
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+pub async fn run(args: UpArgs) -> anyhow::Result<()> {
+    if args.replicas == 0 {
+        bail!("--replicas must be at least 1");
+    }
+    if !args.listen.ip().is_loopback() {
+        bail!("`up` runs without authentication and only listens on loopback");
+    }
+    let me = std::env::current_exe()?;
+    std::fs::create_dir_all(&args.data_dir)?;
+    let data_dir = args.data_dir.canonicalize()?;
+    let run_dir = data_dir.join("up");
+    std::fs::create_dir_all(&run_dir)?;
+    let peer_token = format!("{:032x}", rand::random::<u128>());
+    let edge_url = format!("http://{}", args.listen);
+
+    let mut running: Vec<Running> = Vec::new();
+    let mut routes = Vec::new();
+    let result = async {
+        for i in 0..args.replicas {
+            let id = format!("gw-{i}");
+            let ready = run_dir.join(format!("{id}.ready.json"));
+            let _ = std::fs::remove_file(&ready);
+            let log = std::fs::File::create(run_dir.join(format!("{id}.log")))?;
+            let mut child = Command::new(&me)
+                .args([
+                    "serve",
+                    "--dev",
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--metrics-listen",
+                    "127.0.0.1:0",
+                ])
+                .args(["--replica-id", &id, "--supervisor-url", &edge_url])
+                .arg("--data-dir")
+                .arg(&data_dir)
+                .arg("--ready-file")
+                .arg(&ready)
+                .arg("--stop-sandboxes-on-exit")
+                .env("OPENSHELL_PEER_TOKEN", &peer_token)
+                .stdin(Stdio::null())
+                .stdout(log.try_clone()?)
+                .stderr(log)
+                .kill_on_drop(false)
+                .spawn()
+                .with_context(|| format!("starting replica {id}"))?;
+            let info = wait_ready_file(&ready, &mut child, &id).await;
+            running.push(Running {
+                name: id.clone(),
+                child,
+            });
+            let info = info?;
+            let url = info["url"].as_str().unwrap_or_default().to_owned();
+            say(&format!(
+                "  {id}: {url} (metrics http://{}/metrics)",
+                info["metrics"].as_str().unwrap_or_default()
+            ));
+            routes.push(format!("{id}={url}"));
+        }
+        let ready = run_dir.join("edge.ready.json");
+        let _ = std::fs::remove_file(&ready);
+        let log = std::fs::File::create(run_dir.join("edge.log"))?;
+        let mut edge = Command::new(&me);
+        edge.args(["edge", "--listen", &args.listen.to_string()])
+            .arg("--ready-file")
+            .arg(&ready);
+        for route in &routes {
+            edge.args(["--replica", route]);
+        }
+        let mut child = edge
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(false)
+            .spawn()
+            .context("starting the edge")?;
+        let info = wait_ready_file(&ready, &mut child, "edge").await;
+        running.push(Running {
+            name: "edge".into(),
+            child,
+        });
+        info?;
+        anyhow::Ok(())
+    }
+    .await;
+
+    if let Err(err) = result {
+        stop_all(&mut running).await;
+        return Err(err);
+    }
+    say(&format!(
+        "openshell-gateway cluster of {} replicas serving {edge_url} (dev mode: no auth). Logs: {}. Ctrl-C stops it.",
+        args.replicas,
+        run_dir.display()
+    ));
+
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate())?;
+    let mut int = signal(SignalKind::interrupt())?;
+    let mut exited = None;
+    {
+        let waits = running.iter_mut().map(|r| {
+            Box::pin(async {
+                let status = r.child.wait().await;
+                (r.name.clone(), status)
+            })
+        });
+        let any_exit = futures::future::select_all(waits);
+        tokio::select! {
+            _ = term.recv() => {}
+            _ = int.recv() => {}
+            ((name, status), _, _) = any_exit => exited = Some((name, status)),
+        }
+    }
+    if let Some((name, status)) = exited {
+        tracing::error!("{name} exited unexpectedly ({status:?}); stopping the cluster");
+    }
+    say("stopping the cluster");
+    stop_all(&mut running).await;
+    Ok(())
+}
+
+/// Prints a line; a closed stdout (the terminal or pipe went away) must not
+/// stop `up` from stopping its processes.
+fn say(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stdout(), "{line}");
+}
+
+/// SIGTERM to each process (edge first), then SIGKILL after 15 s.
+async fn stop_all(running: &mut [Running]) {
+    for r in running.iter().rev() {
+        if let Some(pid) = r.child.id() {
+            // SAFETY: kill(2) has no memory-safety preconditions.
+            unsafe {
+                libc::kill(pid as i32, libc::SIGTERM);
+            }
+        }
+    }
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    for r in running.iter_mut() {
+        match tokio::time::timeout_at(deadline, r.child.wait()).await {
+            Ok(_) => {}
+            Err(_) => {
+                tracing::warn!("{} did not stop in time; killing it", r.name);
+                let _ = r.child.kill().await;
+            }
+        }
+    }
+}
