@@ -374,10 +374,11 @@ async fn exec_latencies(
 }
 
 /// `openshell-bench routing`: a 3-replica cluster behind the built-in edge.
-/// Hinted (routing on, through the edge, so every stream reaches the owner)
-/// vs unhinted and relayed (routing off, sent to a replica that is not the
-/// owner, so every stream pays the peer hop), plus the owner lookup's cost
-/// amortised over a session of 100 execs.
+/// Hinted (routing on, so the edge sends every stream to the owner) vs
+/// unhinted (routing off, through a second edge whose default route holds
+/// only the other replicas, so every stream is relayed by a peer): the same
+/// hops but the peer relay. Plus the owner lookup's cost amortised over a
+/// session of 100 execs.
 async fn routing_bench() {
     use openshell_sdk::{CallOptions, Client, ClientConfig, CreateSandbox};
     use openshell_testkit::cluster::{ClusterOptions, TestCluster, ring_owner};
@@ -422,8 +423,13 @@ async fn routing_bench() {
         .unwrap();
     let id_refs: Vec<&str> = ids.iter().map(String::as_str).collect();
     let owner = ring_owner(&id_refs, &sandbox.id);
-    let other = ids.iter().position(|id| *id != owner).unwrap();
-    let unhinted = connect(cluster.replicas[other].url.clone(), false).await;
+    let others: Vec<(&str, &str)> = routes
+        .iter()
+        .copied()
+        .filter(|(id, _)| *id != owner)
+        .collect();
+    let relaying_edge = Edge::start(&others);
+    let unhinted = connect(relaying_edge.url.clone(), false).await;
 
     exec_latencies(&hinted, "bench", 20).await;
     exec_latencies(&unhinted, "bench", 20).await;
