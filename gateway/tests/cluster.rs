@@ -350,3 +350,89 @@ async fn dead_replicas_leave_the_ring_and_a_hung_database_clears_it() {
         "ring did not come back after the database did"
     );
 }
+
+#[tokio::test]
+async fn the_peer_service_answers_only_replicas() {
+    use openshell_proto::peer::peer_client::PeerClient;
+    use openshell_proto::peer::{PeerRelayFrame, PeerRelayInit, peer_relay_frame};
+    use tonic::transport::Channel;
+
+    let cluster = TestCluster::start(options(2, None));
+    let gw = &cluster.replicas[0];
+    let channel = Channel::from_shared(gw.url.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let init = |requester: &str| PeerRelayFrame {
+        payload: Some(peer_relay_frame::Payload::Init(PeerRelayInit {
+            sandbox_id: "00000000-0000-0000-0000-000000000000".into(),
+            relay_open: None,
+            requester_replica_id: requester.into(),
+        })),
+    };
+    let call =
+        |token: Option<String>, replica: Option<&'static str>, frames: Vec<PeerRelayFrame>| {
+            let channel = channel.clone();
+            async move {
+                let mut request = tonic::Request::new(tokio_stream::iter(frames));
+                if let Some(token) = token {
+                    request
+                        .metadata_mut()
+                        .insert("authorization", format!("Bearer {token}").parse().unwrap());
+                }
+                if let Some(replica) = replica {
+                    request
+                        .metadata_mut()
+                        .insert("x-openshell-peer-replica", replica.parse().unwrap());
+                }
+                match PeerClient::new(channel).peer_relay(request).await {
+                    Err(status) => status,
+                    Ok(response) => response.into_inner().message().await.expect_err("refused"),
+                }
+            }
+        };
+    // A user token, no token, or a wrong peer token: not a replica.
+    let err = call(Some(TOKEN.into()), Some("gw-1"), vec![init("gw-1")]).await;
+    assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
+    let err = call(None, Some("gw-1"), vec![init("gw-1")]).await;
+    assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
+    let err = call(
+        Some("not-the-peer-token".into()),
+        Some("gw-1"),
+        vec![init("gw-1")],
+    )
+    .await;
+    assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
+    assert!(!err.message().contains("not-the-peer-token"));
+    // The right token must name the calling replica, and the init must agree.
+    let token = Some(cluster.peer_token.clone());
+    let err = call(token.clone(), None, vec![init("gw-1")]).await;
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    let err = call(token.clone(), Some("gw-1"), vec![init("gw-2")]).await;
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+    // The first frame must be init; an init needs a target.
+    let data = PeerRelayFrame {
+        payload: Some(peer_relay_frame::Payload::Frame(RelayFrame::default())),
+    };
+    let err = call(token.clone(), Some("gw-1"), vec![data]).await;
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    let err = call(token, Some("gw-1"), vec![init("gw-1")]).await;
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    // A single replica without a peer token has no peer service at all.
+    let single = Gateway::start(openshell_testkit::GatewayOptions::with_token(TOKEN));
+    let channel = Channel::from_shared(single.url.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut request = tonic::Request::new(tokio_stream::iter(vec![init("gw-1")]));
+    request
+        .metadata_mut()
+        .insert("authorization", "Bearer anything".parse().unwrap());
+    let err = match PeerClient::new(channel).peer_relay(request).await {
+        Err(status) => status,
+        Ok(_) => panic!("a single replica answered the peer service"),
+    };
+    assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+}
