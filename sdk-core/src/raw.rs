@@ -421,7 +421,20 @@ impl StreamShared {
     }
 }
 
-type Started = Result<(Metadata, Streaming<Bytes>), Error>;
+type Started = Result<(Metadata, mpsc::Receiver<Delivery>), Error>;
+
+/// What the driver hands the receiver. The driver task owns the tonic
+/// `Streaming`, so a cancellation or deadline drops it (an HTTP/2 reset)
+/// even while nobody is receiving.
+#[derive(Debug)]
+enum Delivery {
+    Message(Bytes),
+    End(Option<Metadata>),
+    Failed(Error),
+}
+
+/// Messages buffered between the driver and the receiver.
+const RECV_QUEUE: usize = 4;
 
 /// Starts the call, hands the response stream to the receiver, then watches
 /// for cancellation and the deadline for the life of the stream.
@@ -469,13 +482,14 @@ async fn drive_stream(
             return;
         }
     };
-    let handle = match started {
+    let (handle, mut streaming, deliveries) = match started {
         Ok((metadata, streaming, handle)) => {
-            if start_tx.send(Ok((metadata, streaming))).is_err() {
+            let (deliveries, receiver) = mpsc::channel(RECV_QUEUE);
+            if start_tx.send(Ok((metadata, receiver))).is_err() {
                 handle.cancel();
                 return;
             }
-            handle
+            (handle, streaming, deliveries)
         }
         Err(err) => {
             tracing::debug!(
@@ -487,11 +501,44 @@ async fn drive_stream(
             return;
         }
     };
-    tokio::select! {
-        _ = shared.cancel.cancelled() => handle.cancel(),
-        d = &mut deadline => {
-            shared.fail(Error::DeadlineExceeded { deadline: d });
-            handle.cancel();
+    // Returning drops `streaming`, which resets the HTTP/2 stream.
+    loop {
+        let next = tokio::select! {
+            biased;
+            _ = shared.cancel.cancelled() => return handle.cancel(),
+            d = &mut deadline => {
+                shared.fail(Error::DeadlineExceeded { deadline: d });
+                return handle.cancel();
+            }
+            next = streaming.message() => next,
+        };
+        let delivery = match next {
+            Ok(Some(message)) => Delivery::Message(message),
+            Ok(None) => {
+                let trailers = tokio::select! {
+                    t = streaming.trailers() => t.ok().flatten(),
+                    _ = shared.cancel.cancelled() => None,
+                };
+                Delivery::End(trailers.map(|t| Metadata::from_tonic(&t)))
+            }
+            Err(status) => Delivery::Failed(Error::from_status(status)),
+        };
+        let last = !matches!(delivery, Delivery::Message(_));
+        tokio::select! {
+            biased;
+            _ = shared.cancel.cancelled() => return handle.cancel(),
+            d = &mut deadline => {
+                shared.fail(Error::DeadlineExceeded { deadline: d });
+                return handle.cancel();
+            }
+            sent = deliveries.send(delivery) => {
+                if sent.is_err() {
+                    return handle.cancel();
+                }
+            }
+        }
+        if last {
+            return;
         }
     }
 }
@@ -793,7 +840,7 @@ impl RawSender {
 #[derive(Debug)]
 enum RecvState {
     Starting(oneshot::Receiver<Started>),
-    Open(Box<Streaming<Bytes>>),
+    Open(mpsc::Receiver<Delivery>),
     Ended,
     Failed(Error),
 }
@@ -816,29 +863,26 @@ impl RawReceiver {
                 RecvState::Starting(_) => {
                     self.wait_started().await?;
                 }
-                RecvState::Open(streaming) => {
+                RecvState::Open(deliveries) => {
                     let shared = Arc::clone(&self.shared);
                     let next = tokio::select! {
                         biased;
-                        _ = shared.cancel.cancelled() => Err(shared.cancelled_error()),
-                        next = streaming.message() => next.map_err(Error::from_status),
+                        _ = shared.cancel.cancelled() => None,
+                        next = deliveries.recv() => next,
                     };
                     match next {
-                        Ok(Some(message)) => return Ok(Some(message)),
-                        Ok(None) => {
-                            let trailers = tokio::select! {
-                                t = streaming.trailers() => t.ok().flatten(),
-                                _ = shared.cancel.cancelled() => None,
-                            };
-                            self.trailers = Some(
-                                trailers
-                                    .map(|t| Metadata::from_tonic(&t))
-                                    .unwrap_or_default(),
-                            );
+                        Some(Delivery::Message(message)) => return Ok(Some(message)),
+                        Some(Delivery::End(trailers)) => {
+                            self.trailers = Some(trailers.unwrap_or_default());
                             self.state = RecvState::Ended;
                             return Ok(None);
                         }
-                        Err(err) => return Err(self.fail(err)),
+                        Some(Delivery::Failed(err)) => return Err(self.fail(err)),
+                        // Cancelled, or the driver stopped on its deadline.
+                        None => {
+                            let err = shared.cancelled_error();
+                            return Err(self.fail(err));
+                        }
                     }
                 }
                 RecvState::Ended => return Ok(None),
@@ -897,9 +941,9 @@ impl RawReceiver {
             started = start_rx => started.unwrap_or_else(|_| Err(shared.cancelled_error())),
         };
         match started {
-            Ok((headers, streaming)) => {
+            Ok((headers, deliveries)) => {
                 self.headers = Some(headers);
-                self.state = RecvState::Open(Box::new(streaming));
+                self.state = RecvState::Open(deliveries);
                 Ok(())
             }
             Err(err) => Err(self.fail(err)),

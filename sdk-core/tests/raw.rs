@@ -302,3 +302,51 @@ async fn raw_stream_bidi_interactive_exec_with_half_close() {
     assert_eq!(stdout, b"hello raw bidi");
     assert_eq!(exit, Some(0));
 }
+
+#[tokio::test]
+async fn cancelling_a_raw_stream_kills_the_process_even_when_nobody_receives() {
+    let gw = start();
+    let client = client(&gw).await;
+    create_ready(&client, "raw-cancel").await;
+    let request = ExecSandboxRequest {
+        sandbox: "raw-cancel".into(),
+        command: vec!["sh".into(), "-c".into(), "echo $$; exec sleep 300".into()],
+        ..Default::default()
+    };
+    let token = openshell_sdk::CancellationToken::new();
+    let mut stream = client
+        .raw_stream(
+            "/openshell.v1.OpenShell/ExecSandbox",
+            Metadata::new(),
+            CallOptions::new().cancel_token(token.clone()),
+        )
+        .await
+        .unwrap();
+    stream
+        .send(Bytes::from(request.encode_to_vec()))
+        .await
+        .unwrap();
+    let first = within(10, "first event", stream.recv())
+        .await
+        .unwrap()
+        .unwrap();
+    let event = ExecSandboxEvent::decode(first).unwrap();
+    let pid: i32 = match event.payload {
+        Some(exec_sandbox_event::Payload::Stdout(out)) => {
+            String::from_utf8(out.data).unwrap().trim().parse().unwrap()
+        }
+        other => panic!("unexpected {other:?}"),
+    };
+    assert!(openshell_testkit::is_running(pid));
+    // Cancel while still holding the stream and without receiving again.
+    token.cancel();
+    assert!(
+        openshell_testkit::eventually(Duration::from_secs(10), || !openshell_testkit::is_running(
+            pid
+        ))
+        .await,
+        "the sandbox process outlived the cancelled stream"
+    );
+    let err = stream.recv().await.unwrap_err();
+    assert_eq!(err.code(), "cancelled");
+}
