@@ -9,12 +9,15 @@ LISTEN ?= 127.0.0.1:17670
 .PHONY: up test setup build lint test-rust bench clean-run
 
 REPLICAS ?= 3
+# `make up CONFIG_DELIVERY_MODE=push` runs the replicas in push mode.
+CONFIG_DELIVERY_MODE ?=
 
 up: build
 	@mkdir -p $(RUN_DIR)
-	./target/debug/openshell-gateway up --replicas $(REPLICAS) --listen $(LISTEN) --data-dir $(RUN_DIR)/data
+	./target/debug/openshell-gateway up --replicas $(REPLICAS) --listen $(LISTEN) --data-dir $(RUN_DIR)/data \
+		$(if $(CONFIG_DELIVERY_MODE),--config-delivery-mode $(CONFIG_DELIVERY_MODE))
 
-test: setup build lint test-rust
+test: setup build lint check-generated lint-python test-rust test-python conformance check-wheel
 
 setup:
 	@bash scripts/setup.sh
@@ -28,6 +31,42 @@ lint:
 
 test-rust: build
 	$(CARGO) test --workspace -- --test-threads=2
+
+# ---------------------------------------------------------------- generator,
+# Python SDK, conformance. Python tools live in the project venv (.venv),
+# made by scripts/setup.sh; the extension shares the one cargo target dir.
+VENV ?= $(CURDIR)/.venv
+PYTHON := $(VENV)/bin/python
+
+.PHONY: generate check-generated python lint-python test-python conformance check-wheel
+
+# Regenerates every generated file from proto/ (method table, Python message
+# modules and typed raw stubs, docs/PARITY.md).
+generate: setup
+	$(CARGO) run -q -p sdkgen -- --python $(PYTHON)
+
+# Fails when a generated file differs from what `make generate` would write.
+check-generated: setup
+	$(CARGO) run -q -p sdkgen -- --check --python $(PYTHON)
+
+# Builds the extension module into the venv (debug, editable install).
+python: setup
+	cd sdk-python && VIRTUAL_ENV=$(VENV) CARGO_TARGET_DIR=$(CURDIR)/target \
+		$(VENV)/bin/maturin develop -q
+
+lint-python: setup
+	cd sdk-python && $(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy
+	cd conformance && $(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+
+test-python: build python
+	cd sdk-python && $(PYTHON) -m pytest -q
+
+conformance: build python
+	$(PYTHON) conformance/harness
+
+# `pip install ./sdk-python` into a clean venv (PEP 517 abi3 wheel, release).
+check-wheel:
+	bash scripts/check-wheel.sh
 
 bench:
 	$(CARGO) build --release --workspace --bins

@@ -54,4 +54,26 @@ fi
 if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
   install_deb postgresql
 fi
+# Python SDK: the project venv (.venv, gitignored) with the pinned tools of
+# sdk-python/requirements-dev.txt. pip runs only when the venv is new or the
+# pins changed (the installed pins are remembered in the venv).
+python_venv() {
+  local root
+  root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  local venv="$root/.venv" requirements="$root/sdk-python/requirements-dev.txt"
+  local stamp="$venv/.openshell-requirements"
+  command -v python3 >/dev/null || { echo "setup: python3 (3.11+) is required"; exit 1; }
+  if [ ! -x "$venv/bin/python" ]; then
+    echo "setup: creating $venv"
+    python3 -m venv "$venv"
+  fi
+  if [ -f "$stamp" ] && cmp -s "$stamp" "$requirements" \
+    && "$venv/bin/python" -m pip check >/dev/null 2>&1; then
+    return
+  fi
+  echo "setup: installing Python packages into $venv"
+  "$venv/bin/python" -m pip install -q --disable-pip-version-check -r "$requirements"
+  cp "$requirements" "$stamp"
+}
+python_venv
 echo "setup: ok"

@@ -26,6 +26,8 @@ pub enum Access {
     Public,
     User,
     Sandbox,
+    /// A user token, or a sandbox token (the method checks which sandbox).
+    Dual,
     Peer,
 }
 
@@ -35,7 +37,8 @@ pub fn access_for(path: &str) -> Access {
     }
     match path.rsplit('/').next().unwrap_or_default() {
         "Health" => Access::Public,
-        "ConnectSupervisor" | "RelayStream" => Access::Sandbox,
+        "ConnectSupervisor" | "RelayStream" | "GetSandboxProviderEnvironment" => Access::Sandbox,
+        "GetSandboxConfig" => Access::Dual,
         _ => Access::User,
     }
 }
@@ -106,6 +109,30 @@ impl Authenticator {
                     })?;
                 Ok(Principal::Peer(replica.to_owned()))
             }
+            Access::Dual => {
+                if self.dev {
+                    return Ok(Principal::User);
+                }
+                let token = token.ok_or_else(|| {
+                    Status::unauthenticated("missing bearer token (authorization: Bearer <token>)")
+                })?;
+                let hash = sha256(token);
+                let user = self
+                    .user_token_hashes
+                    .iter()
+                    .fold(false, |acc, known| acc | constant_time_eq(known, &hash));
+                if user {
+                    return Ok(Principal::User);
+                }
+                match self.store.sandbox_for_token(&hex::encode(hash)).await {
+                    Ok(Some(id)) => Ok(Principal::Sandbox(id)),
+                    Ok(None) => Err(Status::unauthenticated("invalid bearer token")),
+                    Err(err) => {
+                        tracing::error!(%err, "sandbox token lookup failed");
+                        Err(Status::unavailable("credential store unavailable"))
+                    }
+                }
+            }
             Access::Sandbox => {
                 let token =
                     token.ok_or_else(|| Status::unauthenticated("missing sandbox token"))?;
@@ -167,6 +194,18 @@ mod tests {
         );
         assert_eq!(
             access_for("/openshell.v1.OpenShell/ExecSandbox"),
+            Access::User
+        );
+        assert_eq!(
+            access_for("/openshell.v1.OpenShell/GetSandboxConfig"),
+            Access::Dual
+        );
+        assert_eq!(
+            access_for("/openshell.v1.OpenShell/GetSandboxProviderEnvironment"),
+            Access::Sandbox
+        );
+        assert_eq!(
+            access_for("/openshell.v1.OpenShell/UpdateConfig"),
             Access::User
         );
     }

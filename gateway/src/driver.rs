@@ -23,8 +23,21 @@ pub struct SupervisorExit {
     pub status: String,
 }
 
+/// Which driver runs sandboxes (hidden `--driver`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DriverKind {
+    /// A directory and one supervisor process per sandbox.
+    Process,
+    /// Tests and benchmarks only: the directory and a token file, no
+    /// process. The sandbox stays PROVISIONING until something opens its
+    /// session with the token from `<dir>/token` (mode 0600).
+    None,
+}
+
 pub struct ProcessDriver {
     data_dir: PathBuf,
+    /// False for `--driver none`: no supervisor is started.
+    spawn: bool,
     supervisor_bin: PathBuf,
     /// The gateway URL supervisors dial.
     gateway_url: String,
@@ -43,6 +56,7 @@ impl ProcessDriver {
         (
             Self {
                 data_dir,
+                spawn: true,
                 supervisor_bin,
                 gateway_url,
                 ca_file,
@@ -50,6 +64,13 @@ impl ProcessDriver {
             },
             rx,
         )
+    }
+
+    /// `--driver none`: sandboxes get their directory and a token file but
+    /// no supervisor.
+    pub fn without_processes(mut self) -> Self {
+        self.spawn = false;
+        self
     }
 
     pub fn sandbox_dir(&self, sandbox_id: &str) -> PathBuf {
@@ -61,6 +82,10 @@ impl ProcessDriver {
         let dir = self.sandbox_dir(sandbox_id);
         let workdir = dir.join("work");
         tokio::fs::create_dir_all(&workdir).await?;
+        if !self.spawn {
+            write_token_file(&dir.join("token"), token).await?;
+            return Ok(0);
+        }
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -141,6 +166,24 @@ impl ProcessDriver {
             }
         }
     }
+}
+
+/// Writes a sandbox token for `--driver none` (owner read/write only,
+/// replaced atomically).
+async fn write_token_file(path: &Path, token: &str) -> std::io::Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let tmp = path.with_extension("tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)?;
+    file.write_all(token.as_bytes())?;
+    file.sync_all()?;
+    drop(file);
+    tokio::fs::rename(&tmp, path).await
 }
 
 fn signal(pid: i32, sig: libc::c_int) {

@@ -8,6 +8,8 @@
 
 mod auth;
 mod cluster;
+mod config_delivery;
+mod config_model;
 mod driver;
 mod edge;
 mod metrics;
@@ -39,7 +41,9 @@ use tonic::transport::{Identity, Server, ServerTlsConfig};
 
 use crate::auth::Authenticator;
 use crate::cluster::{Cluster, ClusterConfig};
-use crate::driver::ProcessDriver;
+use crate::config_delivery::{ConfigDelivery, DeliveryConfig, DeliveryMode};
+use crate::config_model::ConfigModel;
+use crate::driver::{DriverKind, ProcessDriver};
 use crate::metrics::Metrics;
 use crate::peer_service::PeerService;
 use crate::relay_routing::RelayRouter;
@@ -147,6 +151,32 @@ struct ServeArgs {
     /// Write `{"grpc":..,"metrics":..,"replica_id":..,"pid":..}` here once serving.
     #[arg(long)]
     ready_file: Option<PathBuf>,
+    /// How supervisors get configuration changes: `poll` (they ask every
+    /// 10 s) or `push` (this replica pushes each change over the session to
+    /// supervisors that support it). Setting poll and restarting rolls back.
+    #[arg(
+        long,
+        value_enum,
+        env = "OPENSHELL_CONFIG_DELIVERY_MODE",
+        default_value = "poll"
+    )]
+    config_delivery_mode: DeliveryMode,
+    /// Interval of the per-session config reconcile (push mode).
+    #[arg(long, default_value_t = config_delivery::RECONCILE_INTERVAL.as_millis() as u64, hide = true)]
+    config_reconcile_ms: u64,
+    /// How long owner lookups for config notifications are cached.
+    #[arg(long, default_value_t = config_delivery::OWNER_CACHE_TTL.as_millis() as u64, hide = true)]
+    config_owner_cache_ms: u64,
+    /// Tests and benchmarks only: every push build waits this long (holding
+    /// its build permit) before reading the store, as a slow store would.
+    #[arg(long, default_value_t = 0, hide = true)]
+    config_build_delay_ms: u64,
+    /// Tests and benchmarks only: `none` creates sandbox records and
+    /// directories but starts no supervisor, and writes each sandbox's
+    /// token to `<data-dir>/sandboxes/<id>/token` (mode 0600) so that a
+    /// test can run the supervisor side itself. Default `process`.
+    #[arg(long, value_enum, default_value = "process", hide = true)]
+    driver: DriverKind,
 }
 
 #[tokio::main]
@@ -263,6 +293,16 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         supervisor_url,
         supervisor_ca,
     );
+    let driver = match args.driver {
+        DriverKind::Process => driver,
+        DriverKind::None => {
+            tracing::warn!(
+                "--driver none: no supervisors are started and sandbox tokens are written \
+                 to <data-dir>/sandboxes/<id>/token (tests and benchmarks only)"
+            );
+            driver.without_processes()
+        }
+    };
     let sandboxes = Arc::new(Sandboxes {
         store: store.clone(),
         hub: WatchHub::new(),
@@ -273,6 +313,25 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     });
     sandboxes.recover().await.context("recovering sandboxes")?;
     tokio::spawn(sandboxes.clone().follow_events());
+    let config_model = ConfigModel::new(store.clone());
+    let delivery = ConfigDelivery::new(
+        DeliveryConfig {
+            mode: args.config_delivery_mode,
+            reconcile_interval: Duration::from_millis(args.config_reconcile_ms),
+            owner_cache_ttl: Duration::from_millis(args.config_owner_cache_ms),
+            pool_size: crate::store::POOL_SIZE,
+            build_delay: Duration::from_millis(args.config_build_delay_ms),
+        },
+        config_model.clone(),
+        sessions.clone(),
+        cluster.clone(),
+        metrics.clone(),
+    );
+    tracing::info!(
+        mode = ?args.config_delivery_mode,
+        build_permits = delivery.permits.size(),
+        "config delivery"
+    );
     let router = Arc::new(RelayRouter {
         sessions: sessions.clone(),
         cluster: cluster.clone(),
@@ -299,6 +358,8 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         },
         router: router.clone(),
         cluster: cluster.clone(),
+        config: config_model,
+        delivery: delivery.clone(),
     };
     let layer = GatewayLayer {
         replica_id: replica_header,
@@ -332,6 +393,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .add_service(
             PeerServer::new(PeerService {
                 sessions: sessions.clone(),
+                delivery: delivery.clone(),
             })
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES),

@@ -57,6 +57,8 @@ pub struct Metrics {
     pub requests: Family<RequestLabels, Counter>,
     pub relays_active: Family<RelayLabels, Gauge>,
     pub relays_opened: Family<RelayLabels, Counter>,
+    /// Push config delivery (config_delivery.rs).
+    pub config: crate::config_delivery::ConfigMetrics,
 }
 
 impl Metrics {
@@ -127,6 +129,7 @@ impl Metrics {
             let _ = relays_active.get_or_create(&RelayLabels { kind });
             let _ = relays_opened.get_or_create(&RelayLabels { kind });
         }
+        let config = crate::config_delivery::ConfigMetrics::register(&mut registry);
         Arc::new(Self {
             registry,
             ring_members,
@@ -137,6 +140,7 @@ impl Metrics {
             requests,
             relays_active,
             relays_opened,
+            config,
         })
     }
 

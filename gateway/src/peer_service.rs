@@ -9,13 +9,16 @@ use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use openshell_proto::peer::peer_server::Peer;
-use openshell_proto::peer::{PeerRelayFrame, peer_relay_frame};
+use openshell_proto::peer::{
+    PeerNotifyConfigUpdateRequest, PeerNotifyConfigUpdateResponse, PeerRelayFrame, peer_relay_frame,
+};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::Principal;
+use crate::config_delivery::ConfigDelivery;
 use crate::sessions::Sessions;
 
 /// How long the owner waits for its own session (it may be reconnecting).
@@ -23,12 +26,31 @@ const OWNER_SESSION_WAIT: Duration = Duration::from_secs(5);
 
 pub struct PeerService {
     pub sessions: Arc<Sessions>,
+    pub delivery: Arc<ConfigDelivery>,
 }
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
 #[tonic::async_trait]
 impl Peer for PeerService {
+    /// Another replica committed a configuration change: mark the affected
+    /// push sessions here. No configuration crosses replicas.
+    async fn peer_notify_config_update(
+        &self,
+        request: Request<PeerNotifyConfigUpdateRequest>,
+    ) -> Result<Response<PeerNotifyConfigUpdateResponse>, Status> {
+        if !matches!(
+            request.extensions().get::<Principal>(),
+            Some(Principal::Peer(_))
+        ) {
+            return Err(Status::permission_denied("peer credentials required"));
+        }
+        let stale_owner = self.delivery.on_peer_notify(request.into_inner());
+        Ok(Response::new(PeerNotifyConfigUpdateResponse {
+            stale_owner,
+        }))
+    }
+
     type PeerRelayStream = BoxStream<PeerRelayFrame>;
 
     async fn peer_relay(

@@ -109,7 +109,9 @@ impl Sandboxes {
         validate::sandbox_name(&name)?;
         validate::labels("labels", &req.labels)?;
         validate::labels("annotations", &req.annotations)?;
-        let spec = req.spec.unwrap_or_default();
+        let mut spec = req.spec.unwrap_or_default();
+        // Gateway-owned: AttachProvider / DetachProvider set it.
+        spec.provider_attachment_epoch.clear();
         validate::environment("spec.environment", &spec.environment)?;
         if let Some(template) = &spec.template {
             validate::environment("spec.template.environment", &template.environment)?;

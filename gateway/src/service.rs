@@ -12,11 +12,14 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::Principal;
 use crate::cluster::Cluster;
+use crate::config_delivery::ConfigDelivery;
+use crate::config_model::ConfigModel;
 use crate::relay_routing::{OWNER_TTL, RelayRouter};
 use crate::sandboxes::{Sandboxes, id_of, store_status};
-use crate::sessions::Sessions;
+use crate::sessions::{ConfigSink, PushSetup, Sessions};
 use crate::store::OwnerRecord;
 use crate::streams::Streams;
+use crate::watch_hub::Change;
 
 pub const WANT_OWNER: &str = "x-openshell-want-owner";
 pub const OWNER: &str = "x-openshell-owner";
@@ -29,6 +32,8 @@ pub struct GatewayService {
     pub streams: Streams,
     pub router: Arc<RelayRouter>,
     pub cluster: Option<Arc<Cluster>>,
+    pub config: ConfigModel,
+    pub delivery: Arc<ConfigDelivery>,
 }
 
 impl GatewayService {
@@ -90,6 +95,25 @@ impl GatewayService {
                 "supervisor session owned by another gateway replica",
             )),
         }
+    }
+}
+
+impl GatewayService {
+    async fn attachment(
+        &self,
+        sandbox: &str,
+        provider: &str,
+        attach: bool,
+    ) -> Result<Response<AttachProviderResponse>, Status> {
+        let (response, record, scope) = self
+            .config
+            .set_attachment(sandbox, provider, attach)
+            .await?;
+        self.sandboxes
+            .hub
+            .publish(Change::Updated(Box::new(record)));
+        self.delivery.publish(scope);
+        Ok(Response::new(response))
     }
 }
 
@@ -246,14 +270,133 @@ impl OpenShell for GatewayService {
                 .inc();
             return Ok(Response::new(Box::pin(Sessions::redirect_stream(redirect))));
         }
-        let stream = self.sessions.accept(
+        // Push when both sides support it: the bootstrap goes inside
+        // SessionAccepted and the supervisor stops polling.
+        let push = if self.delivery.push_for(hello.supports_config_push) {
+            Some(self.delivery.bootstrap(&principal, &session_id).await?)
+        } else {
+            None
+        };
+        let setup = push.as_ref().map(|(bootstrap, session)| PushSetup {
+            bootstrap: bootstrap.clone(),
+            sink: session.clone() as Arc<dyn ConfigSink>,
+        });
+        let stream = match self.sessions.accept(
             principal,
             session_id,
             &hello,
             inbound,
             self.sandboxes.clone(),
-        )?;
+            setup,
+        ) {
+            Ok(stream) => stream,
+            Err(status) => {
+                if let Some((_, session)) = &push {
+                    session.ended();
+                }
+                return Err(status);
+            }
+        };
+        if let Some((_, session)) = &push {
+            self.delivery.start(session);
+        }
         Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn get_sandbox_config(
+        &self,
+        request: Request<openshell_proto::sandbox::GetSandboxConfigRequest>,
+    ) -> Result<Response<openshell_proto::sandbox::GetSandboxConfigResponse>, Status> {
+        let caller = request.extensions().get::<Principal>().cloned();
+        let sandbox_id = request.into_inner().sandbox_id;
+        if sandbox_id.is_empty() {
+            return Err(Status::invalid_argument("sandbox_id is required"));
+        }
+        if let Some(Principal::Sandbox(own)) = &caller
+            && *own != sandbox_id
+        {
+            return Err(Status::permission_denied(
+                "a sandbox token may only read its own sandbox's configuration",
+            ));
+        }
+        let loaded = self.delivery.build_for_request(&sandbox_id, false).await?;
+        Ok(Response::new(loaded.config))
+    }
+
+    async fn get_sandbox_provider_environment(
+        &self,
+        request: Request<GetSandboxProviderEnvironmentRequest>,
+    ) -> Result<Response<GetSandboxProviderEnvironmentResponse>, Status> {
+        let principal = sandbox_principal(&request)?;
+        let sandbox_id = request.into_inner().sandbox_id;
+        if sandbox_id.is_empty() {
+            return Err(Status::invalid_argument("sandbox_id is required"));
+        }
+        if sandbox_id != principal {
+            return Err(Status::permission_denied(
+                "a sandbox token may only read its own sandbox's provider environment",
+            ));
+        }
+        let loaded = self.delivery.build_for_request(&sandbox_id, true).await?;
+        Ok(Response::new(loaded.environment.unwrap_or_default()))
+    }
+
+    async fn update_config(
+        &self,
+        request: Request<UpdateConfigRequest>,
+    ) -> Result<Response<UpdateConfigResponse>, Status> {
+        let (response, scope) = self.config.update_config(request.into_inner()).await?;
+        if let Some(scope) = scope {
+            self.delivery.publish(scope);
+        }
+        Ok(Response::new(response))
+    }
+
+    async fn create_provider(
+        &self,
+        request: Request<CreateProviderRequest>,
+    ) -> Result<Response<ProviderResponse>, Status> {
+        let provider = self
+            .config
+            .create_provider(request.into_inner().provider)
+            .await?;
+        Ok(Response::new(ProviderResponse {
+            provider: Some(provider),
+        }))
+    }
+
+    async fn update_provider(
+        &self,
+        request: Request<UpdateProviderRequest>,
+    ) -> Result<Response<ProviderResponse>, Status> {
+        let (provider, scope) = self
+            .config
+            .update_provider(request.into_inner().provider)
+            .await?;
+        if let Some(scope) = scope {
+            self.delivery.publish(scope);
+        }
+        Ok(Response::new(ProviderResponse {
+            provider: Some(provider),
+        }))
+    }
+
+    async fn attach_provider(
+        &self,
+        request: Request<AttachProviderRequest>,
+    ) -> Result<Response<AttachProviderResponse>, Status> {
+        let request = request.into_inner();
+        self.attachment(&request.sandbox, &request.provider, true)
+            .await
+    }
+
+    async fn detach_provider(
+        &self,
+        request: Request<DetachProviderRequest>,
+    ) -> Result<Response<AttachProviderResponse>, Status> {
+        let request = request.into_inner();
+        self.attachment(&request.sandbox, &request.provider, false)
+            .await
     }
 
     type RelayStreamStream = BoxStream<RelayFrame>;

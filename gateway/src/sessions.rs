@@ -16,9 +16,9 @@ use std::time::Duration;
 
 use futures::Stream;
 use openshell_proto::{
-    GatewayHeartbeat, GatewayMessage, RelayClose, RelayFrame, RelayOpen, SessionAccepted,
-    SessionRedirect, SupervisorHello, SupervisorMessage, gateway_message, relay_frame, relay_open,
-    supervisor_message,
+    ConfigUpdate, ConfigUpdateResult, GatewayHeartbeat, GatewayMessage, RelayClose, RelayFrame,
+    RelayOpen, SessionAccepted, SessionRedirect, SupervisorHello, SupervisorMessage,
+    gateway_message, relay_frame, relay_open, supervisor_message,
 };
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::ReceiverStream;
@@ -131,6 +131,23 @@ pub trait SessionHooks: Send + Sync + 'static {
     async fn ended(&self, end: SessionEnd);
 }
 
+/// The push-config side of a session (config_delivery.rs): told when the
+/// session is registered, handed every `ConfigUpdateResult`, told when it
+/// ends.
+pub trait ConfigSink: Send + Sync + 'static {
+    /// The session's outbound queue and its close signal.
+    fn started(&self, tx: mpsc::Sender<Result<GatewayMessage, Status>>, closed: CancellationToken);
+    fn result(&self, result: ConfigUpdateResult);
+    fn ended(&self);
+}
+
+/// Push configuration for a new session: the bootstrap that goes inside
+/// `SessionAccepted`, and who takes the results.
+pub struct PushSetup {
+    pub bootstrap: ConfigUpdate,
+    pub sink: Arc<dyn ConfigSink>,
+}
+
 pub struct Sessions {
     sessions: Mutex<HashMap<String, Session>>,
     pending: Mutex<HashMap<String, Pending>>,
@@ -188,7 +205,8 @@ impl Sessions {
         ReceiverStream::new(rx)
     }
 
-    /// Registers an accepted session and starts its task.
+    /// Registers an accepted session and starts its task. With `push`, the
+    /// acceptance carries the bootstrap and results go to its sink.
     pub fn accept(
         self: &Arc<Self>,
         sandbox_id: String,
@@ -196,11 +214,16 @@ impl Sessions {
         hello: &SupervisorHello,
         mut inbound: Streaming<SupervisorMessage>,
         hooks: Arc<dyn SessionHooks>,
+        push: Option<PushSetup>,
     ) -> Result<GatewayStream, Status> {
         if self.is_shutting_down() {
             return Err(Status::unavailable("gateway is shutting down"));
         }
         let (tx, rx) = mpsc::channel(64);
+        let (bootstrap, sink) = match push {
+            Some(push) => (Some(push.bootstrap), Some(push.sink)),
+            None => (None, None),
+        };
         let accepted = GatewayMessage {
             payload: Some(gateway_message::Payload::SessionAccepted(SessionAccepted {
                 session_id: session_id.clone(),
@@ -208,6 +231,8 @@ impl Sessions {
                     seconds: HEARTBEAT_INTERVAL.as_secs() as i64,
                     nanos: 0,
                 }),
+                config_push_enabled: bootstrap.is_some(),
+                bootstrap,
             })),
         };
         tx.try_send(Ok(accepted)).expect("fresh channel has room");
@@ -228,7 +253,15 @@ impl Sessions {
             }
         };
         self.registered.send_modify(|n| *n += 1);
-        tracing::info!(sandbox_id, session_id, "supervisor session accepted");
+        tracing::info!(
+            sandbox_id,
+            session_id,
+            config_push = sink.is_some(),
+            "supervisor session accepted"
+        );
+        if let Some(sink) = &sink {
+            sink.started(tx.clone(), closed.clone());
+        }
 
         let this = self.clone();
         tokio::spawn(async move {
@@ -257,6 +290,13 @@ impl Sessions {
                                     lost = true;
                                     break;
                                 }
+                                if let Some(supervisor_message::Payload::ConfigUpdateResult(result)) = message.payload {
+                                    match &sink {
+                                        Some(sink) => sink.result(result),
+                                        None => tracing::debug!(sandbox_id, "config result on a poll session; ignored"),
+                                    }
+                                    continue;
+                                }
                                 this.on_supervisor_message(message);
                             }
                             Ok(Ok(None)) | Ok(Err(_)) => break,
@@ -269,6 +309,9 @@ impl Sessions {
                 }
             }
             let end = this.unregister(&sandbox_id, &session_id, lost);
+            if let Some(sink) = &sink {
+                sink.ended();
+            }
             hooks.ended(end).await;
         });
         Ok(ReceiverStream::new(rx))

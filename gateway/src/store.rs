@@ -35,7 +35,7 @@ impl Dialect {
         }
     }
 
-    fn lock_row(self) -> &'static str {
+    pub(crate) fn lock_row(self) -> &'static str {
         match self {
             Dialect::Sqlite => "",
             Dialect::Postgres => " FOR UPDATE",
@@ -44,9 +44,10 @@ impl Dialect {
 }
 
 /// Schema versions, applied in order, each once: (version, sqlite, postgres).
-const MIGRATIONS: &[(i64, &str, &str)] = &[(
-    1,
-    "CREATE TABLE sandboxes (
+const MIGRATIONS: &[(i64, &str, &str)] = &[
+    (
+        1,
+        "CREATE TABLE sandboxes (
         id TEXT PRIMARY KEY,
         name TEXT NOT NULL UNIQUE,
         resource_version INTEGER NOT NULL,
@@ -77,7 +78,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[(
         connection_epoch INTEGER NOT NULL,
         updated_ms INTEGER NOT NULL
     )",
-    "CREATE TABLE sandboxes (
+        "CREATE TABLE sandboxes (
         id TEXT PRIMARY KEY,
         name TEXT NOT NULL UNIQUE,
         resource_version BIGINT NOT NULL,
@@ -108,7 +109,60 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[(
         connection_epoch BIGINT NOT NULL,
         updated_ms BIGINT NOT NULL
     )",
-)];
+    ),
+    // Configuration (config_model.rs). `owner` is a sandbox id, or '' for
+    // the global scope. Policies are prost-encoded `SandboxPolicy`s; setting
+    // values prost-encoded `SettingValue`s; provider environments
+    // prost-encoded `Provider`s. `config_counters` holds `provider_seq`, the
+    // sequence provider revisions and attachment epochs are taken from.
+    (
+        2,
+        "CREATE TABLE config_scopes (
+        owner TEXT PRIMARY KEY,
+        policy_version INTEGER NOT NULL DEFAULT 0,
+        policy BLOB,
+        policy_hash TEXT NOT NULL DEFAULT '',
+        settings_revision INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE TABLE config_settings (
+        owner TEXT NOT NULL,
+        key TEXT NOT NULL,
+        value BLOB NOT NULL,
+        PRIMARY KEY (owner, key)
+    );
+    CREATE TABLE providers (
+        name TEXT PRIMARY KEY,
+        record BLOB NOT NULL,
+        revision INTEGER NOT NULL
+    );
+    CREATE TABLE config_counters (
+        name TEXT PRIMARY KEY,
+        value INTEGER NOT NULL
+    )",
+        "CREATE TABLE config_scopes (
+        owner TEXT PRIMARY KEY,
+        policy_version BIGINT NOT NULL DEFAULT 0,
+        policy BYTEA,
+        policy_hash TEXT NOT NULL DEFAULT '',
+        settings_revision BIGINT NOT NULL DEFAULT 0
+    );
+    CREATE TABLE config_settings (
+        owner TEXT NOT NULL,
+        key TEXT NOT NULL,
+        value BYTEA NOT NULL,
+        PRIMARY KEY (owner, key)
+    );
+    CREATE TABLE providers (
+        name TEXT PRIMARY KEY,
+        record BYTEA NOT NULL,
+        revision BIGINT NOT NULL
+    );
+    CREATE TABLE config_counters (
+        name TEXT PRIMARY KEY,
+        value BIGINT NOT NULL
+    )",
+    ),
+];
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
@@ -158,6 +212,9 @@ pub struct SandboxEvent {
     pub deleted: bool,
 }
 
+/// Connections in the store's pool (config build permits are sized from it).
+pub const POOL_SIZE: u32 = 8;
+
 #[derive(Clone)]
 pub struct Store {
     pool: AnyPool,
@@ -181,7 +238,7 @@ impl Store {
             _ => url.to_owned(),
         };
         let pool = AnyPoolOptions::new()
-            .max_connections(8)
+            .max_connections(POOL_SIZE)
             .acquire_timeout(Duration::from_secs(10))
             .after_connect(move |conn, _meta| {
                 Box::pin(async move {
@@ -205,9 +262,30 @@ impl Store {
         Ok(store)
     }
 
+    pub(crate) fn dialect(&self) -> Dialect {
+        self.dialect
+    }
+
+    /// A read-only transaction that sees one consistent snapshot (SQLite
+    /// read transactions always do; PostgreSQL needs REPEATABLE READ).
+    pub(crate) async fn begin_read(
+        &self,
+    ) -> Result<sqlx::Transaction<'static, sqlx::Any>, StoreError> {
+        Ok(match self.dialect {
+            Dialect::Sqlite => self.pool.begin().await?,
+            Dialect::Postgres => {
+                self.pool
+                    .begin_with("BEGIN TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                    .await?
+            }
+        })
+    }
+
     /// A transaction that holds the write lock (SQLite) or takes row locks
     /// with `FOR UPDATE` (PostgreSQL).
-    async fn begin_write(&self) -> Result<sqlx::Transaction<'static, sqlx::Any>, StoreError> {
+    pub(crate) async fn begin_write(
+        &self,
+    ) -> Result<sqlx::Transaction<'static, sqlx::Any>, StoreError> {
         Ok(match self.dialect {
             Dialect::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await?,
             Dialect::Postgres => self.pool.begin().await?,
@@ -249,7 +327,7 @@ impl Store {
         Ok(())
     }
 
-    async fn record_event(
+    pub(crate) async fn record_event(
         &self,
         tx: &mut sqlx::Transaction<'static, sqlx::Any>,
         sandbox_id: &str,
@@ -429,6 +507,14 @@ impl Store {
             .bind(id)
             .execute(&mut *tx)
             .await?;
+        // Its configuration goes with it ('' is the global scope).
+        for table in ["config_scopes", "config_settings"] {
+            let sql = format!("DELETE FROM {table} WHERE owner = $1 AND owner <> ''");
+            sqlx::query(AssertSqlSafe(sql))
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+        }
         self.record_event(&mut tx, id, true).await?;
         tx.commit().await?;
         Ok(())

@@ -14,6 +14,8 @@ use anyhow::{Context, bail};
 use clap::Args;
 use tokio::process::{Child, Command};
 
+use crate::config_delivery::DeliveryMode;
+
 #[derive(Args, Debug)]
 pub struct UpArgs {
     /// Number of replicas.
@@ -25,6 +27,15 @@ pub struct UpArgs {
     /// Shared data directory (store and sandboxes); logs go under it.
     #[arg(long, default_value = ".run/data")]
     data_dir: PathBuf,
+    /// Passed to every replica: `poll` (supervisors poll every 10 s) or
+    /// `push` (configuration changes are pushed over the session).
+    #[arg(
+        long,
+        value_enum,
+        env = "OPENSHELL_CONFIG_DELIVERY_MODE",
+        default_value = "poll"
+    )]
+    config_delivery_mode: DeliveryMode,
 }
 
 struct Running {
@@ -66,6 +77,10 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&run_dir)?;
     let peer_token = format!("{:032x}", rand::random::<u128>());
     let edge_url = format!("http://{}", args.listen);
+    let mode = match args.config_delivery_mode {
+        DeliveryMode::Poll => "poll",
+        DeliveryMode::Push => "push",
+    };
 
     let mut running: Vec<Running> = Vec::new();
     let mut routes = Vec::new();
@@ -85,6 +100,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
                     "127.0.0.1:0",
                 ])
                 .args(["--replica-id", &id, "--supervisor-url", &edge_url])
+                .args(["--config-delivery-mode", mode])
                 .arg("--data-dir")
                 .arg(&data_dir)
                 .arg("--ready-file")
@@ -142,7 +158,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         return Err(err);
     }
     say(&format!(
-        "openshell-gateway cluster of {} replicas serving {edge_url} (dev mode: no auth). Logs: {}. Ctrl-C stops it.",
+        "openshell-gateway cluster of {} replicas serving {edge_url} (dev mode: no auth; config delivery: {mode}). Logs: {}. Ctrl-C stops it.",
         args.replicas,
         run_dir.display()
     ));

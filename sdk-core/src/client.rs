@@ -66,6 +66,14 @@ impl Client {
     pub fn routing_stats(&self) -> RoutingStats {
         self.inner.router.stats()
     }
+
+    /// The tonic channel every call of this client rides on. For callers
+    /// that need typed tonic stubs on the same HTTP/2 connection (a
+    /// supervisor claiming relays on the connection of its session); they
+    /// add their own credentials.
+    pub fn channel(&self) -> Channel {
+        self.inner.channel.clone()
+    }
 }
 
 impl fmt::Debug for Client {

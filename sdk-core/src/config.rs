@@ -98,6 +98,45 @@ impl ClientConfig {
     pub fn connect_timeout(&self) -> Duration {
         self.connect_timeout
     }
+
+    /// The same configuration aimed at another endpoint of the same gateway
+    /// (a `SessionRedirect` target): credentials, CA bundle and timeouts are
+    /// kept. A CA bundle and server name are dropped for an `http` endpoint;
+    /// leaving `https` for `http` is refused, so a token that travelled
+    /// encrypted never goes out in cleartext.
+    pub fn for_endpoint(&self, endpoint: &str) -> Result<ClientConfig, Error> {
+        let uri: http::Uri = endpoint
+            .parse()
+            .map_err(|_| Error::invalid_config(format!("endpoint {endpoint:?} is not a URI")))?;
+        let tls = match uri.scheme_str() {
+            Some("https") => true,
+            Some("http") => false,
+            _ => {
+                return Err(Error::invalid_config(format!(
+                    "endpoint {endpoint:?} must start with http:// or https://"
+                )));
+            }
+        };
+        if uri.host().is_none_or(str::is_empty) {
+            return Err(Error::invalid_config("endpoint has no host"));
+        }
+        if uri.path() != "/" && !uri.path().is_empty() {
+            return Err(Error::invalid_config("endpoint must not have a path"));
+        }
+        if self.tls && !tls {
+            return Err(Error::invalid_config(format!(
+                "refusing to leave https for cleartext endpoint {endpoint:?}"
+            )));
+        }
+        let mut config = self.clone();
+        config.endpoint = uri;
+        config.tls = tls;
+        if !tls {
+            config.ca_pem = None;
+            config.tls_server_name = None;
+        }
+        Ok(config)
+    }
 }
 
 impl fmt::Debug for ClientConfig {
@@ -451,6 +490,39 @@ mod tests {
             .build()
             .unwrap_err();
         assert_eq!(err.code(), "tls");
+    }
+
+    #[test]
+    fn for_endpoint_keeps_settings_and_refuses_downgrades() {
+        let home = ClientConfig::builder("http://127.0.0.1:1")
+            .token("t")
+            .connect_timeout(Duration::from_secs(3))
+            .build()
+            .unwrap();
+        let peer = home.for_endpoint("http://127.0.0.1:2").unwrap();
+        assert_eq!(peer.endpoint().port_u16(), Some(2));
+        assert!(peer.has_credentials());
+        assert_eq!(peer.connect_timeout(), Duration::from_secs(3));
+        assert!(
+            home.for_endpoint("https://gw.example:443")
+                .unwrap()
+                .uses_tls()
+        );
+        for bad in ["nope", "ftp://h:1", "http://h:1/x", "http://"] {
+            assert_eq!(
+                home.for_endpoint(bad).unwrap_err().code(),
+                "invalid_config",
+                "{bad}"
+            );
+        }
+        let secure = ClientConfig::builder("https://gw.example:443")
+            .token("t")
+            .build()
+            .unwrap();
+        assert_eq!(
+            secure.for_endpoint("http://10.0.0.1:1").unwrap_err().code(),
+            "invalid_config"
+        );
     }
 
     #[test]

@@ -71,6 +71,7 @@
 //! | [`sandboxes`] | health and sandbox lifecycle |
 //! | [`exec`] | buffered, streaming and interactive exec |
 //! | [`forward`] | local TCP listener pumped over `ForwardTcp` |
+//! | [`supervisor`] | [`ConfigSession`]: the supervisor session with push config, poll fallback, redirects |
 //! | [`error`] | [`Error`] and its codes |
 //! | [`metadata`] | request/response metadata pairs |
 
@@ -86,6 +87,7 @@ pub mod metadata;
 pub mod raw;
 pub mod routing;
 pub mod sandboxes;
+pub mod supervisor;
 pub mod transport;
 
 pub use auth::{AccessToken, TokenProvider};
@@ -100,6 +102,10 @@ pub use routing::RoutingStats;
 pub use sandboxes::{
     CreateSandbox, DeletionOutcome, Health, ListSandboxes, Sandbox, SandboxPhase, SandboxWatch,
     Sandboxes, ServiceStatus,
+};
+pub use supervisor::{
+    ApplyFn, ApplyOutcome, ConfigEvent, ConfigSession, ConfigSessionBuilder, ConfigSessionStats,
+    ConfigSnapshot, DeliveryMode, SessionEvent, SessionHandle,
 };
 pub use tokio_util::sync::CancellationToken;
 

@@ -58,6 +58,31 @@ pub struct ExecSettings {
     pub workdir: PathBuf,
     pub path: OsString,
     pub lang: Option<OsString>,
+    /// The applied provider environment (see `config_apply`).
+    pub provider_env: ProviderEnv,
+}
+
+/// The provider environment in force: secrets, so `Debug` shows keys only.
+#[derive(Clone, Default)]
+pub struct ProviderEnv(std::sync::Arc<std::sync::RwLock<HashMap<String, String>>>);
+
+impl ProviderEnv {
+    pub fn replace(&self, env: HashMap<String, String>) {
+        *self.0.write().unwrap_or_else(|p| p.into_inner()) = env;
+    }
+
+    pub fn get(&self) -> HashMap<String, String> {
+        self.0.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+impl std::fmt::Debug for ProviderEnv {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let env = self.get();
+        let mut keys: Vec<&String> = env.keys().collect();
+        keys.sort();
+        f.debug_struct("ProviderEnv").field("keys", &keys).finish()
+    }
 }
 
 impl ExecSettings {
@@ -71,6 +96,7 @@ impl ExecSettings {
             workdir,
             path,
             lang: std::env::var_os("LANG"),
+            provider_env: ProviderEnv::default(),
         }
     }
 
@@ -91,6 +117,13 @@ impl ExecSettings {
         }
         if tty {
             env.insert("TERM".into(), "xterm-256color".into());
+        }
+        // The provider environment, then what the request asked for.
+        for (key, value) in self.provider_env.get() {
+            if key.is_empty() || key.contains('=') || key == TOKEN_VAR {
+                continue;
+            }
+            env.insert(key.into(), value.into());
         }
         for (key, value) in requested {
             if key.is_empty() || key.contains('=') || key == TOKEN_VAR {
@@ -630,6 +663,7 @@ mod tests {
             workdir: workdir.to_path_buf(),
             path: DEFAULT_PATH.into(),
             lang: None,
+            provider_env: ProviderEnv::default(),
         }
     }
 
@@ -759,6 +793,23 @@ mod tests {
             Some(&"xterm-256color".into())
         );
         assert_eq!(env.get(&OsString::from("HOME")), Some(&"/sandbox".into()));
+    }
+
+    #[test]
+    fn provider_environment_sits_under_the_request() {
+        let settings = settings(Path::new("/sandbox"));
+        settings.provider_env.replace(HashMap::from([
+            ("API_KEY".to_owned(), "provider-secret".to_owned()),
+            ("SHARED".to_owned(), "provider".to_owned()),
+            (TOKEN_VAR.to_owned(), "leak".to_owned()),
+        ]));
+        assert!(!format!("{settings:?}").contains("provider-secret"));
+        let requested = HashMap::from([("SHARED".to_owned(), "request".to_owned())]);
+        let env = settings.environment(false, &requested);
+        let get = |key: &str| env.get(&OsString::from(key)).cloned();
+        assert_eq!(get("API_KEY"), Some("provider-secret".into()));
+        assert_eq!(get("SHARED"), Some("request".into()));
+        assert_eq!(get(TOKEN_VAR), None);
     }
 
     #[test]

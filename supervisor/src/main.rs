@@ -3,14 +3,15 @@
 //! The gateway's process sandbox driver starts one per sandbox. It holds the
 //! sandbox's session with the gateway ([`session`]) and serves the relays
 //! the gateway announces on it: processes ([`exec`]) and loopback TCP
-//! connections ([`forward`]).
+//! connections ([`forward`]). Configuration, pushed or polled, is applied
+//! by [`config_apply`] to `.openshell/config.json` in the sandbox directory.
 //!
 //! The sandbox token comes from `OPENSHELL_SANDBOX_TOKEN` only (never a
 //! flag, so it does not show in `ps`), is sent as bearer metadata, and is
 //! kept out of logs, errors and child environments. SIGTERM or SIGINT kill
 //! every running exec before the process exits 0.
 
-mod backoff;
+mod config_apply;
 mod exec;
 mod forward;
 mod relay;
@@ -26,6 +27,7 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Parser;
+use openshell_sdk::ClientConfig;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 use tracing::{error, info, warn};
@@ -33,7 +35,7 @@ use tracing_subscriber::EnvFilter;
 
 use crate::exec::ExecSettings;
 use crate::session::SessionConfig;
-use crate::transport::{BearerToken, TlsSettings};
+use crate::transport::BearerToken;
 
 const TOKEN_VAR: &str = "OPENSHELL_SANDBOX_TOKEN";
 /// How long shutdown waits for killed execs to be reaped.
@@ -83,11 +85,12 @@ fn main() -> ExitCode {
 
 #[tokio::main]
 async fn run(cli: Cli) -> anyhow::Result<()> {
-    let token = match std::env::var(TOKEN_VAR) {
-        Ok(token) => BearerToken::new(&token).with_context(|| format!("{TOKEN_VAR} is invalid"))?,
+    let secret = match std::env::var(TOKEN_VAR) {
+        Ok(token) => token,
         Err(std::env::VarError::NotPresent) => bail!("{TOKEN_VAR} is not set"),
         Err(std::env::VarError::NotUnicode(_)) => bail!("{TOKEN_VAR} is not valid UTF-8"),
     };
+    let token = BearerToken::new(&secret).with_context(|| format!("{TOKEN_VAR} is invalid"))?;
     if cli.sandbox_id.is_empty() {
         bail!("--sandbox-id is empty");
     }
@@ -96,11 +99,27 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     if !workdir.is_dir() {
         warn!(workdir = %workdir.display(), "workdir is not a directory (yet)");
     }
-    let tls = TlsSettings::from_ca_file(cli.ca_file.as_deref())?;
-    if cli.ca_file.is_some() && !cli.gateway.starts_with("https://") {
-        warn!("--ca-file is only used for https gateways");
+    let mut client = ClientConfig::builder(&cli.gateway)
+        .token(secret.as_str())
+        // The driver hands the supervisor whatever URL the gateway was given.
+        .allow_cleartext_token(true)
+        .connect_timeout(Duration::from_secs(5))
+        // Notices a gateway that vanished without closing the connection.
+        .keepalive(Some(Duration::from_secs(15)))
+        .keepalive_timeout(Duration::from_secs(10));
+    match &cli.ca_file {
+        Some(path) if cli.gateway.starts_with("https://") => {
+            let pem =
+                std::fs::read(path).with_context(|| format!("read CA file {}", path.display()))?;
+            client = client.ca_pem(pem);
+        }
+        Some(_) => warn!("--ca-file is only used for https gateways"),
+        None => {}
     }
-    let home = transport::channel(&cli.gateway, &tls)?;
+    let client = client
+        .build()
+        .map_err(|err| anyhow::anyhow!("gateway settings: {err}"))?;
+    drop(secret);
     let instance_id = uuid::Uuid::new_v4().to_string();
     info!(
         sandbox_id = cli.sandbox_id,
@@ -110,11 +129,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         "supervisor starting"
     );
     let config = SessionConfig {
-        gateway: cli.gateway,
+        client,
         sandbox_id: cli.sandbox_id.clone(),
         instance_id,
         token,
-        tls,
         exec: Arc::new(ExecSettings::new(cli.sandbox_id, workdir)),
     };
 
@@ -128,7 +146,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let mut sigint = signal(SignalKind::interrupt()).context("install SIGINT handler")?;
     let (alive, mut all_relays_done) = mpsc::channel::<()>(1);
     tokio::select! {
-        _ = session::run(config, home, alive) => unreachable!("the session loop never ends"),
+        result = session::run(config, alive) => {
+            result?;
+            unreachable!("the session loop never ends");
+        }
         _ = sigterm.recv() => info!("SIGTERM: shutting down"),
         _ = sigint.recv() => info!("SIGINT: shutting down"),
     }

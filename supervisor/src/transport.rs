@@ -1,21 +1,18 @@
-//! Connections to the gateway: one tonic `Channel` per endpoint, plus the
-//! sandbox token as request metadata.
+//! The sandbox token as request metadata, and status text for logs.
 //!
-//! The session and every `RelayStream` of that session share one channel,
-//! so relays ride the same HTTP/2 connection as the session that announced
-//! them (the gateway replica holding the session is the one that answers).
+//! Channels come from sdk-core: the session runs on an `openshell_sdk`
+//! client, and every `RelayStream` of that session uses the same client's
+//! channel, so relays ride the same HTTP/2 connection as the session that
+//! announced them (the gateway replica holding the session answers them).
 //!
 //! The sandbox token is a credential: it lives only inside [`BearerToken`],
 //! whose `Debug` is redacted and whose metadata value is marked sensitive.
 //! No error message built here contains it.
 
 use std::fmt;
-use std::path::Path;
-use std::time::Duration;
 
-use anyhow::{Context, bail};
+use anyhow::bail;
 use tonic::metadata::{AsciiMetadataValue, MetadataValue};
-use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 /// The `authorization: Bearer <sandbox token>` value for every call.
 #[derive(Clone)]
@@ -46,57 +43,6 @@ impl fmt::Debug for BearerToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("BearerToken(<redacted>)")
     }
-}
-
-/// How `https` endpoints are verified: the `--ca-file` CA, else system roots.
-#[derive(Clone, Debug, Default)]
-pub struct TlsSettings {
-    ca: Option<Certificate>,
-}
-
-impl TlsSettings {
-    pub fn from_ca_file(path: Option<&Path>) -> anyhow::Result<Self> {
-        let ca = match path {
-            Some(path) => {
-                let pem = std::fs::read(path)
-                    .with_context(|| format!("read CA file {}", path.display()))?;
-                Some(Certificate::from_pem(pem))
-            }
-            None => None,
-        };
-        Ok(Self { ca })
-    }
-
-    fn client_config(&self) -> ClientTlsConfig {
-        match &self.ca {
-            Some(ca) => ClientTlsConfig::new().ca_certificate(ca.clone()),
-            None => ClientTlsConfig::new().with_native_roots(),
-        }
-    }
-}
-
-/// Builds a lazily connecting channel to `url` (`http://` or `https://`).
-pub fn channel(url: &str, tls: &TlsSettings) -> anyhow::Result<Channel> {
-    let endpoint = Endpoint::from_shared(url.to_owned())
-        .with_context(|| format!("invalid gateway URL {url:?}"))?;
-    let endpoint = match endpoint.uri().scheme_str() {
-        Some("https") => endpoint
-            .tls_config(tls.client_config())
-            .with_context(|| format!("TLS setup for {url}"))?,
-        Some("http") => endpoint,
-        _ => bail!("gateway URL {url:?} must start with http:// or https://"),
-    };
-    let endpoint = endpoint
-        .connect_timeout(Duration::from_secs(5))
-        .tcp_nodelay(true)
-        // Notices a gateway that vanished without closing the connection.
-        .http2_keep_alive_interval(Duration::from_secs(15))
-        .keep_alive_timeout(Duration::from_secs(10))
-        .keep_alive_while_idle(true)
-        // Relays carry bulk data; the HTTP/2 default window (64 KiB) is slow.
-        .initial_stream_window_size(1 << 20)
-        .initial_connection_window_size(8 << 20);
-    Ok(endpoint.connect_lazy())
 }
 
 /// A status as text for logs and relay errors: code, message, and the
@@ -138,14 +84,5 @@ mod tests {
         assert!(BearerToken::new("").is_err());
         let err = BearerToken::new("bad\ntoken").unwrap_err();
         assert!(!format!("{err:#}").contains("bad"));
-    }
-
-    #[tokio::test]
-    async fn channel_accepts_http_and_https_only() {
-        let tls = TlsSettings::default();
-        assert!(channel("http://127.0.0.1:1", &tls).is_ok());
-        assert!(channel("https://localhost:1", &tls).is_ok());
-        assert!(channel("ftp://127.0.0.1:1", &tls).is_err());
-        assert!(channel("not a url", &tls).is_err());
     }
 }

@@ -46,6 +46,7 @@ impl Session {
                 seconds: 1,
                 nanos: 0,
             }),
+            ..Default::default()
         }))
         .await;
     }
@@ -133,6 +134,48 @@ fn authorization<T>(request: &Request<T>) -> Option<String> {
 
 #[tonic::async_trait]
 impl OpenShell for FakeGateway {
+    async fn get_sandbox_config(
+        &self,
+        _: Request<sandbox::GetSandboxConfigRequest>,
+    ) -> Result<Response<sandbox::GetSandboxConfigResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn get_sandbox_provider_environment(
+        &self,
+        _: Request<GetSandboxProviderEnvironmentRequest>,
+    ) -> Result<Response<GetSandboxProviderEnvironmentResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn update_config(
+        &self,
+        _: Request<UpdateConfigRequest>,
+    ) -> Result<Response<UpdateConfigResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn create_provider(
+        &self,
+        _: Request<CreateProviderRequest>,
+    ) -> Result<Response<ProviderResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn update_provider(
+        &self,
+        _: Request<UpdateProviderRequest>,
+    ) -> Result<Response<ProviderResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn attach_provider(
+        &self,
+        _: Request<AttachProviderRequest>,
+    ) -> Result<Response<AttachProviderResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn detach_provider(
+        &self,
+        _: Request<DetachProviderRequest>,
+    ) -> Result<Response<AttachProviderResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
     async fn health(&self, _: Request<HealthRequest>) -> Result<Response<HealthResponse>, Status> {
         Err(Status::unimplemented("fake"))
     }
@@ -412,6 +455,7 @@ async fn session_relays_and_shutdown() {
     assert_eq!(session.hello.sandbox_id, "sandbox-1");
     assert_eq!(session.hello.connection_epoch, 1);
     assert!(session.hello.supports_session_redirect);
+    assert!(session.hello.supports_config_push);
     assert!(!session.hello.redirected);
     uuid::Uuid::parse_str(&session.hello.instance_id).expect("instance id is a UUID");
     session.accept().await;

@@ -152,6 +152,7 @@ impl Gateway {
             .env_remove("OPENSHELL_GATEWAY_TOKENS")
             .env_remove("OPENSHELL_DATABASE_URL")
             .env_remove("OPENSHELL_PEER_TOKEN")
+            .env_remove("OPENSHELL_CONFIG_DELIVERY_MODE")
             .env(
                 "RUST_LOG",
                 std::env::var("OPENSHELL_TEST_LOG").unwrap_or_else(|_| "info".into()),
@@ -237,6 +238,13 @@ impl Gateway {
             let _ = child.kill();
             let _ = child.wait();
         }
+    }
+
+    /// Replaces the further `serve` arguments used by the next
+    /// [`restart`](Self::restart) (for example another
+    /// `--config-delivery-mode`).
+    pub fn set_extra_args(&mut self, args: Vec<String>) {
+        self.options.extra_args = args;
     }
 
     /// Starts the gateway again on the same address and data directory.

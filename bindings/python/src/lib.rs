@@ -1,0 +1,89 @@
+//! `openshell_sdk._native`: the Python binding of the OpenShell core client
+//! (`openshell-sdk`). The idiomatic API (`AsyncClient`, `Client`, errors,
+//! dataclasses, typed raw stubs) is Python code in `sdk-python`; this module
+//! is the thin layer under it.
+//!
+//! # What crosses the boundary
+//!
+//! - a client handle ([`client::NativeClient`]) built from a configuration
+//!   (endpoint, token or a Python token-provider callable, CA PEM, timeouts);
+//! - the raw boundary: a unary call (path, request bytes, metadata, timeout)
+//!   -> (response bytes, response metadata), and a stream handle (send, recv,
+//!   close_send, cancel, response metadata, trailers);
+//! - curated operations whose data plane stays in Rust: sandbox lifecycle,
+//!   buffered exec (output collected in Rust), streaming exec (events in
+//!   batches), interactive exec, forward (listener and byte pumps in Rust;
+//!   Python holds a handle with the local address, stats and close).
+//!
+//! Protobuf messages cross as `bytes` and are `protobuf` objects in Python.
+//!
+//! # Runtime ownership
+//!
+//! The module owns one tokio runtime per process, built on first use
+//! ([`runtime`]). It is not pyo3-async-runtimes' global runtime: that one
+//! cannot be replaced after `fork()`, ours is rebuilt in a forked child.
+//!
+//! # GIL
+//!
+//! No tokio task holds the GIL while it waits: futures run without it, and
+//! results are converted on a blocking thread that takes it only then. The
+//! few synchronous calls that wait (building a client) release it first.
+//! Token-provider callbacks take the GIL on a blocking thread, never on a
+//! worker.
+//!
+//! # Cancellation
+//!
+//! Cancelling the asyncio task that awaits a call drops the Rust future,
+//! which cancels the RPC (for exec, the gateway then kills the process
+//! group). Dropping a handle cancels its stream; `NativeClient.close()`
+//! cancels everything the client started.
+//!
+//! # Panics and errors
+//!
+//! pyo3 turns a panic in an exported function into `PanicException`, and
+//! pyo3-async-runtimes turns a panic in a spawned future into `RustPanic`:
+//! no unwind crosses into Python. Core errors become the exception classes
+//! of `openshell_sdk.errors` ([`errors`]), with `.code` (the core's string
+//! code) and `.grpc_status`.
+
+mod client;
+mod errors;
+mod handles;
+mod runtime;
+mod token;
+
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+
+/// `{"pid": ..., "runtime_builds": ...}`: the process and how many runtimes
+/// this module has built in it and its ancestors (a forked child that used
+/// the module shows one more than its parent).
+#[pyfunction]
+fn runtime_info(py: Python<'_>) -> PyResult<Bound<'_, PyDict>> {
+    let (pid, builds) = runtime::info();
+    let dict = PyDict::new(py);
+    dict.set_item("pid", pid)?;
+    dict.set_item("runtime_builds", builds)?;
+    Ok(dict)
+}
+
+/// Stops the runtime before the interpreter is torn down (registered with
+/// `atexit` by `openshell_sdk`): calls still running are cancelled.
+#[pyfunction]
+fn _shutdown_runtime(py: Python<'_>) {
+    runtime::shutdown(py);
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+    m.add_class::<client::NativeClient>()?;
+    m.add_class::<handles::ExecStreamHandle>()?;
+    m.add_class::<handles::InteractiveHandle>()?;
+    m.add_class::<handles::WatchHandle>()?;
+    m.add_class::<handles::NativeForward>()?;
+    m.add_class::<handles::RawStreamHandle>()?;
+    m.add_function(wrap_pyfunction!(runtime_info, m)?)?;
+    m.add_function(wrap_pyfunction!(_shutdown_runtime, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,1174 @@
+//! The configuration model: sandbox and global policy and settings, and a
+//! minimal provider model (named environment sets attached to sandboxes).
+//!
+//! - **Writes** (`UpdateConfig`, provider create/update/attach/detach) run
+//!   in one store transaction each. A write that changes nothing commits
+//!   nothing. Each answers the [`Scope`] it affects, computed after the
+//!   commit, which the caller hands to config delivery as a dirty mark
+//!   (seed 002, "who marks what").
+//! - **Reads** load every input of a sandbox's configuration in one
+//!   consistent read transaction ([`ConfigModel::load`]) and build the full
+//!   `GetSandboxConfigResponse` and, only when asked, the provider
+//!   environment it names. Polling RPCs and pushed updates use the same
+//!   builder, so both modes deliver identical snapshots.
+//! - **Fingerprints** ([`fingerprint`]) identify a whole update's content
+//!   (SHA-256 with a domain string; maps in sorted order). They may cover
+//!   credentials, so they live in memory only.
+//!
+//! Effective configuration: a global policy, when one was ever set,
+//! overrides the sandbox's (`policy_source` GLOBAL); a global setting
+//! overrides a sandbox setting of the same key. `config_revision` is the sum
+//! of the four monotonic counters it depends on (sandbox and global policy
+//! versions and settings revisions), so it increases with every change.
+//!
+//! Providers take revisions from one counter (`provider_seq`), and so do
+//! attachment epochs; a sandbox's `provider_env_revision` is the largest of
+//! its epoch and its attached providers' revisions, which makes it increase
+//! on every provider change it can see, detaches included. Provider
+//! environment values are secrets: never logged, never in an error.
+
+use std::collections::BTreeMap;
+use std::time::{Duration, Instant};
+
+use openshell_proto::sandbox::{
+    EffectiveSetting, GetSandboxConfigResponse, NetworkPolicyRule, PolicySource, SandboxPolicy,
+    SettingScope, SettingValue, setting_value,
+};
+use openshell_proto::{
+    AttachProviderResponse, GetSandboxProviderEnvironmentResponse, Provider, Sandbox, SandboxPhase,
+    UpdateConfigRequest, UpdateConfigResponse,
+};
+use prost::Message;
+use sha2::{Digest, Sha256};
+use sqlx::{AssertSqlSafe, Row};
+use tonic::Status;
+
+use crate::sandboxes::{id_of, phase_of, store_status};
+use crate::store::{Store, StoreError};
+use crate::validate;
+
+/// The global scope's owner key.
+const GLOBAL: &str = "";
+pub const MAX_RULES: usize = 256;
+pub const MAX_ENDPOINTS: usize = 64;
+pub const MAX_BINARIES: usize = 64;
+pub const MAX_SETTINGS: usize = 256;
+pub const MAX_PROVIDERS_PER_SANDBOX: usize = 32;
+const MAX_SETTING_STRING: usize = 16 * 1024;
+const MAX_SETTING_BYTES: usize = 64 * 1024;
+const MAX_ENV_VALUE: usize = 32 * 1024;
+const MAX_KEY_LEN: usize = 128;
+const PROTOCOLS: [&str; 6] = ["", "tcp", "rest", "http", "https", "grpc"];
+
+/// Deadline of loading inputs and building the sandbox configuration.
+pub const CONFIG_BUILD_TIMEOUT: Duration = Duration::from_secs(5);
+/// Deadline of building a provider environment.
+pub const ENV_BUILD_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// Which sessions a committed write affects.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum Scope {
+    /// Sandbox policy or settings, provider attach or detach.
+    Sandbox(String),
+    /// A provider record changed: every sandbox attaching it.
+    Provider(String),
+    /// Global policy or settings: every connected session.
+    All,
+}
+
+/// What names a provider environment: it is rebuilt only when this changes.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct EnvIdentity {
+    pub provider_env_revision: u64,
+    pub provider_attachment_epoch: String,
+    pub policy_hash: String,
+}
+
+impl EnvIdentity {
+    pub fn of(config: &GetSandboxConfigResponse) -> Self {
+        Self {
+            provider_env_revision: config.provider_env_revision,
+            provider_attachment_epoch: config.provider_attachment_epoch.clone(),
+            policy_hash: config.policy_hash.clone(),
+        }
+    }
+}
+
+/// One load of a sandbox's configuration.
+#[derive(Debug, Clone)]
+pub struct Loaded {
+    pub config: GetSandboxConfigResponse,
+    /// Present when the caller asked for the environment.
+    pub environment: Option<GetSandboxProviderEnvironmentResponse>,
+    /// Time spent on the sandbox configuration and on the environment.
+    pub config_time: Duration,
+    pub env_time: Duration,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BuildError {
+    #[error("sandbox not found")]
+    NotFound,
+    #[error("{0}")]
+    Store(#[from] StoreError),
+    #[error("sandbox configuration build timed out")]
+    ConfigTimeout,
+    #[error("provider environment build timed out")]
+    EnvTimeout,
+}
+
+impl BuildError {
+    pub fn status(self) -> Status {
+        match self {
+            BuildError::NotFound => Status::not_found("sandbox not found"),
+            BuildError::Store(err) => store_status(err),
+            BuildError::ConfigTimeout | BuildError::EnvTimeout => {
+                Status::unavailable("configuration store is slow; try again")
+            }
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct ConfigModel {
+    pub store: Store,
+}
+
+/// A scope row.
+#[derive(Debug, Default, Clone)]
+struct ScopeRow {
+    policy_version: i64,
+    policy: Vec<u8>,
+    policy_hash: String,
+    settings_revision: i64,
+}
+
+// ------------------------------------------------------------ validation
+
+fn key_ok(key: &str) -> bool {
+    let mut bytes = key.bytes();
+    !key.is_empty()
+        && key.len() <= MAX_KEY_LEN
+        && bytes.next().is_some_and(|b| b.is_ascii_alphanumeric())
+        && bytes.all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-'))
+}
+
+fn host_ok(host: &str) -> bool {
+    !host.is_empty()
+        && host.len() <= 253
+        && host
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'-' | b'_' | b'*' | b':'))
+}
+
+/// Checks a policy and returns it normalised: rule names filled from their
+/// keys, version cleared (the store assigns it).
+pub fn validate_policy(policy: &SandboxPolicy) -> Result<SandboxPolicy, Status> {
+    if policy.network_policies.len() > MAX_RULES {
+        return Err(Status::invalid_argument(format!(
+            "policy has {} network rules; the limit is {MAX_RULES}",
+            policy.network_policies.len()
+        )));
+    }
+    let mut out = SandboxPolicy::default();
+    for (key, rule) in &policy.network_policies {
+        if !key_ok(key) {
+            let shown: String = key.chars().take(64).collect();
+            return Err(Status::invalid_argument(format!(
+                "network rule name {shown:?} is invalid: 1..{MAX_KEY_LEN} of [A-Za-z0-9_.-], \
+                 starting with a letter or digit"
+            )));
+        }
+        if !rule.name.is_empty() && rule.name != *key {
+            return Err(Status::invalid_argument(format!(
+                "network_policies[{key:?}].name must be empty or equal its key"
+            )));
+        }
+        if rule.endpoints.is_empty() {
+            return Err(Status::invalid_argument(format!(
+                "network_policies[{key:?}] needs at least one endpoint"
+            )));
+        }
+        if rule.endpoints.len() > MAX_ENDPOINTS || rule.binaries.len() > MAX_BINARIES {
+            return Err(Status::invalid_argument(format!(
+                "network_policies[{key:?}]: at most {MAX_ENDPOINTS} endpoints and \
+                 {MAX_BINARIES} binaries"
+            )));
+        }
+        for (i, endpoint) in rule.endpoints.iter().enumerate() {
+            if !host_ok(&endpoint.host) {
+                return Err(Status::invalid_argument(format!(
+                    "network_policies[{key:?}].endpoints[{i}].host must be a host name, \
+                     address or wildcard (1..253 of [A-Za-z0-9.-_*:])"
+                )));
+            }
+            if endpoint.port == 0 || endpoint.port > 65535 {
+                return Err(Status::invalid_argument(format!(
+                    "network_policies[{key:?}].endpoints[{i}].port {} is out of range (1..65535)",
+                    endpoint.port
+                )));
+            }
+            if !PROTOCOLS.contains(&endpoint.protocol.as_str()) {
+                return Err(Status::invalid_argument(format!(
+                    "network_policies[{key:?}].endpoints[{i}].protocol must be one of \
+                     tcp, rest, http, https, grpc (or empty)"
+                )));
+            }
+        }
+        for (i, binary) in rule.binaries.iter().enumerate() {
+            if !binary.path.starts_with('/')
+                || binary.path.len() > 4096
+                || binary.path.contains('\0')
+            {
+                return Err(Status::invalid_argument(format!(
+                    "network_policies[{key:?}].binaries[{i}].path must be an absolute path"
+                )));
+            }
+        }
+        out.network_policies.insert(
+            key.clone(),
+            NetworkPolicyRule {
+                name: key.clone(),
+                endpoints: rule.endpoints.clone(),
+                binaries: rule.binaries.clone(),
+            },
+        );
+    }
+    Ok(out)
+}
+
+fn validate_setting(key: &str, value: Option<&SettingValue>, delete: bool) -> Result<(), Status> {
+    if !key_ok(key) {
+        let shown: String = key.chars().take(64).collect();
+        return Err(Status::invalid_argument(format!(
+            "setting_key {shown:?} is invalid: 1..{MAX_KEY_LEN} of [A-Za-z0-9_.-], starting \
+             with a letter or digit"
+        )));
+    }
+    if delete {
+        if value.is_some() {
+            return Err(Status::invalid_argument(
+                "delete_setting takes no setting_value",
+            ));
+        }
+        return Ok(());
+    }
+    match value.and_then(|v| v.value.as_ref()) {
+        None => Err(Status::invalid_argument(
+            "setting_value is required (or set delete_setting)",
+        )),
+        Some(setting_value::Value::StringValue(s)) if s.len() > MAX_SETTING_STRING => {
+            Err(Status::invalid_argument(format!(
+                "setting_value is {} bytes; string values are limited to {MAX_SETTING_STRING}",
+                s.len()
+            )))
+        }
+        Some(setting_value::Value::BytesValue(b)) if b.len() > MAX_SETTING_BYTES => {
+            Err(Status::invalid_argument(format!(
+                "setting_value is {} bytes; bytes values are limited to {MAX_SETTING_BYTES}",
+                b.len()
+            )))
+        }
+        Some(_) => Ok(()),
+    }
+}
+
+/// Provider names follow sandbox names (DNS labels).
+fn validate_provider(provider: Option<&Provider>) -> Result<&Provider, Status> {
+    let provider = provider.ok_or_else(|| Status::invalid_argument("provider is required"))?;
+    provider_name(&provider.name)?;
+    validate::environment("provider.environment", &provider.environment)?;
+    if let Some((key, _)) = provider
+        .environment
+        .iter()
+        .find(|(_, v)| v.len() > MAX_ENV_VALUE || v.contains('\0'))
+    {
+        return Err(Status::invalid_argument(format!(
+            "provider.environment[{key:?}]: values must be at most {MAX_ENV_VALUE} bytes \
+             without NUL"
+        )));
+    }
+    Ok(provider)
+}
+
+fn provider_name(name: &str) -> Result<(), Status> {
+    if name.is_empty() {
+        return Err(Status::invalid_argument("provider name is required"));
+    }
+    validate::sandbox_name(name).map_err(|_| {
+        Status::invalid_argument(
+            "provider name must be a DNS label (1..63 of [a-z0-9-], starting and ending with \
+             a letter or digit)",
+        )
+    })
+}
+
+// ------------------------------------------------------------ hashing
+
+/// SHA-256 (hex) of a normalised policy (version excluded).
+pub fn policy_hash(policy: &SandboxPolicy) -> String {
+    let mut unversioned = policy.clone();
+    unversioned.version = 0;
+    let mut hasher = Sha256::new();
+    hasher.update(b"openshell.policy.v1\0");
+    hasher.update(unversioned.encode_to_vec());
+    hex::encode(hasher.finalize())
+}
+
+fn put(hasher: &mut Sha256, bytes: &[u8]) {
+    hasher.update((bytes.len() as u64).to_be_bytes());
+    hasher.update(bytes);
+}
+
+/// Identifies the content of an update (both parts). Covers secrets: keep
+/// it in memory.
+pub fn fingerprint(
+    config: &GetSandboxConfigResponse,
+    env: &GetSandboxProviderEnvironmentResponse,
+) -> [u8; 32] {
+    let mut hasher = Sha256::new();
+    hasher.update(b"openshell.config-update.v1\0");
+    // The configuration's maps are ordered (BTreeMap): its encoding is stable.
+    put(&mut hasher, &config.encode_to_vec());
+    let mut entries: Vec<(&String, &String)> = env.environment.iter().collect();
+    entries.sort();
+    hasher.update((entries.len() as u64).to_be_bytes());
+    for (key, value) in entries {
+        put(&mut hasher, key.as_bytes());
+        put(&mut hasher, value.as_bytes());
+    }
+    hasher.update(env.provider_env_revision.to_be_bytes());
+    put(&mut hasher, env.provider_attachment_epoch.as_bytes());
+    put(&mut hasher, env.policy_hash.as_bytes());
+    hasher.finalize().into()
+}
+
+// ------------------------------------------------------------ the model
+
+fn placeholders(from: usize, count: usize) -> String {
+    (from..from + count)
+        .map(|n| format!("${n}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+fn ensure_not_deleting(sandbox: &Sandbox) -> Result<(), Status> {
+    if phase_of(sandbox) == SandboxPhase::Deleting {
+        return Err(Status::failed_precondition("sandbox is being deleted"));
+    }
+    Ok(())
+}
+
+type Tx = sqlx::Transaction<'static, sqlx::Any>;
+
+impl ConfigModel {
+    pub fn new(store: Store) -> Self {
+        Self { store }
+    }
+
+    async fn scope_row(
+        &self,
+        tx: &mut Tx,
+        owner: &str,
+        lock: bool,
+    ) -> Result<ScopeRow, StoreError> {
+        let sql = format!(
+            "SELECT policy_version, policy, policy_hash, settings_revision FROM config_scopes \
+             WHERE owner = $1{}",
+            if lock {
+                self.store.dialect().lock_row()
+            } else {
+                ""
+            }
+        );
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(owner)
+            .fetch_optional(&mut **tx)
+            .await?;
+        Ok(row
+            .map(|r| ScopeRow {
+                policy_version: r.get(0),
+                policy: r.get(1),
+                policy_hash: r.get(2),
+                settings_revision: r.get(3),
+            })
+            .unwrap_or_default())
+    }
+
+    async fn save_scope(&self, tx: &mut Tx, owner: &str, row: &ScopeRow) -> Result<(), StoreError> {
+        sqlx::query(
+            "INSERT INTO config_scopes (owner, policy_version, policy, policy_hash, settings_revision)
+             VALUES ($1, $2, $3, $4, $5)
+             ON CONFLICT (owner) DO UPDATE SET policy_version = $6, policy = $7,
+                policy_hash = $8, settings_revision = $9",
+        )
+        .bind(owner)
+        .bind(row.policy_version)
+        .bind(row.policy.clone())
+        .bind(&row.policy_hash)
+        .bind(row.settings_revision)
+        .bind(row.policy_version)
+        .bind(row.policy.clone())
+        .bind(&row.policy_hash)
+        .bind(row.settings_revision)
+        .execute(&mut **tx)
+        .await?;
+        Ok(())
+    }
+
+    /// The sandbox row, locked for the transaction.
+    async fn locked_sandbox(&self, tx: &mut Tx, id: &str) -> Result<Option<Sandbox>, StoreError> {
+        let sql = format!(
+            "SELECT record FROM sandboxes WHERE id = $1{}",
+            self.store.dialect().lock_row()
+        );
+        let row = sqlx::query(AssertSqlSafe(sql))
+            .bind(id)
+            .fetch_optional(&mut **tx)
+            .await?;
+        match row {
+            Some(row) => Ok(Some(Sandbox::decode(row.get::<Vec<u8>, _>(0).as_slice())?)),
+            None => Ok(None),
+        }
+    }
+
+    async fn next_provider_seq(&self, tx: &mut Tx) -> Result<i64, StoreError> {
+        sqlx::query(
+            "INSERT INTO config_counters (name, value) VALUES ('provider_seq', 0)
+             ON CONFLICT (name) DO NOTHING",
+        )
+        .execute(&mut **tx)
+        .await?;
+        sqlx::query("UPDATE config_counters SET value = value + 1 WHERE name = 'provider_seq'")
+            .execute(&mut **tx)
+            .await?;
+        let row = sqlx::query("SELECT value FROM config_counters WHERE name = 'provider_seq'")
+            .fetch_one(&mut **tx)
+            .await?;
+        Ok(row.get(0))
+    }
+
+    async fn sandbox_id_by_name(&self, name: &str) -> Result<String, Status> {
+        validate::sandbox_name(name)?;
+        match self.store.get_by_name(name).await {
+            Ok(stored) => Ok(id_of(&stored.sandbox).to_owned()),
+            Err(StoreError::NotFound) => {
+                Err(Status::not_found(format!("sandbox {name:?} not found")))
+            }
+            Err(err) => Err(store_status(err)),
+        }
+    }
+
+    // -------------------------------------------------------- UpdateConfig
+
+    /// Validates, then writes a policy or one setting of a sandbox or the
+    /// global scope. Returns the answer and the scope to mark (None when
+    /// nothing changed).
+    pub async fn update_config(
+        &self,
+        req: UpdateConfigRequest,
+    ) -> Result<(UpdateConfigResponse, Option<Scope>), Status> {
+        // Shape first: nothing is read or written for a malformed request.
+        if req.global && !req.sandbox.is_empty() {
+            return Err(Status::invalid_argument(
+                "a global update names no sandbox (clear sandbox or global)",
+            ));
+        }
+        if !req.global && req.sandbox.is_empty() {
+            return Err(Status::invalid_argument(
+                "sandbox is required (or set global)",
+            ));
+        }
+        let setting = !req.setting_key.is_empty();
+        match (req.policy.is_some(), setting) {
+            (true, true) => {
+                return Err(Status::invalid_argument(
+                    "set either policy or setting_key, not both",
+                ));
+            }
+            (false, false) => {
+                if req.delete_setting || req.setting_value.is_some() {
+                    return Err(Status::invalid_argument(
+                        "setting_key is required with setting_value or delete_setting",
+                    ));
+                }
+                return Err(Status::invalid_argument(
+                    "nothing to update: set policy or setting_key",
+                ));
+            }
+            (true, false) if req.delete_setting || req.setting_value.is_some() => {
+                return Err(Status::invalid_argument(
+                    "setting_value and delete_setting need setting_key, not policy",
+                ));
+            }
+            _ => {}
+        }
+        let policy = match &req.policy {
+            Some(policy) => {
+                let policy = validate_policy(policy)?;
+                if policy.encoded_len() > 1024 * 1024 {
+                    return Err(Status::invalid_argument("policy is larger than 1 MiB"));
+                }
+                Some(policy)
+            }
+            None => None,
+        };
+        if setting {
+            validate_setting(
+                &req.setting_key,
+                req.setting_value.as_ref(),
+                req.delete_setting,
+            )?;
+        }
+        let owner = if req.global {
+            GLOBAL.to_owned()
+        } else {
+            self.sandbox_id_by_name(&req.sandbox).await?
+        };
+
+        let mut tx = self.store.begin_write().await.map_err(store_status)?;
+        if !req.global {
+            match self
+                .locked_sandbox(&mut tx, &owner)
+                .await
+                .map_err(store_status)?
+            {
+                Some(sandbox) => ensure_not_deleting(&sandbox)?,
+                None => {
+                    return Err(Status::not_found(format!(
+                        "sandbox {:?} not found",
+                        req.sandbox
+                    )));
+                }
+            }
+        }
+        let mut row = self
+            .scope_row(&mut tx, &owner, true)
+            .await
+            .map_err(store_status)?;
+        let mut changed = false;
+        let mut deleted = false;
+        if let Some(mut policy) = policy {
+            let hash = policy_hash(&policy);
+            if row.policy_version == 0 || row.policy_hash != hash {
+                row.policy_version += 1;
+                policy.version = row.policy_version as u32;
+                row.policy = policy.encode_to_vec();
+                row.policy_hash = hash;
+                changed = true;
+            }
+        } else {
+            let existing =
+                sqlx::query("SELECT value FROM config_settings WHERE owner = $1 AND key = $2")
+                    .bind(&owner)
+                    .bind(&req.setting_key)
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(|e| store_status(e.into()))?
+                    .map(|r| r.get::<Vec<u8>, _>(0));
+            if req.delete_setting {
+                if existing.is_some() {
+                    sqlx::query("DELETE FROM config_settings WHERE owner = $1 AND key = $2")
+                        .bind(&owner)
+                        .bind(&req.setting_key)
+                        .execute(&mut *tx)
+                        .await
+                        .map_err(|e| store_status(e.into()))?;
+                    changed = true;
+                    deleted = true;
+                }
+            } else {
+                let value = req
+                    .setting_value
+                    .as_ref()
+                    .expect("validated")
+                    .encode_to_vec();
+                if existing.as_ref() != Some(&value) {
+                    if existing.is_none() {
+                        let count =
+                            sqlx::query("SELECT COUNT(*) FROM config_settings WHERE owner = $1")
+                                .bind(&owner)
+                                .fetch_one(&mut *tx)
+                                .await
+                                .map_err(|e| store_status(e.into()))?
+                                .get::<i64, _>(0);
+                        if count as usize >= MAX_SETTINGS {
+                            return Err(Status::resource_exhausted(format!(
+                                "the scope already has {MAX_SETTINGS} settings"
+                            )));
+                        }
+                    }
+                    sqlx::query(
+                        "INSERT INTO config_settings (owner, key, value) VALUES ($1, $2, $3)
+                         ON CONFLICT (owner, key) DO UPDATE SET value = $4",
+                    )
+                    .bind(&owner)
+                    .bind(&req.setting_key)
+                    .bind(value.clone())
+                    .bind(value)
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| store_status(e.into()))?;
+                    changed = true;
+                }
+            }
+            if changed {
+                row.settings_revision += 1;
+            }
+        }
+        if changed {
+            self.save_scope(&mut tx, &owner, &row)
+                .await
+                .map_err(store_status)?;
+            tx.commit().await.map_err(|e| store_status(e.into()))?;
+        } else {
+            drop(tx);
+        }
+        let response = UpdateConfigResponse {
+            version: row.policy_version as u32,
+            policy_hash: row.policy_hash.clone(),
+            settings_revision: row.settings_revision as u64,
+            deleted,
+        };
+        let scope = match (changed, req.global) {
+            (false, _) => None,
+            (true, true) => Some(Scope::All),
+            (true, false) => Some(Scope::Sandbox(owner)),
+        };
+        Ok((response, scope))
+    }
+
+    // -------------------------------------------------------- providers
+
+    fn public_view(provider: &Provider) -> Provider {
+        let mut keys: Vec<String> = provider.environment.keys().cloned().collect();
+        keys.sort();
+        Provider {
+            name: provider.name.clone(),
+            environment: Default::default(),
+            revision: provider.revision,
+            environment_keys: keys,
+        }
+    }
+
+    pub async fn create_provider(&self, provider: Option<Provider>) -> Result<Provider, Status> {
+        let provider = validate_provider(provider.as_ref())?;
+        let mut tx = self.store.begin_write().await.map_err(store_status)?;
+        let exists = sqlx::query("SELECT name FROM providers WHERE name = $1")
+            .bind(&provider.name)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(|e| store_status(e.into()))?;
+        if exists.is_some() {
+            return Err(Status::already_exists(format!(
+                "provider {:?} already exists",
+                provider.name
+            )));
+        }
+        let revision = self
+            .next_provider_seq(&mut tx)
+            .await
+            .map_err(store_status)?;
+        let record = Provider {
+            name: provider.name.clone(),
+            environment: provider.environment.clone(),
+            revision: revision as u64,
+            environment_keys: Vec::new(),
+        };
+        sqlx::query("INSERT INTO providers (name, record, revision) VALUES ($1, $2, $3)")
+            .bind(&record.name)
+            .bind(record.encode_to_vec())
+            .bind(revision)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| match StoreError::from(e) {
+                StoreError::Db(sqlx::Error::Database(d)) if d.is_unique_violation() => {
+                    Status::already_exists(format!("provider {:?} already exists", record.name))
+                }
+                other => store_status(other),
+            })?;
+        tx.commit().await.map_err(|e| store_status(e.into()))?;
+        tracing::info!(provider = record.name, revision, "provider created");
+        Ok(Self::public_view(&record))
+    }
+
+    /// Replaces a provider's environment. Marks every sandbox attaching it.
+    pub async fn update_provider(
+        &self,
+        provider: Option<Provider>,
+    ) -> Result<(Provider, Option<Scope>), Status> {
+        let provider = validate_provider(provider.as_ref())?;
+        let mut tx = self.store.begin_write().await.map_err(store_status)?;
+        let sql = format!(
+            "SELECT record FROM providers WHERE name = $1{}",
+            self.store.dialect().lock_row()
+        );
+        let existing = sqlx::query(AssertSqlSafe(sql))
+            .bind(&provider.name)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(|e| store_status(e.into()))?
+            .ok_or_else(|| Status::not_found(format!("provider {:?} not found", provider.name)))?;
+        let existing = Provider::decode(existing.get::<Vec<u8>, _>(0).as_slice())
+            .map_err(|e| store_status(e.into()))?;
+        if existing.environment == provider.environment {
+            return Ok((Self::public_view(&existing), None));
+        }
+        let revision = self
+            .next_provider_seq(&mut tx)
+            .await
+            .map_err(store_status)?;
+        let record = Provider {
+            name: provider.name.clone(),
+            environment: provider.environment.clone(),
+            revision: revision as u64,
+            environment_keys: Vec::new(),
+        };
+        sqlx::query("UPDATE providers SET record = $1, revision = $2 WHERE name = $3")
+            .bind(record.encode_to_vec())
+            .bind(revision)
+            .bind(&record.name)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| store_status(e.into()))?;
+        tx.commit().await.map_err(|e| store_status(e.into()))?;
+        tracing::info!(provider = record.name, revision, "provider updated");
+        Ok((
+            Self::public_view(&record),
+            Some(Scope::Provider(record.name.clone())),
+        ))
+    }
+
+    /// Attaches (or detaches) a provider. Returns the answer, the updated
+    /// sandbox (for watchers) and the scope to mark.
+    pub async fn set_attachment(
+        &self,
+        sandbox: &str,
+        provider: &str,
+        attach: bool,
+    ) -> Result<(AttachProviderResponse, Sandbox, Scope), Status> {
+        provider_name(provider)?;
+        let id = self.sandbox_id_by_name(sandbox).await?;
+        let mut tx = self.store.begin_write().await.map_err(store_status)?;
+        let mut record = self
+            .locked_sandbox(&mut tx, &id)
+            .await
+            .map_err(store_status)?
+            .ok_or_else(|| Status::not_found(format!("sandbox {sandbox:?} not found")))?;
+        ensure_not_deleting(&record)?;
+        let exists = sqlx::query("SELECT name FROM providers WHERE name = $1")
+            .bind(provider)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(|e| store_status(e.into()))?
+            .is_some();
+        let spec = record.spec.get_or_insert_with(Default::default);
+        let attached = spec.providers.iter().any(|p| p == provider);
+        if attach {
+            if !exists {
+                return Err(Status::not_found(format!(
+                    "provider {provider:?} not found"
+                )));
+            }
+            if attached {
+                return Err(Status::already_exists(format!(
+                    "provider {provider:?} is already attached to sandbox {sandbox:?}"
+                )));
+            }
+            if spec.providers.len() >= MAX_PROVIDERS_PER_SANDBOX {
+                return Err(Status::resource_exhausted(format!(
+                    "a sandbox holds at most {MAX_PROVIDERS_PER_SANDBOX} providers"
+                )));
+            }
+            spec.providers.push(provider.to_owned());
+        } else {
+            if !attached {
+                return Err(Status::not_found(format!(
+                    "provider {provider:?} is not attached to sandbox {sandbox:?}"
+                )));
+            }
+            spec.providers.retain(|p| p != provider);
+        }
+        let epoch = self
+            .next_provider_seq(&mut tx)
+            .await
+            .map_err(store_status)?;
+        spec.provider_attachment_epoch = epoch.to_string();
+        let meta = record.metadata.get_or_insert_with(Default::default);
+        meta.resource_version += 1;
+        let version = meta.resource_version as i64;
+        sqlx::query("UPDATE sandboxes SET record = $1, resource_version = $2 WHERE id = $3")
+            .bind(record.encode_to_vec())
+            .bind(version)
+            .bind(&id)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| store_status(e.into()))?;
+        self.store
+            .record_event(&mut tx, &id, false)
+            .await
+            .map_err(store_status)?;
+        tx.commit().await.map_err(|e| store_status(e.into()))?;
+        let spec = record.spec.as_ref().expect("set above");
+        tracing::info!(
+            sandbox_id = id,
+            provider,
+            attach,
+            epoch,
+            "provider attachment changed"
+        );
+        Ok((
+            AttachProviderResponse {
+                providers: spec.providers.clone(),
+                provider_attachment_epoch: spec.provider_attachment_epoch.clone(),
+            },
+            record,
+            Scope::Sandbox(id),
+        ))
+    }
+
+    /// Ids of the sandboxes attaching `provider` (read after the write
+    /// committed, so an attach that committed before it is seen).
+    pub async fn sandboxes_attaching(&self, provider: &str) -> Result<Vec<String>, StoreError> {
+        Ok(self
+            .store
+            .all()
+            .await?
+            .into_iter()
+            .filter(|s| {
+                s.sandbox
+                    .spec
+                    .as_ref()
+                    .is_some_and(|spec| spec.providers.iter().any(|p| p == provider))
+            })
+            .map(|s| id_of(&s.sandbox).to_owned())
+            .collect())
+    }
+
+    // -------------------------------------------------------- reads
+
+    /// Loads every input of a sandbox's configuration in one consistent read
+    /// and builds it. The provider environment is built only when
+    /// `want_env` says so for the identity the configuration names.
+    pub async fn load(
+        &self,
+        sandbox_id: &str,
+        want_env: impl FnOnce(&EnvIdentity) -> bool,
+    ) -> Result<Loaded, BuildError> {
+        let started = Instant::now();
+        // Waiting for a connection counts against the deadline too.
+        let (mut tx, config, providers) = tokio::time::timeout(CONFIG_BUILD_TIMEOUT, async {
+            let mut tx = self.store.begin_read().await?;
+            let (config, providers) = self.load_config(&mut tx, sandbox_id).await?;
+            Ok::<_, BuildError>((tx, config, providers))
+        })
+        .await
+        .map_err(|_| BuildError::ConfigTimeout)??;
+        let config_time = started.elapsed();
+        let identity = EnvIdentity::of(&config);
+        let mut environment = None;
+        let mut env_time = Duration::ZERO;
+        if want_env(&identity) {
+            let env_started = Instant::now();
+            let env = tokio::time::timeout(
+                ENV_BUILD_TIMEOUT,
+                self.load_environment(&mut tx, &providers, &identity),
+            )
+            .await
+            .map_err(|_| BuildError::EnvTimeout)??;
+            env_time = env_started.elapsed();
+            environment = Some(env);
+        }
+        tokio::time::timeout(CONFIG_BUILD_TIMEOUT, tx.commit())
+            .await
+            .map_err(|_| BuildError::ConfigTimeout)?
+            .map_err(StoreError::from)?;
+        Ok(Loaded {
+            config,
+            environment,
+            config_time,
+            env_time,
+        })
+    }
+
+    /// The configuration and the attached provider names (in order).
+    async fn load_config(
+        &self,
+        tx: &mut Tx,
+        sandbox_id: &str,
+    ) -> Result<(GetSandboxConfigResponse, Vec<String>), BuildError> {
+        let row = sqlx::query("SELECT record FROM sandboxes WHERE id = $1")
+            .bind(sandbox_id)
+            .fetch_optional(&mut **tx)
+            .await
+            .map_err(StoreError::from)?
+            .ok_or(BuildError::NotFound)?;
+        let sandbox =
+            Sandbox::decode(row.get::<Vec<u8>, _>(0).as_slice()).map_err(StoreError::from)?;
+        let spec = sandbox.spec.unwrap_or_default();
+        let local = self.scope_row(tx, sandbox_id, false).await?;
+        let global = self.scope_row(tx, GLOBAL, false).await?;
+
+        let mut settings = BTreeMap::new();
+        let rows = sqlx::query(
+            "SELECT owner, key, value FROM config_settings WHERE owner = $1 OR owner = $2",
+        )
+        .bind(sandbox_id)
+        .bind(GLOBAL)
+        .fetch_all(&mut **tx)
+        .await
+        .map_err(StoreError::from)?;
+        // Sandbox values first; global values override them.
+        let mut ordered: Vec<(bool, String, Vec<u8>)> = rows
+            .iter()
+            .map(|r| {
+                let owner: String = r.get(0);
+                (owner == GLOBAL, r.get(1), r.get(2))
+            })
+            .collect();
+        ordered.sort_by_key(|(global, _, _)| *global);
+        for (global, key, value) in ordered {
+            let value = SettingValue::decode(value.as_slice()).map_err(StoreError::from)?;
+            let scope = if global {
+                SettingScope::Global
+            } else {
+                SettingScope::Sandbox
+            };
+            settings.insert(
+                key,
+                EffectiveSetting {
+                    value: Some(value),
+                    scope: scope as i32,
+                },
+            );
+        }
+
+        let (policy_row, source) = if global.policy_version > 0 {
+            (&global, PolicySource::Global)
+        } else {
+            (&local, PolicySource::Sandbox)
+        };
+        let policy = if policy_row.policy.is_empty() {
+            SandboxPolicy::default()
+        } else {
+            SandboxPolicy::decode(policy_row.policy.as_slice()).map_err(StoreError::from)?
+        };
+        let hash = if policy_row.policy_version == 0 {
+            policy_hash(&policy)
+        } else {
+            policy_row.policy_hash.clone()
+        };
+
+        // provider_env_revision: the largest of the attachment epoch and the
+        // attached providers' revisions.
+        let mut provider_env_revision: u64 = spec.provider_attachment_epoch.parse().unwrap_or(0);
+        if !spec.providers.is_empty() {
+            let sql = format!(
+                "SELECT revision FROM providers WHERE name IN ({})",
+                placeholders(1, spec.providers.len())
+            );
+            let mut query = sqlx::query(AssertSqlSafe(sql));
+            for name in &spec.providers {
+                query = query.bind(name.clone());
+            }
+            for row in query.fetch_all(&mut **tx).await.map_err(StoreError::from)? {
+                provider_env_revision = provider_env_revision.max(row.get::<i64, _>(0) as u64);
+            }
+        }
+
+        let config = GetSandboxConfigResponse {
+            policy: Some(policy),
+            version: policy_row.policy_version as u32,
+            policy_hash: hash,
+            settings,
+            config_revision: (local.policy_version
+                + local.settings_revision
+                + global.policy_version
+                + global.settings_revision) as u64,
+            policy_source: source as i32,
+            global_policy_version: global.policy_version as u32,
+            provider_env_revision,
+            provider_attachment_epoch: spec.provider_attachment_epoch.clone(),
+        };
+        Ok((config, spec.providers))
+    }
+
+    /// Resolves the environment of the attached providers, merged in
+    /// attachment order (a later provider's value wins).
+    async fn load_environment(
+        &self,
+        tx: &mut Tx,
+        providers: &[String],
+        identity: &EnvIdentity,
+    ) -> Result<GetSandboxProviderEnvironmentResponse, BuildError> {
+        let mut env = GetSandboxProviderEnvironmentResponse {
+            environment: Default::default(),
+            provider_env_revision: identity.provider_env_revision,
+            provider_attachment_epoch: identity.provider_attachment_epoch.clone(),
+            policy_hash: identity.policy_hash.clone(),
+        };
+        if providers.is_empty() {
+            return Ok(env);
+        }
+        let sql = format!(
+            "SELECT name, record FROM providers WHERE name IN ({})",
+            placeholders(1, providers.len())
+        );
+        let mut query = sqlx::query(AssertSqlSafe(sql));
+        for name in providers {
+            query = query.bind(name.clone());
+        }
+        let mut records = std::collections::HashMap::new();
+        for row in query.fetch_all(&mut **tx).await.map_err(StoreError::from)? {
+            let name: String = row.get(0);
+            let record =
+                Provider::decode(row.get::<Vec<u8>, _>(1).as_slice()).map_err(StoreError::from)?;
+            records.insert(name, record);
+        }
+        for name in providers {
+            if let Some(record) = records.remove(name) {
+                env.environment.extend(record.environment);
+            }
+        }
+        Ok(env)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openshell_proto::sandbox::{NetworkBinary, NetworkEndpoint};
+
+    fn rule(host: &str, port: u32) -> NetworkPolicyRule {
+        NetworkPolicyRule {
+            name: String::new(),
+            endpoints: vec![NetworkEndpoint {
+                host: host.into(),
+                port,
+                protocol: "rest".into(),
+            }],
+            binaries: vec![NetworkBinary {
+                path: "/usr/bin/curl".into(),
+            }],
+        }
+    }
+
+    fn policy(rules: &[(&str, NetworkPolicyRule)]) -> SandboxPolicy {
+        SandboxPolicy {
+            version: 0,
+            network_policies: rules
+                .iter()
+                .map(|(k, r)| (k.to_string(), r.clone()))
+                .collect(),
+        }
+    }
+
+    #[test]
+    fn policies_are_validated_and_normalised() {
+        let ok = validate_policy(&policy(&[("github", rule("api.github.com", 443))])).unwrap();
+        assert_eq!(ok.network_policies["github"].name, "github");
+        for bad in [
+            policy(&[("", rule("a.example", 443))]),
+            policy(&[("bad key", rule("a.example", 443))]),
+            policy(&[("x", rule("", 443))]),
+            policy(&[("x", rule("a b", 443))]),
+            policy(&[("x", rule("a.example", 0))]),
+            policy(&[("x", rule("a.example", 70000))]),
+            policy(&[(
+                "x",
+                NetworkPolicyRule {
+                    endpoints: vec![],
+                    ..rule("a", 1)
+                },
+            )]),
+            policy(&[(
+                "x",
+                NetworkPolicyRule {
+                    name: "y".into(),
+                    ..rule("a", 1)
+                },
+            )]),
+            policy(&[(
+                "x",
+                NetworkPolicyRule {
+                    binaries: vec![NetworkBinary {
+                        path: "curl".into(),
+                    }],
+                    ..rule("a", 1)
+                },
+            )]),
+        ] {
+            assert_eq!(
+                validate_policy(&bad).unwrap_err().code(),
+                tonic::Code::InvalidArgument,
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn policy_hash_ignores_the_version_and_map_order() {
+        let a = policy(&[("a", rule("a.example", 1)), ("b", rule("b.example", 2))]);
+        let mut b = policy(&[("b", rule("b.example", 2)), ("a", rule("a.example", 1))]);
+        b.version = 7;
+        assert_eq!(policy_hash(&a), policy_hash(&b));
+        let c = policy(&[("a", rule("a.example", 1))]);
+        assert_ne!(policy_hash(&a), policy_hash(&c));
+    }
+
+    #[test]
+    fn fingerprints_cover_both_parts() {
+        let config = GetSandboxConfigResponse {
+            config_revision: 3,
+            ..Default::default()
+        };
+        let mut env = GetSandboxProviderEnvironmentResponse::default();
+        env.environment.insert("A".into(), "1".into());
+        env.environment.insert("B".into(), "2".into());
+        let base = fingerprint(&config, &env);
+        // Same content built again: same fingerprint.
+        let mut again = GetSandboxProviderEnvironmentResponse::default();
+        again.environment.insert("B".into(), "2".into());
+        again.environment.insert("A".into(), "1".into());
+        assert_eq!(base, fingerprint(&config, &again));
+        again.environment.insert("A".into(), "changed".into());
+        assert_ne!(base, fingerprint(&config, &again));
+        let newer = GetSandboxConfigResponse {
+            config_revision: 4,
+            ..Default::default()
+        };
+        assert_ne!(base, fingerprint(&newer, &env));
+    }
+
+    #[test]
+    fn settings_are_validated_without_echoing_values() {
+        let value = |v| Some(SettingValue { value: Some(v) });
+        assert!(
+            validate_setting(
+                "log_level",
+                value(setting_value::Value::StringValue("debug".into())).as_ref(),
+                false
+            )
+            .is_ok()
+        );
+        assert!(validate_setting("log_level", None, true).is_ok());
+        let secret = "s3cret-value".repeat(2000);
+        let err = validate_setting(
+            "k",
+            value(setting_value::Value::StringValue(secret)).as_ref(),
+            false,
+        )
+        .unwrap_err();
+        assert!(!err.message().contains("s3cret"));
+        assert!(validate_setting("k", Some(&SettingValue { value: None }), false).is_err());
+        assert!(validate_setting("-k", None, true).is_err());
+        assert!(
+            validate_setting(
+                "k",
+                value(setting_value::Value::BoolValue(true)).as_ref(),
+                true
+            )
+            .is_err()
+        );
+    }
+}

@@ -1,0 +1,151 @@
+"""OpenShell SDK for Python.
+
+Two clients with the same operations:
+
+- :class:`AsyncClient` for asyncio code;
+- :class:`Client` for blocking code (it runs the async client on a private
+  background loop, so you never manage one).
+
+Both are thin layers over the OpenShell core client (Rust, in the
+``_native`` extension module): owner routing, auth refresh, deadlines, and the
+data planes of exec and port forwarding run there. Protobuf message types of
+the wire contract are in :mod:`openshell_sdk.proto`; every RPC is also
+reachable through the typed raw stubs ``client.raw``.
+"""
+
+import atexit as _atexit
+
+from . import _native, errors, types
+from ._async_client import (
+    AsyncClient,
+    AsyncSandboxes,
+    ExecStream,
+    Forward,
+    InteractiveExec,
+    SandboxWatch,
+    TokenProvider,
+)
+from ._native import __version__ as _native_version
+from ._proto import datamodel_pb2, openshell_pb2
+from ._raw_runtime import BidiStream, MethodInfo, RawResponse, ServerStream
+from ._sync_client import (
+    Client,
+    Sandboxes,
+    SyncExecStream,
+    SyncForward,
+    SyncInteractiveExec,
+    SyncSandboxWatch,
+)
+from .errors import (
+    AbortedError,
+    AlreadyExistsError,
+    AuthError,
+    CallCancelledError,
+    ConnectError,
+    DeadlineExceededError,
+    FailedPreconditionError,
+    GrpcStatus,
+    InternalError,
+    InvalidArgumentError,
+    InvalidConfigError,
+    NotFoundError,
+    OpenShellError,
+    OutOfRangeError,
+    OutputLimitError,
+    PermissionDeniedError,
+    ProtocolError,
+    ResourceExhaustedError,
+    StreamClosedError,
+    TlsError,
+    UnauthenticatedError,
+    UnavailableError,
+)
+from .raw import METHODS, AsyncRaw
+from .raw_sync import SyncRaw
+from .types import (
+    DeletionOutcome,
+    ExecEvent,
+    ExecExit,
+    ExecResult,
+    ExecStderr,
+    ExecStdout,
+    ForwardStats,
+    Health,
+    RoutingStats,
+    Sandbox,
+    SandboxPhase,
+    ServiceStatus,
+)
+
+# Stop the native runtime before the interpreter is torn down (see
+# bindings/python/src/runtime.rs): a call completing during finalization
+# would otherwise take the GIL of a dying interpreter.
+_atexit.register(_native._shutdown_runtime)
+
+proto = openshell_pb2
+"""The ``openshell.v1`` message types (``openshell_sdk.proto.GetSandboxRequest``, ...)."""
+
+__version__ = _native_version
+
+__all__ = [
+    "METHODS",
+    "AbortedError",
+    "AlreadyExistsError",
+    "AsyncClient",
+    "AsyncRaw",
+    "AsyncSandboxes",
+    "AuthError",
+    "BidiStream",
+    "CallCancelledError",
+    "Client",
+    "ConnectError",
+    "DeadlineExceededError",
+    "DeletionOutcome",
+    "ExecEvent",
+    "ExecExit",
+    "ExecResult",
+    "ExecStderr",
+    "ExecStdout",
+    "ExecStream",
+    "FailedPreconditionError",
+    "Forward",
+    "ForwardStats",
+    "GrpcStatus",
+    "Health",
+    "InteractiveExec",
+    "InternalError",
+    "InvalidArgumentError",
+    "InvalidConfigError",
+    "MethodInfo",
+    "NotFoundError",
+    "OpenShellError",
+    "OutOfRangeError",
+    "OutputLimitError",
+    "PermissionDeniedError",
+    "ProtocolError",
+    "RawResponse",
+    "ResourceExhaustedError",
+    "RoutingStats",
+    "Sandbox",
+    "SandboxPhase",
+    "SandboxWatch",
+    "Sandboxes",
+    "ServerStream",
+    "ServiceStatus",
+    "StreamClosedError",
+    "SyncExecStream",
+    "SyncForward",
+    "SyncInteractiveExec",
+    "SyncRaw",
+    "SyncSandboxWatch",
+    "TlsError",
+    "TokenProvider",
+    "UnauthenticatedError",
+    "UnavailableError",
+    "__version__",
+    "datamodel_pb2",
+    "errors",
+    "openshell_pb2",
+    "proto",
+    "types",
+]

@@ -1,0 +1,670 @@
+"""The asyncio API: :class:`AsyncClient` and the handles of its operations."""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import inspect
+import os
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from types import TracebackType
+from typing import Any, TypeAlias
+
+from . import _native
+from .raw import AsyncRaw
+from .types import (
+    DeletionOutcome,
+    ExecEvent,
+    ExecExit,
+    ExecResult,
+    ExecStderr,
+    ExecStdout,
+    ForwardStats,
+    Health,
+    RoutingStats,
+    Sandbox,
+    ServiceStatus,
+)
+
+__all__ = [
+    "AsyncClient",
+    "AsyncSandboxes",
+    "ExecStream",
+    "Forward",
+    "InteractiveExec",
+    "SandboxWatch",
+    "TokenProvider",
+]
+
+TokenAnswer: TypeAlias = str | tuple[str, float | None]
+TokenProvider: TypeAlias = Callable[[bool], TokenAnswer | Awaitable[TokenAnswer]]
+"""``provider(force_refresh)`` returns a token, or ``(token, expires_in_seconds)``.
+
+It may be ``async``. The core calls it when it needs a token: once, then again
+when the token expires or the gateway answers ``UNAUTHENTICATED``
+(``force_refresh=True``), never twice at the same time.
+"""
+
+_UNSET: Any = object()
+
+
+def _adapt_provider(
+    provider: TokenProvider, loop_of_client: Callable[[], asyncio.AbstractEventLoop | None]
+) -> Callable[[bool], TokenAnswer]:
+    """The native module calls providers on a worker thread and wants an answer:
+    an async provider runs on the client's loop (or a private one if there is none)."""
+
+    def call(force_refresh: bool) -> TokenAnswer:
+        answer = provider(force_refresh)
+        if not inspect.isawaitable(answer):
+            return answer
+
+        async def wait() -> TokenAnswer:
+            return await answer
+
+        loop = loop_of_client()
+        if loop is None or loop.is_closed() or not loop.is_running():
+            return asyncio.run(wait())
+        return asyncio.run_coroutine_threadsafe(wait(), loop).result(timeout=120)
+
+    return call
+
+
+def _exec_args(
+    sandbox: str,
+    command: Sequence[str],
+    *,
+    workdir: str | None,
+    env: Mapping[str, str] | None,
+    stdin: bytes | str | None,
+    tty: bool,
+    cols: int,
+    rows: int,
+    exec_timeout: float | None,
+    output_limit: int | None,
+) -> dict[str, Any]:
+    if isinstance(command, str | bytes):
+        raise TypeError("command is an argv list, for example ['sh', '-c', 'echo hi']")
+    return {
+        "sandbox": sandbox,
+        "command": list(command),
+        "workdir": workdir,
+        "environment": dict(env or {}),
+        "stdin": stdin.encode() if isinstance(stdin, str) else stdin,
+        "tty": tty,
+        "cols": cols,
+        "rows": rows,
+        "exec_timeout": exec_timeout,
+        "output_limit": output_limit,
+    }
+
+
+def _event(kind: int, data: bytes, exit_code: int) -> ExecEvent:
+    if kind == 1:
+        return ExecStdout(data)
+    if kind == 2:
+        return ExecStderr(data)
+    return ExecExit(exit_code)
+
+
+class _EventSource:
+    """Events of a native exec handle, fetched in batches."""
+
+    def __init__(self) -> None:
+        self._buffer: collections.deque[ExecEvent] = collections.deque()
+        self._ended = False
+        self.exit_code: int | None = None
+
+    async def _fetch(self) -> list[tuple[int, bytes, int]]:
+        raise NotImplementedError
+
+    async def next_event(self) -> ExecEvent | None:
+        while not self._buffer:
+            if self._ended:
+                return None
+            batch = await self._fetch()
+            if not batch:
+                self._ended = True
+                return None
+            self._buffer.extend(_event(*item) for item in batch)
+        event = self._buffer.popleft()
+        if isinstance(event, ExecExit):
+            self.exit_code = event.exit_code
+            self._ended = True
+        return event
+
+    @property
+    def finished(self) -> bool:
+        return self._ended and not self._buffer
+
+
+class ExecStream(_EventSource):
+    """The events of a running command: ``async for event in stream``.
+
+    Yields :class:`ExecStdout` and :class:`ExecStderr` chunks, then exactly one
+    :class:`ExecExit`, which ends the iteration. A stream that breaks raises
+    instead. The command starts when the iteration does. Leaving an
+    ``async with`` block (or :meth:`cancel`) cancels the call, and the gateway
+    kills the process group.
+    """
+
+    def __init__(self, start: Callable[[], Awaitable[_native.ExecStreamHandle]]) -> None:
+        super().__init__()
+        self._start = start
+        self._handle: _native.ExecStreamHandle | None = None
+        self._cancelled = False
+
+    async def _native_handle(self) -> _native.ExecStreamHandle:
+        if self._handle is None:
+            self._handle = await self._start()
+            if self._cancelled:
+                self._handle.cancel()
+        return self._handle
+
+    async def _fetch(self) -> list[tuple[int, bytes, int]]:
+        handle = await self._native_handle()
+        return await handle.next_batch()
+
+    def __aiter__(self) -> ExecStream:
+        return self
+
+    async def __anext__(self) -> ExecEvent:
+        event = await self.next_event()
+        if event is None:
+            raise StopAsyncIteration
+        return event
+
+    async def collect(self) -> ExecResult:
+        """Reads the rest of the stream into an :class:`ExecResult`."""
+        stdout, stderr = bytearray(), bytearray()
+        async for event in self:
+            if isinstance(event, ExecStdout):
+                stdout += event.data
+            elif isinstance(event, ExecStderr):
+                stderr += event.data
+        assert self.exit_code is not None
+        return ExecResult(bytes(stdout), bytes(stderr), self.exit_code)
+
+    def cancel(self) -> None:
+        """Cancels the command's stream. Idempotent."""
+        self._cancelled = True
+        if self._handle is not None:
+            self._handle.cancel()
+
+    async def __aenter__(self) -> ExecStream:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if not self.finished:
+            self.cancel()
+
+
+class InteractiveExec(_EventSource):
+    """A running interactive command: stdin, terminal size and events.
+
+    ``async for event in interactive`` yields output chunks and ends with the
+    :class:`ExecExit` event. :meth:`close_stdin` sends EOF (Ctrl-D on a
+    terminal). Leaving an ``async with`` block cancels the command if it is
+    still running.
+    """
+
+    def __init__(self, handle: _native.InteractiveHandle) -> None:
+        super().__init__()
+        self._handle = handle
+
+    async def _fetch(self) -> list[tuple[int, bytes, int]]:
+        return await self._handle.next_batch()
+
+    async def write(self, data: bytes | str) -> None:
+        """Writes to the process's stdin."""
+        await self._handle.write(data.encode() if isinstance(data, str) else data)
+
+    async def resize(self, cols: int, rows: int) -> None:
+        """Resizes the terminal."""
+        await self._handle.resize(cols, rows)
+
+    def close_stdin(self) -> None:
+        """Closes stdin. Idempotent."""
+        self._handle.close_stdin()
+
+    def cancel(self) -> None:
+        """Cancels the command's stream."""
+        self._handle.cancel()
+
+    def __aiter__(self) -> InteractiveExec:
+        return self
+
+    async def __anext__(self) -> ExecEvent:
+        event = await self.next_event()
+        if event is None:
+            raise StopAsyncIteration
+        return event
+
+    async def wait(self) -> ExecResult:
+        """Reads every remaining event; returns the output and exit code."""
+        stdout, stderr = bytearray(), bytearray()
+        async for event in self:
+            if isinstance(event, ExecStdout):
+                stdout += event.data
+            elif isinstance(event, ExecStderr):
+                stderr += event.data
+        assert self.exit_code is not None
+        return ExecResult(bytes(stdout), bytes(stderr), self.exit_code)
+
+    async def __aenter__(self) -> InteractiveExec:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if not self.finished:
+            self.cancel()
+
+
+class Forward:
+    """A running port forward. The listener and its byte pumps run in the core.
+
+    Connect to :attr:`local_address`; each connection reaches ``remote_port`` on
+    loopback inside the sandbox's host. Use it as a context manager (sync or
+    async) or call :meth:`close`.
+    """
+
+    def __init__(self, handle: _native.NativeForward) -> None:
+        self._handle = handle
+
+    @property
+    def local_address(self) -> tuple[str, int]:
+        """``(host, port)`` of the local listener."""
+        return self._handle.local_address
+
+    @property
+    def host(self) -> str:
+        return self._handle.local_address[0]
+
+    @property
+    def port(self) -> int:
+        return self._handle.local_address[1]
+
+    @property
+    def sandbox(self) -> str:
+        return self._handle.sandbox
+
+    @property
+    def remote_port(self) -> int:
+        return self._handle.remote_port
+
+    @property
+    def closed(self) -> bool:
+        return self._handle.closed
+
+    def stats(self) -> ForwardStats:
+        """Counters: connections and bytes."""
+        return ForwardStats(**self._handle.stats())
+
+    def close(self) -> None:
+        """Stops listening and ends every connection. Idempotent; returns at once."""
+        self._handle.close()
+
+    async def wait_closed(self) -> None:
+        """Waits until every connection has ended (after :meth:`close`)."""
+        await self._handle.wait_closed()
+
+    def __enter__(self) -> Forward:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    async def __aenter__(self) -> Forward:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+        await self.wait_closed()
+
+    def __repr__(self) -> str:
+        host, port = self.local_address
+        return f"Forward({host}:{port} -> {self.sandbox}:{self.remote_port})"
+
+
+class SandboxWatch:
+    """Snapshots of one sandbox: the current state, then every change."""
+
+    def __init__(self, start: Callable[[], Awaitable[_native.WatchHandle]]) -> None:
+        self._start = start
+        self._handle: _native.WatchHandle | None = None
+        self._cancelled = False
+
+    def __aiter__(self) -> SandboxWatch:
+        return self
+
+    async def __anext__(self) -> Sandbox:
+        if self._handle is None:
+            self._handle = await self._start()
+            if self._cancelled:
+                self._handle.cancel()
+        data = await self._handle.next()
+        if data is None:
+            raise StopAsyncIteration
+        return Sandbox.from_bytes(data)
+
+    def cancel(self) -> None:
+        """Ends the watch."""
+        self._cancelled = True
+        if self._handle is not None:
+            self._handle.cancel()
+
+    async def __aenter__(self) -> SandboxWatch:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.cancel()
+
+
+class AsyncSandboxes:
+    """Sandbox lifecycle calls; get it as ``client.sandboxes``."""
+
+    def __init__(self, native: _native.NativeClient) -> None:
+        self._native = native
+
+    async def create(
+        self,
+        name: str | None = None,
+        *,
+        image: str | None = None,
+        env: Mapping[str, str] | None = None,
+        command: Sequence[str] | None = None,
+        labels: Mapping[str, str] | None = None,
+        tty: bool = False,
+        timeout: float | None = None,
+    ) -> Sandbox:
+        """Creates a sandbox (usually PROVISIONING); pair with :meth:`wait_ready`.
+
+        Without a name the gateway generates one.
+        """
+        data = await self._native.create_sandbox(
+            name=name,
+            image=image,
+            environment=dict(env) if env else None,
+            command=list(command) if command is not None else None,
+            labels=dict(labels) if labels else None,
+            tty=tty,
+            timeout=timeout,
+        )
+        return Sandbox.from_bytes(data)
+
+    async def get(self, name: str, *, timeout: float | None = None) -> Sandbox:
+        """Gets a sandbox by name (:class:`~openshell_sdk.errors.NotFoundError` if none)."""
+        return Sandbox.from_bytes(await self._native.get_sandbox(name, timeout=timeout))
+
+    async def list(
+        self,
+        *,
+        label_selector: str | None = None,
+        page_size: int | None = None,
+        timeout: float | None = None,
+    ) -> list[Sandbox]:
+        """Every sandbox (all pages), optionally filtered by ``"k=v,k2=v2"`` labels."""
+        pages = await self._native.list_sandboxes(
+            label_selector=label_selector, page_size=page_size, timeout=timeout
+        )
+        return [Sandbox.from_bytes(data) for data in pages]
+
+    async def delete(self, name: str, *, timeout: float | None = None) -> DeletionOutcome:
+        """Deletes a sandbox; pair with :meth:`wait_deleted`."""
+        return DeletionOutcome(await self._native.delete_sandbox(name, timeout=timeout))
+
+    async def wait_ready(self, name: str, *, timeout: float | None = None) -> Sandbox:
+        """Waits until READY (:class:`~openshell_sdk.errors.FailedPreconditionError` if
+        it reaches ERROR). ``timeout`` defaults to the client's."""
+        return Sandbox.from_bytes(await self._native.wait_ready(name, timeout=timeout))
+
+    async def wait_deleted(self, name: str, *, timeout: float | None = None) -> None:
+        """Waits until the sandbox no longer exists."""
+        await self._native.wait_deleted(name, timeout=timeout)
+
+    def watch(self, name: str, *, timeout: float | None = None) -> SandboxWatch:
+        """``async for sandbox in client.sandboxes.watch(name)``: snapshots as they change."""
+        return SandboxWatch(lambda: self._native.watch(name, timeout=timeout))
+
+
+class AsyncClient:
+    """The OpenShell client for asyncio.
+
+    ::
+
+        async with AsyncClient("http://127.0.0.1:17670") as client:
+            sandbox = await client.sandboxes.create(image="alpine:3")
+            await client.sandboxes.wait_ready(sandbox.name)
+            result = await client.exec(sandbox.name, ["echo", "hello"])
+
+    No I/O happens in the constructor (use :meth:`connect` to connect eagerly).
+    ``timeout`` is the default deadline of unary calls and ``wait_*`` (``None``:
+    no default); streams only get a deadline when a call sets one. Every call
+    takes ``timeout=`` in seconds. Cancelling the task that awaits a call
+    cancels the call.
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        token: str | None = None,
+        token_provider: TokenProvider | None = None,
+        ca_pem: bytes | str | None = None,
+        tls_server_name: str | None = None,
+        connect_timeout: float | None = None,
+        timeout: float | None = _UNSET,
+        exec_output_limit: int | None = None,
+        allow_cleartext_token: bool = False,
+        _provider_loop: Callable[[], asyncio.AbstractEventLoop | None] | None = None,
+    ) -> None:
+        try:
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            self._loop = None
+        provider = None
+        if token_provider is not None:
+            provider = _adapt_provider(token_provider, _provider_loop or (lambda: self._loop))
+        self._native = _native.NativeClient(
+            endpoint,
+            token=token,
+            token_provider=provider,
+            ca_pem=ca_pem.encode() if isinstance(ca_pem, str) else ca_pem,
+            tls_server_name=tls_server_name,
+            connect_timeout=connect_timeout,
+            default_timeout=None if timeout is _UNSET else timeout,
+            no_default_timeout=timeout is None,
+            exec_output_limit=exec_output_limit,
+            allow_cleartext_token=allow_cleartext_token,
+        )
+        self.sandboxes = AsyncSandboxes(self._native)
+        self.raw = AsyncRaw(self._native)
+
+    @classmethod
+    async def connect(cls, endpoint: str, **options: Any) -> AsyncClient:
+        """A client that is connected (fails with ``connect`` or ``tls`` if it cannot)."""
+        client = cls(endpoint, **options)
+        await client._connect()
+        return client
+
+    async def _connect(self) -> None:
+        await self._native.connect()
+
+    @classmethod
+    def from_env(cls, **options: Any) -> AsyncClient:
+        """A client for ``$OPENSHELL_ENDPOINT`` with ``$OPENSHELL_TOKEN`` (if set)."""
+        endpoint = os.environ.get("OPENSHELL_ENDPOINT", "http://127.0.0.1:17670")
+        options.setdefault("token", os.environ.get("OPENSHELL_TOKEN") or None)
+        return cls(endpoint, **options)
+
+    @property
+    def endpoint(self) -> str:
+        return self._native.endpoint
+
+    async def health(self, *, timeout: float | None = None) -> Health:
+        """Liveness of the replica that answers."""
+        status, version, served_by = await self._native.health(timeout=timeout)
+        return Health(ServiceStatus(status), version, served_by)
+
+    async def exec(
+        self,
+        sandbox: str,
+        command: Sequence[str],
+        *,
+        workdir: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        tty: bool = False,
+        cols: int = 0,
+        rows: int = 0,
+        exec_timeout: float | None = None,
+        output_limit: int | None = None,
+        timeout: float | None = None,
+    ) -> ExecResult:
+        """Runs ``command`` (argv, no shell) and returns its output and exit code.
+
+        Output is collected in the core up to ``output_limit`` bytes (stdout and
+        stderr together; the client's cap by default), past which the call fails
+        with ``output_limit``. ``exec_timeout`` is enforced by the gateway (exit
+        code 124); ``timeout`` bounds the whole call.
+        """
+        args = _exec_args(
+            sandbox,
+            command,
+            workdir=workdir,
+            env=env,
+            stdin=stdin,
+            tty=tty,
+            cols=cols,
+            rows=rows,
+            exec_timeout=exec_timeout,
+            output_limit=output_limit,
+        )
+        stdout, stderr, exit_code = await self._native.exec(args, timeout=timeout)
+        return ExecResult(stdout, stderr, exit_code)
+
+    def exec_stream(
+        self,
+        sandbox: str,
+        command: Sequence[str],
+        *,
+        workdir: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        tty: bool = False,
+        cols: int = 0,
+        rows: int = 0,
+        exec_timeout: float | None = None,
+        timeout: float | None = None,
+    ) -> ExecStream:
+        """Runs ``command`` and streams its events (see :class:`ExecStream`)."""
+        args = _exec_args(
+            sandbox,
+            command,
+            workdir=workdir,
+            env=env,
+            stdin=stdin,
+            tty=tty,
+            cols=cols,
+            rows=rows,
+            exec_timeout=exec_timeout,
+            output_limit=None,
+        )
+        return ExecStream(lambda: self._native.exec_stream(args, timeout=timeout))
+
+    async def exec_interactive(
+        self,
+        sandbox: str,
+        command: Sequence[str],
+        *,
+        tty: bool = False,
+        cols: int = 80,
+        rows: int = 24,
+        workdir: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        exec_timeout: float | None = None,
+        timeout: float | None = None,
+    ) -> InteractiveExec:
+        """Starts ``command`` with an input side; ``tty=True`` runs it under a terminal
+        of ``cols`` x ``rows``. ``stdin``, if given, is written first."""
+        args = _exec_args(
+            sandbox,
+            command,
+            workdir=workdir,
+            env=env,
+            stdin=stdin,
+            tty=tty,
+            cols=cols if tty else 0,
+            rows=rows if tty else 0,
+            exec_timeout=exec_timeout,
+            output_limit=None,
+        )
+        return InteractiveExec(await self._native.exec_interactive(args, timeout=timeout))
+
+    async def forward(
+        self,
+        sandbox: str,
+        remote_port: int,
+        *,
+        local_address: str = "127.0.0.1:0",
+        timeout: float | None = None,
+    ) -> Forward:
+        """Listens on ``local_address`` and forwards every connection to
+        ``remote_port`` on loopback inside the sandbox's host."""
+        return Forward(
+            await self._native.forward(
+                sandbox, remote_port, local_address=local_address, timeout=timeout
+            )
+        )
+
+    def routing_stats(self) -> RoutingStats:
+        """Owner-routing counters of this client (hinted, unhinted, unrouted
+        retries, owner lookups, cache hits)."""
+        return RoutingStats(**self._native.routing_stats())
+
+    async def close(self) -> None:
+        """Cancels every call, stream and forward of this client. Idempotent."""
+        self._native.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._native.closed
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()
+
+    def __repr__(self) -> str:
+        return f"AsyncClient({self.endpoint!r})"

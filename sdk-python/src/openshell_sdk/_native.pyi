@@ -1,0 +1,159 @@
+"""Type stubs of the extension module ``openshell_sdk._native`` (bindings/python).
+
+Async methods must be called inside a running event loop. Messages are encoded
+protobuf ``bytes``; metadata is a list of ``(key, value)`` pairs; timeouts are
+seconds. Errors are raised as :mod:`openshell_sdk.errors` exceptions.
+"""
+
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, TypedDict
+
+__version__: str
+
+class ExecArgs(TypedDict):
+    sandbox: str
+    command: list[str]
+    workdir: str | None
+    environment: dict[str, str]
+    stdin: bytes | None
+    tty: bool
+    cols: int
+    rows: int
+    exec_timeout: float | None
+    output_limit: int | None
+
+class ForwardStatsDict(TypedDict):
+    connections_accepted: int
+    connections_active: int
+    connections_failed: int
+    bytes_in: int
+    bytes_out: int
+
+class RoutingStatsDict(TypedDict):
+    hinted: int
+    unhinted: int
+    unrouted_retry: int
+    owner_lookups: int
+    cache_hits: int
+
+class RuntimeInfo(TypedDict):
+    pid: int
+    runtime_builds: int
+
+Metadata = list[tuple[str, str]]
+# (kind, data, exit_code): kind 1 stdout, 2 stderr, 3 exit.
+WireEvent = tuple[int, bytes, int]
+
+class ExecStreamHandle:
+    def next_batch(self, max_events: int = 256) -> Awaitable[list[WireEvent]]: ...
+    def cancel(self) -> None: ...
+
+class InteractiveHandle:
+    def write(self, data: bytes) -> Awaitable[None]: ...
+    def resize(self, cols: int, rows: int) -> Awaitable[None]: ...
+    def close_stdin(self) -> None: ...
+    def next_batch(self, max_events: int = 256) -> Awaitable[list[WireEvent]]: ...
+    def cancel(self) -> None: ...
+
+class WatchHandle:
+    def next(self) -> Awaitable[bytes | None]: ...
+    def cancel(self) -> None: ...
+
+class NativeForward:
+    @property
+    def local_address(self) -> tuple[str, int]: ...
+    @property
+    def sandbox(self) -> str: ...
+    @property
+    def remote_port(self) -> int: ...
+    @property
+    def closed(self) -> bool: ...
+    def stats(self) -> ForwardStatsDict: ...
+    def close(self) -> None: ...
+    def wait_closed(self) -> Awaitable[None]: ...
+
+class RawStreamHandle:
+    def send(self, message: bytes) -> Awaitable[None]: ...
+    def close_send(self) -> None: ...
+    def recv(self) -> Awaitable[bytes | None]: ...
+    def response_metadata(self) -> Awaitable[Metadata]: ...
+    def trailers(self) -> Metadata | None: ...
+    def cancel(self) -> None: ...
+
+class NativeClient:
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        token: str | None = None,
+        token_provider: Callable[[bool], Any] | None = None,
+        ca_pem: bytes | None = None,
+        tls_server_name: str | None = None,
+        connect_timeout: float | None = None,
+        default_timeout: float | None = None,
+        no_default_timeout: bool = False,
+        exec_output_limit: int | None = None,
+        allow_cleartext_token: bool = False,
+    ) -> None: ...
+    @property
+    def endpoint(self) -> str: ...
+    @property
+    def closed(self) -> bool: ...
+    def close(self) -> None: ...
+    def connect(self) -> Awaitable[None]: ...
+    def health(self, *, timeout: float | None = None) -> Awaitable[tuple[int, str, str | None]]: ...
+    def create_sandbox(
+        self,
+        *,
+        name: str | None = None,
+        image: str | None = None,
+        environment: Mapping[str, str] | None = None,
+        command: list[str] | None = None,
+        labels: Mapping[str, str] | None = None,
+        tty: bool = False,
+        timeout: float | None = None,
+    ) -> Awaitable[bytes]: ...
+    def get_sandbox(self, name: str, *, timeout: float | None = None) -> Awaitable[bytes]: ...
+    def list_sandboxes(
+        self,
+        *,
+        label_selector: str | None = None,
+        page_size: int | None = None,
+        timeout: float | None = None,
+    ) -> Awaitable[list[bytes]]: ...
+    def delete_sandbox(self, name: str, *, timeout: float | None = None) -> Awaitable[int]: ...
+    def wait_ready(self, name: str, *, timeout: float | None = None) -> Awaitable[bytes]: ...
+    def wait_deleted(self, name: str, *, timeout: float | None = None) -> Awaitable[None]: ...
+    def watch(self, name: str, *, timeout: float | None = None) -> Awaitable[WatchHandle]: ...
+    def exec(
+        self, request: ExecArgs | dict[str, Any], *, timeout: float | None = None
+    ) -> Awaitable[tuple[bytes, bytes, int]]: ...
+    def exec_stream(
+        self, request: ExecArgs | dict[str, Any], *, timeout: float | None = None
+    ) -> Awaitable[ExecStreamHandle]: ...
+    def exec_interactive(
+        self, request: ExecArgs | dict[str, Any], *, timeout: float | None = None
+    ) -> Awaitable[InteractiveHandle]: ...
+    def forward(
+        self,
+        sandbox: str,
+        remote_port: int,
+        *,
+        local_address: str = "127.0.0.1:0",
+        timeout: float | None = None,
+    ) -> Awaitable[NativeForward]: ...
+    def raw_unary(
+        self,
+        path: str,
+        request: bytes,
+        *,
+        metadata: Metadata = ...,
+        timeout: float | None = None,
+    ) -> Awaitable[tuple[bytes, Metadata]]: ...
+    def raw_stream(
+        self, path: str, *, metadata: Metadata = ..., timeout: float | None = None
+    ) -> Awaitable[RawStreamHandle]: ...
+    def routing_stats(self) -> RoutingStatsDict: ...
+
+def runtime_info() -> RuntimeInfo: ...
+def _shutdown_runtime() -> None: ...

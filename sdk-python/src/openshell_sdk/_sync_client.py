@@ -1,0 +1,429 @@
+"""The blocking API: :class:`Client`, the same operations as :class:`AsyncClient`.
+
+Every call runs the async implementation on the SDK's private background loop
+(:mod:`openshell_sdk._background_loop`) and waits for it, so a sync program
+never creates or manages an event loop. Ctrl-C while waiting cancels the call.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Mapping, Sequence
+from types import TracebackType
+from typing import Any
+
+from ._async_client import (
+    _UNSET,
+    AsyncClient,
+    AsyncSandboxes,
+    ExecStream,
+    Forward,
+    InteractiveExec,
+    SandboxWatch,
+    TokenProvider,
+)
+from ._background_loop import BackgroundLoop, shared_loop
+from .raw_sync import SyncRaw
+from .types import DeletionOutcome, ExecEvent, ExecResult, Health, RoutingStats, Sandbox
+
+__all__ = [
+    "Client",
+    "Sandboxes",
+    "SyncExecStream",
+    "SyncForward",
+    "SyncInteractiveExec",
+    "SyncSandboxWatch",
+]
+
+
+class SyncExecStream:
+    """The events of a running command: ``for event in stream``; ends with ``ExecExit``."""
+
+    def __init__(self, stream: ExecStream, loop: BackgroundLoop) -> None:
+        self._stream = stream
+        self._loop = loop
+
+    def __iter__(self) -> Iterator[ExecEvent]:
+        while True:
+            event = self._loop.run(self._stream.next_event())
+            if event is None:
+                return
+            yield event
+
+    @property
+    def exit_code(self) -> int | None:
+        return self._stream.exit_code
+
+    def collect(self) -> ExecResult:
+        """Reads the rest of the stream into an :class:`ExecResult`."""
+        return self._loop.run(self._stream.collect())
+
+    def cancel(self) -> None:
+        self._stream.cancel()
+
+    def __enter__(self) -> SyncExecStream:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if not self._stream.finished:
+            self.cancel()
+
+
+class SyncInteractiveExec:
+    """A running interactive command (see :class:`InteractiveExec`)."""
+
+    def __init__(self, interactive: InteractiveExec, loop: BackgroundLoop) -> None:
+        self._interactive = interactive
+        self._loop = loop
+
+    def write(self, data: bytes | str) -> None:
+        self._loop.run(self._interactive.write(data))
+
+    def resize(self, cols: int, rows: int) -> None:
+        self._loop.run(self._interactive.resize(cols, rows))
+
+    def close_stdin(self) -> None:
+        self._interactive.close_stdin()
+
+    def cancel(self) -> None:
+        self._interactive.cancel()
+
+    def next_event(self) -> ExecEvent | None:
+        """The next event, or ``None`` after the exit event."""
+        return self._loop.run(self._interactive.next_event())
+
+    def __iter__(self) -> Iterator[ExecEvent]:
+        while True:
+            event = self.next_event()
+            if event is None:
+                return
+            yield event
+
+    @property
+    def exit_code(self) -> int | None:
+        return self._interactive.exit_code
+
+    def wait(self) -> ExecResult:
+        return self._loop.run(self._interactive.wait())
+
+    def __enter__(self) -> SyncInteractiveExec:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        if not self._interactive.finished:
+            self.cancel()
+
+
+class SyncForward(Forward):
+    """A running port forward; ``with client.forward(...) as fwd:`` closes it on exit."""
+
+    def __init__(self, forward: Forward, loop: BackgroundLoop) -> None:
+        super().__init__(forward._handle)
+        self._loop = loop
+
+    def wait_closed_sync(self) -> None:
+        """Waits until every connection has ended (after :meth:`close`)."""
+        self._loop.run(self.wait_closed())
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+        self.wait_closed_sync()
+
+
+class SyncSandboxWatch:
+    """Snapshots of one sandbox: ``for sandbox in watch``."""
+
+    def __init__(self, watch: SandboxWatch, loop: BackgroundLoop) -> None:
+        self._watch = watch
+        self._loop = loop
+
+    def __iter__(self) -> Iterator[Sandbox]:
+        while True:
+            try:
+                yield self._loop.run(self._watch.__anext__())
+            except StopAsyncIteration:
+                return
+
+    def cancel(self) -> None:
+        self._watch.cancel()
+
+    def __enter__(self) -> SyncSandboxWatch:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.cancel()
+
+
+class Sandboxes:
+    """Sandbox lifecycle calls; get it as ``client.sandboxes``."""
+
+    def __init__(self, sandboxes: AsyncSandboxes, loop: BackgroundLoop) -> None:
+        self._async = sandboxes
+        self._loop = loop
+
+    def create(
+        self,
+        name: str | None = None,
+        *,
+        image: str | None = None,
+        env: Mapping[str, str] | None = None,
+        command: Sequence[str] | None = None,
+        labels: Mapping[str, str] | None = None,
+        tty: bool = False,
+        timeout: float | None = None,
+    ) -> Sandbox:
+        return self._loop.run(
+            self._async.create(
+                name,
+                image=image,
+                env=env,
+                command=command,
+                labels=labels,
+                tty=tty,
+                timeout=timeout,
+            )
+        )
+
+    def get(self, name: str, *, timeout: float | None = None) -> Sandbox:
+        return self._loop.run(self._async.get(name, timeout=timeout))
+
+    def list(
+        self,
+        *,
+        label_selector: str | None = None,
+        page_size: int | None = None,
+        timeout: float | None = None,
+    ) -> list[Sandbox]:
+        return self._loop.run(
+            self._async.list(label_selector=label_selector, page_size=page_size, timeout=timeout)
+        )
+
+    def delete(self, name: str, *, timeout: float | None = None) -> DeletionOutcome:
+        return self._loop.run(self._async.delete(name, timeout=timeout))
+
+    def wait_ready(self, name: str, *, timeout: float | None = None) -> Sandbox:
+        return self._loop.run(self._async.wait_ready(name, timeout=timeout))
+
+    def wait_deleted(self, name: str, *, timeout: float | None = None) -> None:
+        self._loop.run(self._async.wait_deleted(name, timeout=timeout))
+
+    def watch(self, name: str, *, timeout: float | None = None) -> SyncSandboxWatch:
+        return SyncSandboxWatch(self._async.watch(name, timeout=timeout), self._loop)
+
+
+class Client:
+    """The OpenShell client for blocking code; same options as :class:`AsyncClient`.
+
+    ::
+
+        with Client("http://127.0.0.1:17670") as client:
+            sandbox = client.sandboxes.create(image="alpine:3")
+            client.sandboxes.wait_ready(sandbox.name)
+            print(client.exec(sandbox.name, ["echo", "hello"]).stdout_text)
+    """
+
+    def __init__(
+        self,
+        endpoint: str,
+        *,
+        token: str | None = None,
+        token_provider: TokenProvider | None = None,
+        ca_pem: bytes | str | None = None,
+        tls_server_name: str | None = None,
+        connect_timeout: float | None = None,
+        timeout: float | None = _UNSET,
+        exec_output_limit: int | None = None,
+        allow_cleartext_token: bool = False,
+    ) -> None:
+        self._loop = shared_loop()
+        self._async = AsyncClient(
+            endpoint,
+            token=token,
+            token_provider=token_provider,
+            ca_pem=ca_pem,
+            tls_server_name=tls_server_name,
+            connect_timeout=connect_timeout,
+            timeout=timeout,
+            exec_output_limit=exec_output_limit,
+            allow_cleartext_token=allow_cleartext_token,
+            _provider_loop=lambda: self._loop.loop,
+        )
+        self.sandboxes = Sandboxes(self._async.sandboxes, self._loop)
+        self.raw = SyncRaw(self._async.raw, self._loop)
+
+    @classmethod
+    def connect(cls, endpoint: str, **options: Any) -> Client:
+        """A client that is connected (fails with ``connect`` or ``tls`` if it cannot)."""
+        client = cls(endpoint, **options)
+        client._loop.run(client._async._connect())
+        return client
+
+    @classmethod
+    def from_env(cls, **options: Any) -> Client:
+        """A client for ``$OPENSHELL_ENDPOINT`` with ``$OPENSHELL_TOKEN`` (if set)."""
+        endpoint = os.environ.get("OPENSHELL_ENDPOINT", "http://127.0.0.1:17670")
+        options.setdefault("token", os.environ.get("OPENSHELL_TOKEN") or None)
+        return cls(endpoint, **options)
+
+    @property
+    def endpoint(self) -> str:
+        return self._async.endpoint
+
+    @property
+    def async_client(self) -> AsyncClient:
+        """The :class:`AsyncClient` this client runs (on the private loop)."""
+        return self._async
+
+    def health(self, *, timeout: float | None = None) -> Health:
+        return self._loop.run(self._async.health(timeout=timeout))
+
+    def exec(
+        self,
+        sandbox: str,
+        command: Sequence[str],
+        *,
+        workdir: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        tty: bool = False,
+        cols: int = 0,
+        rows: int = 0,
+        exec_timeout: float | None = None,
+        output_limit: int | None = None,
+        timeout: float | None = None,
+    ) -> ExecResult:
+        """Runs ``command`` and returns its output and exit code (see ``AsyncClient.exec``)."""
+        return self._loop.run(
+            self._async.exec(
+                sandbox,
+                command,
+                workdir=workdir,
+                env=env,
+                stdin=stdin,
+                tty=tty,
+                cols=cols,
+                rows=rows,
+                exec_timeout=exec_timeout,
+                output_limit=output_limit,
+                timeout=timeout,
+            )
+        )
+
+    def exec_stream(
+        self,
+        sandbox: str,
+        command: Sequence[str],
+        *,
+        workdir: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        tty: bool = False,
+        cols: int = 0,
+        rows: int = 0,
+        exec_timeout: float | None = None,
+        timeout: float | None = None,
+    ) -> SyncExecStream:
+        """Runs ``command`` and streams its events (``for event in stream``)."""
+        stream = self._async.exec_stream(
+            sandbox,
+            command,
+            workdir=workdir,
+            env=env,
+            stdin=stdin,
+            tty=tty,
+            cols=cols,
+            rows=rows,
+            exec_timeout=exec_timeout,
+            timeout=timeout,
+        )
+        return SyncExecStream(stream, self._loop)
+
+    def exec_interactive(
+        self,
+        sandbox: str,
+        command: Sequence[str],
+        *,
+        tty: bool = False,
+        cols: int = 80,
+        rows: int = 24,
+        workdir: str | None = None,
+        env: Mapping[str, str] | None = None,
+        stdin: bytes | str | None = None,
+        exec_timeout: float | None = None,
+        timeout: float | None = None,
+    ) -> SyncInteractiveExec:
+        """Starts ``command`` with an input side (see ``AsyncClient.exec_interactive``)."""
+        interactive = self._loop.run(
+            self._async.exec_interactive(
+                sandbox,
+                command,
+                tty=tty,
+                cols=cols,
+                rows=rows,
+                workdir=workdir,
+                env=env,
+                stdin=stdin,
+                exec_timeout=exec_timeout,
+                timeout=timeout,
+            )
+        )
+        return SyncInteractiveExec(interactive, self._loop)
+
+    def forward(
+        self,
+        sandbox: str,
+        remote_port: int,
+        *,
+        local_address: str = "127.0.0.1:0",
+        timeout: float | None = None,
+    ) -> SyncForward:
+        """Listens on ``local_address`` and forwards connections into the sandbox's host."""
+        forward = self._loop.run(
+            self._async.forward(sandbox, remote_port, local_address=local_address, timeout=timeout)
+        )
+        return SyncForward(forward, self._loop)
+
+    def routing_stats(self) -> RoutingStats:
+        return self._async.routing_stats()
+
+    def close(self) -> None:
+        """Cancels every call, stream and forward of this client. Idempotent."""
+        self._async._native.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._async.closed
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Client({self.endpoint!r})"

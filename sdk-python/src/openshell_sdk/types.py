@@ -1,0 +1,189 @@
+"""Result types of the curated API: frozen dataclasses over the wire messages."""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from ._proto import openshell_pb2 as pb
+
+__all__ = [
+    "DeletionOutcome",
+    "ExecEvent",
+    "ExecExit",
+    "ExecResult",
+    "ExecStderr",
+    "ExecStdout",
+    "ForwardStats",
+    "Health",
+    "RoutingStats",
+    "Sandbox",
+    "SandboxPhase",
+    "ServiceStatus",
+]
+
+
+class SandboxPhase(enum.Enum):
+    """Lifecycle phase of a sandbox."""
+
+    UNSPECIFIED = pb.SANDBOX_PHASE_UNSPECIFIED
+    PROVISIONING = pb.SANDBOX_PHASE_PROVISIONING
+    READY = pb.SANDBOX_PHASE_READY
+    ERROR = pb.SANDBOX_PHASE_ERROR
+    DELETING = pb.SANDBOX_PHASE_DELETING
+    UNKNOWN = pb.SANDBOX_PHASE_UNKNOWN
+    STOPPING = pb.SANDBOX_PHASE_STOPPING
+    STOPPED = pb.SANDBOX_PHASE_STOPPED
+    STARTING = pb.SANDBOX_PHASE_STARTING
+    COMPLETED = pb.SANDBOX_PHASE_COMPLETED
+
+    @classmethod
+    def of(cls, value: int) -> SandboxPhase:
+        try:
+            return cls(value)
+        except ValueError:
+            return cls.UNKNOWN
+
+
+class ServiceStatus(enum.Enum):
+    """What ``Health`` reports."""
+
+    UNSPECIFIED = pb.SERVICE_STATUS_UNSPECIFIED
+    HEALTHY = pb.SERVICE_STATUS_HEALTHY
+    DEGRADED = pb.SERVICE_STATUS_DEGRADED
+    UNHEALTHY = pb.SERVICE_STATUS_UNHEALTHY
+
+
+class DeletionOutcome(enum.Enum):
+    """What ``DeleteSandbox`` answered."""
+
+    UNSPECIFIED = pb.DELETION_OUTCOME_UNSPECIFIED
+    COMPLETED = pb.DELETION_OUTCOME_COMPLETED
+    ACCEPTED = pb.DELETION_OUTCOME_ACCEPTED
+    ALREADY_ABSENT = pb.DELETION_OUTCOME_ALREADY_ABSENT
+
+
+@dataclass(frozen=True)
+class Health:
+    """Liveness of the replica that answered."""
+
+    status: ServiceStatus
+    version: str
+    served_by: str | None
+
+
+@dataclass(frozen=True, repr=False)
+class Sandbox:
+    """A sandbox as the gateway reported it; the full message is ``proto``.
+
+    ``repr`` leaves the spec out: its environment may hold secrets.
+    """
+
+    id: str
+    name: str
+    phase: SandboxPhase
+    labels: Mapping[str, str]
+    exit_code: int | None
+    resource_version: int
+    proto: pb.Sandbox = field(compare=False)
+
+    @classmethod
+    def from_proto(cls, message: pb.Sandbox) -> Sandbox:
+        status = message.status
+        return cls(
+            id=message.metadata.id,
+            name=message.metadata.name,
+            phase=SandboxPhase.of(status.phase),
+            labels=dict(message.metadata.labels),
+            exit_code=status.exit_code if status.HasField("exit_code") else None,
+            resource_version=message.metadata.resource_version,
+            proto=message,
+        )
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Sandbox:
+        return cls.from_proto(pb.Sandbox.FromString(data))
+
+    @property
+    def is_ready(self) -> bool:
+        return self.phase is SandboxPhase.READY
+
+    def __repr__(self) -> str:
+        return (
+            f"Sandbox(name={self.name!r}, id={self.id!r}, phase={self.phase.name}, "
+            f"labels={dict(self.labels)!r}, exit_code={self.exit_code!r})"
+        )
+
+
+@dataclass(frozen=True, repr=False)
+class ExecResult:
+    """What a buffered exec collected. ``repr`` shows sizes, not output."""
+
+    stdout: bytes
+    stderr: bytes
+    exit_code: int
+
+    @property
+    def success(self) -> bool:
+        return self.exit_code == 0
+
+    @property
+    def stdout_text(self) -> str:
+        return self.stdout.decode("utf-8", errors="replace")
+
+    @property
+    def stderr_text(self) -> str:
+        return self.stderr.decode("utf-8", errors="replace")
+
+    def __repr__(self) -> str:
+        return (
+            f"ExecResult(exit_code={self.exit_code}, stdout=<{len(self.stdout)} bytes>, "
+            f"stderr=<{len(self.stderr)} bytes>)"
+        )
+
+
+@dataclass(frozen=True)
+class ExecStdout:
+    """A chunk of stdout."""
+
+    data: bytes
+
+
+@dataclass(frozen=True)
+class ExecStderr:
+    """A chunk of stderr."""
+
+    data: bytes
+
+
+@dataclass(frozen=True)
+class ExecExit:
+    """The process ended: always the last event (signals are 128+n, a timeout 124)."""
+
+    exit_code: int
+
+
+ExecEvent = ExecStdout | ExecStderr | ExecExit
+
+
+@dataclass(frozen=True)
+class ForwardStats:
+    """Counters of a forward."""
+
+    connections_accepted: int
+    connections_active: int
+    connections_failed: int
+    bytes_in: int
+    bytes_out: int
+
+
+@dataclass(frozen=True)
+class RoutingStats:
+    """Owner-routing counters of a client (shared by every call it made)."""
+
+    hinted: int
+    unhinted: int
+    unrouted_retry: int
+    owner_lookups: int
+    cache_hits: int

@@ -1,0 +1,97 @@
+"""Every bad-input row of the conformance list (conformance/scenarios.json) raises
+the expected exception, with the expected ``.code``, through the Python SDK.
+
+The rows run through the Python conformance runner's interpreter, the same code
+the harness runs, so the list and this suite cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import uuid
+from collections.abc import AsyncIterator
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+from conftest import ROOT, Cluster
+
+SCENARIOS = ROOT / "conformance" / "scenarios.json"
+
+
+def _load_runner() -> ModuleType:
+    path = ROOT / "conformance" / "python-runner" / "runner.py"
+    spec = importlib.util.spec_from_file_location("conformance_runner", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+RUNNER = _load_runner()
+BAD_INPUT = [s for s in json.loads(SCENARIOS.read_text())["scenarios"] if s["group"] == "bad_input"]
+
+
+def test_the_list_has_bad_input_rows_with_expected_codes() -> None:
+    assert len(BAD_INPUT) >= 15
+    for scenario in BAD_INPUT:
+        expects = [step["expect"] for step in scenario["steps"]]
+        assert all("error" in e for e in expects), scenario["id"]
+
+
+@pytest.fixture(scope="module")
+async def runner(cluster: Cluster) -> AsyncIterator[Any]:
+    instance = RUNNER.Runner(cluster.endpoint, f"pt{uuid.uuid4().hex[:6]}")
+    yield instance
+    await instance.cleanup()
+
+
+@pytest.mark.parametrize("scenario", BAD_INPUT, ids=[s["id"] for s in BAD_INPUT])
+async def test_bad_input_row(runner: Any, scenario: dict[str, Any]) -> None:
+    status, detail = await runner.run(scenario)
+    assert status == "pass", detail
+
+
+def test_rows_name_only_codes_the_sdk_has_classes_for() -> None:
+    import openshell_sdk as osdk
+
+    for scenario in BAD_INPUT:
+        for step in scenario["steps"]:
+            codes = step["expect"]["error"]
+            for code in [codes] if isinstance(codes, str) else codes:
+                cls = osdk.errors.error_class(code)
+                assert cls is not osdk.OpenShellError, f"{scenario['id']}: {code}"
+
+
+def test_interpreter_exit_with_calls_in_flight_is_clean(cluster: Cluster, tmp_path: Path) -> None:
+    """Leaving the interpreter with a forward, a stream and a call still running
+    stops the native runtime first (atexit): no crash, exit status 0."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "exit.py"
+    script.write_text(
+        f"""
+import asyncio, socket, openshell_sdk as o
+ENDPOINT = {cluster.endpoint!r}
+async def main():
+    c = o.AsyncClient(ENDPOINT)
+    name = "py-exit-" + __import__("uuid").uuid4().hex[:8]
+    await c.sandboxes.create(name)
+    await c.sandboxes.wait_ready(name, timeout=60)
+    server = socket.create_server(("127.0.0.1", 0))
+    fwd = await c.forward(name, server.getsockname()[1])
+    socket.create_connection(fwd.local_address)
+    stream = c.exec_stream(name, ["sh", "-c", "echo hi; sleep 30"])
+    await anext(stream)
+    asyncio.ensure_future(c.exec(name, ["sleep", "30"]))
+    await asyncio.sleep(0.3)
+    await c.sandboxes.delete(name)
+asyncio.run(main())
+"""
+    )
+    for _ in range(3):
+        done = subprocess.run([sys.executable, str(script)], capture_output=True, timeout=120)
+        assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]

@@ -1,0 +1,141 @@
+"""The sync Client against the real cluster: same operations, no event loop in sight."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from conftest import process_running, unique
+from test_async_client import echo_server
+
+import openshell_sdk as osdk
+from openshell_sdk import Client, proto
+
+
+def test_no_event_loop_is_needed(client: Client) -> None:
+    with pytest.raises(RuntimeError):
+        asyncio.get_running_loop()
+    assert client.health().status is osdk.ServiceStatus.HEALTHY
+
+
+def test_sandbox_lifecycle(client: Client) -> None:
+    name = unique("py-sync-life")
+    created = client.sandboxes.create(name, env={"TOKEN": "env-secret"}, labels={"suite": "sync"})
+    assert "env-secret" not in repr(created)
+    assert client.sandboxes.wait_ready(name, timeout=60).is_ready
+    assert client.sandboxes.get(name).name == name
+    assert name in [s.name for s in client.sandboxes.list(label_selector="suite=sync")]
+    with client.sandboxes.watch(name) as watch:
+        assert next(iter(watch)).is_ready
+    client.sandboxes.delete(name)
+    client.sandboxes.wait_deleted(name, timeout=60)
+    with pytest.raises(osdk.NotFoundError):
+        client.sandboxes.delete(name)
+
+
+def test_exec_and_stream(client: Client, ready_sandbox: str) -> None:
+    result = client.exec(ready_sandbox, ["sh", "-c", "echo o-u-t; echo err >&2; exit 2"])
+    assert (result.stdout_text, result.stderr_text, result.exit_code) == ("o-u-t\n", "err\n", 2)
+    assert "o-u-t" not in repr(result)
+    with client.exec_stream(ready_sandbox, ["sh", "-c", "printf a; printf b >&2"]) as stream:
+        events = list(stream)
+    assert events[-1] == osdk.ExecExit(0)
+    assert stream.exit_code == 0
+    assert b"".join(e.data for e in events if isinstance(e, osdk.ExecStdout)) == b"a"
+
+
+def test_interactive(client: Client, ready_sandbox: str) -> None:
+    with client.exec_interactive(ready_sandbox, ["sh", "-c", "read x; echo got:$x"]) as session:
+        session.write("hi\n")
+        result = session.wait()
+    assert result.stdout == b"got:hi\n" and result.exit_code == 0
+
+
+def test_forward_is_a_context_manager(client: Client, ready_sandbox: str) -> None:
+    server, _ = echo_server()
+    try:
+        with client.forward(ready_sandbox, server.getsockname()[1]) as fwd:
+            host, port = fwd.local_address
+            with socket.create_connection((host, port), timeout=10) as conn:
+                conn.sendall(b"hello")
+                conn.shutdown(socket.SHUT_WR)
+                received = b""
+                while chunk := conn.recv(4096):
+                    received += chunk
+            assert received == b"hello"
+            assert fwd.stats().connections_accepted == 1
+        assert fwd.closed
+    finally:
+        server.close()
+
+
+def test_raw_sync_stubs(client: Client, ready_sandbox: str) -> None:
+    response = client.raw.get_sandbox(proto.GetSandboxRequest(name=ready_sandbox))
+    assert response.sandbox.metadata.name == ready_sandbox
+    with client.raw.exec_sandbox(
+        proto.ExecSandboxRequest(sandbox=ready_sandbox, command=["echo", "x"])
+    ) as stream:
+        events = list(stream)
+    assert events[-1].exit.exit_code == 0
+    with pytest.raises(osdk.InvalidArgumentError) as info:
+        client.raw.create_sandbox(proto.CreateSandboxRequest(name="Bad_Name"))
+    assert info.value.grpc_status == osdk.GrpcStatus.INVALID_ARGUMENT
+
+
+def test_the_gil_is_released_while_waiting(client: Client, ready_sandbox: str) -> None:
+    ticks = 0
+    stop = threading.Event()
+
+    def count() -> None:
+        nonlocal ticks
+        while not stop.is_set():
+            ticks += 1
+            time.sleep(0.001)
+
+    counter = threading.Thread(target=count)
+    counter.start()
+    try:
+        started = time.monotonic()
+        client.exec(ready_sandbox, ["sleep", "1"])
+        elapsed = time.monotonic() - started
+    finally:
+        stop.set()
+        counter.join()
+    # The counter ran all along: about one tick per millisecond of the wait.
+    assert elapsed >= 1.0
+    assert ticks > 200, ticks
+
+
+def test_ctrl_c_cancels_the_call_and_kills_the_process(
+    client: Client, ready_sandbox: str, tmp_path: Path
+) -> None:
+    """SIGINT to the process (any thread may take it) while a sync call waits
+    raises KeyboardInterrupt and cancels the call: the sandbox process dies."""
+    pid_file = tmp_path / "pid"
+
+    def interrupt() -> None:
+        deadline = time.monotonic() + 30
+        while not (pid_file.exists() and pid_file.read_text().strip()):
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        client.exec(ready_sandbox, ["sh", "-c", f"echo $$ > {pid_file}; exec sleep 30"])
+    assert time.monotonic() - started < 15
+    pid = int(pid_file.read_text())
+    deadline = time.monotonic() + 20
+    while process_running(pid):
+        assert time.monotonic() < deadline, f"process {pid} still runs after Ctrl-C"
+        time.sleep(0.1)
+    # The client still works afterwards.
+    assert client.exec(ready_sandbox, ["true"]).exit_code == 0

@@ -1,0 +1,244 @@
+//! `docs/PARITY.md`: for every RPC of the service and every language, whether
+//! an idiomatic (curated) API covers it or only the typed raw stub does.
+//!
+//! The curated entries below are checked against the languages' sources: an
+//! entry whose function cannot be found fails generation, so the report
+//! cannot claim an API that does not exist.
+
+use std::fmt::Write as _;
+use std::path::Path;
+
+use anyhow::{Context, bail};
+
+use crate::{Contract, MARKER, SERVICE, kind, owner_routed_field, snake_case};
+
+/// A curated API of one language for one RPC.
+struct Curated {
+    rpc: &'static str,
+    /// How users call it.
+    api: &'static str,
+    /// Text that must appear in the language's sources.
+    needle: &'static str,
+}
+
+struct Language {
+    name: &'static str,
+    /// Directory (relative to the root) whose files are searched for needles;
+    /// `None`: the language has no SDK yet.
+    sources: Option<&'static str>,
+    /// How every RPC is reachable raw, `{snake}` replaced by the method name.
+    raw: &'static str,
+    curated: &'static [Curated],
+}
+
+const fn c(rpc: &'static str, api: &'static str, needle: &'static str) -> Curated {
+    Curated { rpc, api, needle }
+}
+
+const LANGUAGES: &[Language] = &[
+    Language {
+        name: "Rust",
+        sources: Some("sdk-core/src"),
+        raw: "`Client::raw_unary` / `raw_stream` (prost types)",
+        curated: &[
+            c("Health", "`Client::health`", "pub async fn health("),
+            c(
+                "CreateSandbox",
+                "`sandboxes().create`",
+                "pub async fn create(",
+            ),
+            c("GetSandbox", "`sandboxes().get`", "pub async fn get("),
+            c("ListSandboxes", "`sandboxes().list`", "pub async fn list("),
+            c(
+                "DeleteSandbox",
+                "`sandboxes().delete`",
+                "pub async fn delete(",
+            ),
+            c(
+                "WatchSandbox",
+                "`sandboxes().watch` / `wait_ready` / `wait_deleted`",
+                "pub async fn watch(",
+            ),
+            c(
+                "ExecSandbox",
+                "`Client::exec` / `exec_stream`",
+                "pub async fn exec_stream(",
+            ),
+            c(
+                "ExecSandboxInteractive",
+                "`Client::exec_interactive`",
+                "pub async fn exec_interactive(",
+            ),
+            c("ForwardTcp", "`Client::forward`", "pub async fn forward("),
+        ],
+    },
+    Language {
+        name: "Python",
+        sources: Some("sdk-python/src/openshell_sdk"),
+        raw: "`client.raw.{snake}`",
+        curated: &[
+            c("Health", "`client.health`", "async def health("),
+            c(
+                "CreateSandbox",
+                "`client.sandboxes.create`",
+                "async def create(",
+            ),
+            c("GetSandbox", "`client.sandboxes.get`", "async def get("),
+            c(
+                "ListSandboxes",
+                "`client.sandboxes.list`",
+                "async def list(",
+            ),
+            c(
+                "DeleteSandbox",
+                "`client.sandboxes.delete`",
+                "async def delete(",
+            ),
+            c(
+                "WatchSandbox",
+                "`client.sandboxes.watch` / `wait_ready` / `wait_deleted`",
+                "def watch(",
+            ),
+            c(
+                "ExecSandbox",
+                "`client.exec` / `exec_stream`",
+                "def exec_stream(",
+            ),
+            c(
+                "ExecSandboxInteractive",
+                "`client.exec_interactive`",
+                "async def exec_interactive(",
+            ),
+            c("ForwardTcp", "`client.forward`", "async def forward("),
+        ],
+    },
+    Language {
+        name: "TypeScript",
+        sources: None,
+        raw: "",
+        curated: &[],
+    },
+    Language {
+        name: "Go",
+        sources: None,
+        raw: "",
+        curated: &[],
+    },
+];
+
+/// Concatenated hand-written sources of a language (generated files left out).
+fn sources_text(root: &Path, dir: &str) -> anyhow::Result<String> {
+    let mut text = String::new();
+    let mut stack = vec![root.join(dir)];
+    while let Some(dir) = stack.pop() {
+        for entry in
+            std::fs::read_dir(&dir).with_context(|| format!("reading {}", dir.display()))?
+        {
+            let path = entry?.path();
+            if path.is_dir() {
+                stack.push(path);
+            } else if matches!(path.extension().and_then(|e| e.to_str()), Some("rs" | "py")) {
+                let content = std::fs::read_to_string(&path)?;
+                if !content.contains(MARKER) {
+                    text.push_str(&content);
+                }
+            }
+        }
+    }
+    Ok(text)
+}
+
+pub fn report(root: &Path, contract: &Contract) -> anyhow::Result<String> {
+    let service = contract.service()?;
+    let rpcs: Vec<_> = service.methods().collect();
+    for lang in LANGUAGES {
+        let source = match lang.sources {
+            Some(dir) => sources_text(root, dir)?,
+            None => String::new(),
+        };
+        for entry in lang.curated {
+            if !rpcs.iter().any(|m| m.name() == entry.rpc) {
+                bail!(
+                    "parity: {} lists {} as curated, but {SERVICE} has no such RPC",
+                    lang.name,
+                    entry.rpc
+                );
+            }
+            if !source.contains(entry.needle) {
+                bail!(
+                    "parity: {} lists {} as curated by {}, but `{}` is not in {}",
+                    lang.name,
+                    entry.rpc,
+                    entry.api,
+                    entry.needle,
+                    lang.sources.unwrap_or("-")
+                );
+            }
+        }
+    }
+
+    let mut md = format!(
+        "<!-- {MARKER} -->\n\
+         # API parity\n\
+         \n\
+         Every RPC of `{SERVICE}` and how each language reaches it. **curated**: an\n\
+         idiomatic API of the SDK covers it (the cell names it); **raw only**: only the\n\
+         typed raw stub does. Every RPC is reachable raw from every SDK, through the\n\
+         core's raw boundary, so owner routing applies either way. **not yet**: the\n\
+         language's SDK does not exist yet.\n\
+         \n\
+         Raw access per language: "
+    );
+    let raws: Vec<String> = LANGUAGES
+        .iter()
+        .filter(|l| l.sources.is_some())
+        .map(|l| format!("{} {}", l.name, l.raw.replace("{snake}", "<method>")))
+        .collect();
+    md.push_str(&raws.join("; "));
+    md.push_str(".\n\n| RPC | kind | owner-routed field |");
+    for lang in LANGUAGES {
+        let _ = write!(md, " {} |", lang.name);
+    }
+    md.push_str("\n|---|---|---|");
+    for _ in LANGUAGES {
+        md.push_str("---|");
+    }
+    md.push('\n');
+    let mut counts = vec![(0usize, 0usize); LANGUAGES.len()];
+    for method in &rpcs {
+        let routed = owner_routed_field(&contract.pool, method)?
+            .map(|f| format!("`{f}`"))
+            .unwrap_or_default();
+        let _ = write!(
+            md,
+            "| `{}` | {} | {routed} |",
+            method.name(),
+            snake_case(kind(method)).replace('_', " ")
+        );
+        for (i, lang) in LANGUAGES.iter().enumerate() {
+            let cell = if lang.sources.is_none() {
+                "not yet".to_owned()
+            } else if let Some(entry) = lang.curated.iter().find(|e| e.rpc == method.name()) {
+                counts[i].0 += 1;
+                format!("curated: {}", entry.api)
+            } else {
+                counts[i].1 += 1;
+                "raw only".to_owned()
+            };
+            let _ = write!(md, " {cell} |");
+        }
+        md.push('\n');
+    }
+    md.push_str("\nTotals: ");
+    let totals: Vec<String> = LANGUAGES
+        .iter()
+        .zip(&counts)
+        .map(|(lang, (curated, raw))| match lang.sources {
+            Some(_) => format!("{} {curated} curated, {raw} raw only", lang.name),
+            None => format!("{} not yet", lang.name),
+        })
+        .collect();
+    md.push_str(&totals.join("; "));
+    md.push_str(&format!(" (of {} RPCs).\n", rpcs.len()));
+    Ok(md)
+}

@@ -1,0 +1,220 @@
+//! Applying the sandbox's configuration (pushed or polled; the supervisor
+//! cannot tell which, see `openshell_sdk::supervisor`).
+//!
+//! A configuration is checked, then written to `.openshell/config.json` in
+//! the sandbox's working directory (atomically: a temporary file renamed
+//! over the old one), where every process the sandbox runs can read it. The
+//! provider environment goes into the environment of later execs (below
+//! the request's own variables); the file names its keys, never its values.
+//!
+//! Checks: a `log_level` setting must be one of error, warn, info, debug or
+//! trace. A configuration that fails a check, or cannot be written, is
+//! rejected and the previous one stays in force.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use openshell_proto::sandbox::{PolicySource, SettingScope, setting_value};
+use openshell_sdk::{ApplyOutcome, ConfigSnapshot};
+use serde_json::{Value, json};
+use tracing::info;
+
+use crate::exec::ExecSettings;
+
+/// Directory (under the sandbox workdir) and file the configuration goes to.
+pub const CONFIG_DIR: &str = ".openshell";
+pub const CONFIG_FILE: &str = "config.json";
+const LOG_LEVELS: [&str; 5] = ["error", "warn", "info", "debug", "trace"];
+
+pub fn config_path(workdir: &Path) -> PathBuf {
+    workdir.join(CONFIG_DIR).join(CONFIG_FILE)
+}
+
+/// Checks what this supervisor understands; the reason never quotes values.
+fn check(snapshot: &ConfigSnapshot) -> Result<(), String> {
+    if let Some(setting) = snapshot.sandbox_config.settings.get("log_level") {
+        let ok = matches!(
+            setting.value.as_ref().and_then(|v| v.value.as_ref()),
+            Some(setting_value::Value::StringValue(level)) if LOG_LEVELS.contains(&level.as_str())
+        );
+        if !ok {
+            return Err(
+                "setting log_level must be a string: one of error, warn, info, debug, trace".into(),
+            );
+        }
+    }
+    Ok(())
+}
+
+fn setting_json(value: Option<&setting_value::Value>) -> Value {
+    match value {
+        Some(setting_value::Value::StringValue(s)) => json!(s),
+        Some(setting_value::Value::BoolValue(b)) => json!(b),
+        Some(setting_value::Value::IntValue(i)) => json!(i),
+        Some(setting_value::Value::BytesValue(b)) => json!({ "bytes_hex": hex(b) }),
+        None => Value::Null,
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The file's content: the configuration, and the provider environment's
+/// identity and keys (values stay out of files).
+pub fn render(snapshot: &ConfigSnapshot) -> Value {
+    let config = &snapshot.sandbox_config;
+    let env = &snapshot.provider_environment;
+    let policy = config.policy.clone().unwrap_or_default();
+    let rules: BTreeMap<&String, Value> = policy
+        .network_policies
+        .iter()
+        .map(|(name, rule)| {
+            let endpoints: Vec<Value> = rule
+                .endpoints
+                .iter()
+                .map(|e| json!({ "host": e.host, "port": e.port, "protocol": e.protocol }))
+                .collect();
+            let binaries: Vec<&String> = rule.binaries.iter().map(|b| &b.path).collect();
+            (
+                name,
+                json!({ "endpoints": endpoints, "binaries": binaries }),
+            )
+        })
+        .collect();
+    let settings: BTreeMap<&String, Value> = config
+        .settings
+        .iter()
+        .map(|(key, setting)| {
+            let scope = match SettingScope::try_from(setting.scope) {
+                Ok(SettingScope::Global) => "global",
+                Ok(SettingScope::Sandbox) => "sandbox",
+                _ => "unspecified",
+            };
+            let value = setting_json(setting.value.as_ref().and_then(|v| v.value.as_ref()));
+            (key, json!({ "value": value, "scope": scope }))
+        })
+        .collect();
+    let source = match PolicySource::try_from(config.policy_source) {
+        Ok(PolicySource::Global) => "global",
+        Ok(PolicySource::Sandbox) => "sandbox",
+        _ => "unspecified",
+    };
+    let mut keys: Vec<&String> = env.environment.keys().collect();
+    keys.sort();
+    json!({
+        "config_revision": config.config_revision,
+        "policy_version": config.version,
+        "policy_hash": config.policy_hash,
+        "policy_source": source,
+        "global_policy_version": config.global_policy_version,
+        "network_policies": rules,
+        "settings": settings,
+        "provider_env_revision": config.provider_env_revision,
+        "provider_attachment_epoch": config.provider_attachment_epoch,
+        "provider_environment_keys": keys,
+    })
+}
+
+fn write_atomically(path: &Path, content: &[u8]) -> std::io::Result<()> {
+    let dir = path.parent().expect("config path has a directory");
+    std::fs::create_dir_all(dir)?;
+    let tmp = dir.join(format!(".{CONFIG_FILE}.tmp"));
+    std::fs::write(&tmp, content)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// The apply function handed to the config session.
+pub fn applier(exec: Arc<ExecSettings>) -> openshell_sdk::ApplyFn {
+    Arc::new(move |snapshot: ConfigSnapshot| apply(&exec, &snapshot))
+}
+
+pub fn apply(exec: &ExecSettings, snapshot: &ConfigSnapshot) -> ApplyOutcome {
+    if let Err(reason) = check(snapshot) {
+        return ApplyOutcome::Rejected(reason);
+    }
+    let path = config_path(&exec.workdir);
+    let mut text = serde_json::to_vec_pretty(&render(snapshot)).expect("JSON values serialize");
+    text.push(b'\n');
+    if let Err(err) = write_atomically(&path, &text) {
+        return ApplyOutcome::Rejected(format!(
+            "writing {CONFIG_DIR}/{CONFIG_FILE} failed: {}",
+            crate::relay::error_text(&err)
+        ));
+    }
+    exec.provider_env
+        .replace(snapshot.provider_environment.environment.clone());
+    info!(
+        config_revision = snapshot.sandbox_config.config_revision,
+        provider_env_revision = snapshot.provider_environment.provider_env_revision,
+        "configuration applied"
+    );
+    ApplyOutcome::Applied
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openshell_proto::sandbox::{EffectiveSetting, SettingValue};
+
+    fn settings(workdir: &Path) -> ExecSettings {
+        ExecSettings::new("sb-1".into(), workdir.to_path_buf())
+    }
+
+    fn with_setting(key: &str, value: setting_value::Value) -> ConfigSnapshot {
+        let mut snapshot = ConfigSnapshot::default();
+        snapshot.sandbox_config.config_revision = 4;
+        snapshot.sandbox_config.settings.insert(
+            key.into(),
+            EffectiveSetting {
+                value: Some(SettingValue { value: Some(value) }),
+                scope: SettingScope::Sandbox as i32,
+            },
+        );
+        snapshot
+            .provider_environment
+            .environment
+            .insert("API_KEY".into(), "secret-value-123".into());
+        snapshot
+    }
+
+    #[test]
+    fn applied_config_is_written_without_environment_values() {
+        let dir = tempfile::tempdir().unwrap();
+        let exec = settings(dir.path());
+        let snapshot = with_setting(
+            "log_level",
+            setting_value::Value::StringValue("debug".into()),
+        );
+        assert_eq!(apply(&exec, &snapshot), ApplyOutcome::Applied);
+        let text = std::fs::read_to_string(config_path(dir.path())).unwrap();
+        let value: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(value["config_revision"], 4);
+        assert_eq!(value["settings"]["log_level"]["value"], "debug");
+        assert_eq!(value["provider_environment_keys"][0], "API_KEY");
+        assert!(!text.contains("secret-value-123"));
+        assert_eq!(
+            exec.provider_env.get().get("API_KEY").map(String::as_str),
+            Some("secret-value-123")
+        );
+    }
+
+    #[test]
+    fn bad_log_levels_are_rejected_and_nothing_changes() {
+        let dir = tempfile::tempdir().unwrap();
+        let exec = settings(dir.path());
+        let snapshot = with_setting(
+            "log_level",
+            setting_value::Value::StringValue("loud".into()),
+        );
+        let ApplyOutcome::Rejected(reason) = apply(&exec, &snapshot) else {
+            panic!("a bad log level must be rejected");
+        };
+        assert!(!reason.contains("loud"));
+        assert!(!config_path(dir.path()).exists());
+        assert!(exec.provider_env.get().is_empty());
+        let snapshot = with_setting("log_level", setting_value::Value::IntValue(3));
+        assert!(matches!(apply(&exec, &snapshot), ApplyOutcome::Rejected(_)));
+    }
+}
