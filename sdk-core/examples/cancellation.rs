@@ -5,7 +5,7 @@
 //! - dropping a stream cancels its RPC.
 //!
 //! ```sh
-//! OPENSHELL_ENDPOINT=http://127.0.0.1:50051 OPENSHELL_TOKEN=dev \
+//! OPENSHELL_ENDPOINT=http://127.0.0.1:17670 \
 //!     cargo run -p openshell-sdk --example cancellation -- my-sandbox
 //! ```
 
@@ -18,7 +18,7 @@ async fn main() -> Result<(), Error> {
     let sandbox = std::env::args()
         .nth(1)
         .ok_or_else(|| Error::invalid_config("usage: cancellation <sandbox>"))?;
-    let client = Client::connect(config_from_env()?).await?;
+    let client = Client::connect(ClientConfig::from_env().build()?).await?;
     let sleep = || ExecRequest::new(&sandbox, ["sleep", "30"]);
 
     // 1. A deadline.
@@ -54,14 +54,4 @@ async fn main() -> Result<(), Error> {
     drop(stream);
     println!("stream dropped");
     Ok(())
-}
-
-fn config_from_env() -> Result<ClientConfig, Error> {
-    let endpoint =
-        std::env::var("OPENSHELL_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:50051".into());
-    let mut builder = ClientConfig::builder(endpoint);
-    if let Ok(token) = std::env::var("OPENSHELL_TOKEN") {
-        builder = builder.token(token);
-    }
-    builder.build()
 }

@@ -4,7 +4,7 @@
 //! cancelled and fails with code `output_limit`.
 //!
 //! ```sh
-//! OPENSHELL_ENDPOINT=http://127.0.0.1:50051 OPENSHELL_TOKEN=dev \
+//! OPENSHELL_ENDPOINT=http://127.0.0.1:17670 \
 //!     cargo run -p openshell-sdk --example exec -- my-sandbox uname -a
 //! ```
 
@@ -22,7 +22,7 @@ async fn main() -> Result<(), Error> {
     if command.is_empty() {
         command = vec!["echo".into(), "hello from the sandbox".into()];
     }
-    let client = Client::connect(config_from_env()?).await?;
+    let client = Client::connect(ClientConfig::from_env().build()?).await?;
 
     let request = ExecRequest::new(&sandbox, command)
         .env("EXAMPLE", "1")
@@ -41,14 +41,4 @@ async fn main() -> Result<(), Error> {
         }
         Err(err) => Err(err),
     }
-}
-
-fn config_from_env() -> Result<ClientConfig, Error> {
-    let endpoint =
-        std::env::var("OPENSHELL_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:50051".into());
-    let mut builder = ClientConfig::builder(endpoint);
-    if let Ok(token) = std::env::var("OPENSHELL_TOKEN") {
-        builder = builder.token(token);
-    }
-    builder.build()
 }

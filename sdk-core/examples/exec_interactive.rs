@@ -5,7 +5,7 @@
 //! example only sends one resize.
 //!
 //! ```sh
-//! OPENSHELL_ENDPOINT=http://127.0.0.1:50051 OPENSHELL_TOKEN=dev \
+//! OPENSHELL_ENDPOINT=http://127.0.0.1:17670 \
 //!     cargo run -p openshell-sdk --example exec_interactive -- my-sandbox
 //! ```
 
@@ -19,7 +19,7 @@ async fn main() -> Result<(), Error> {
     let sandbox = std::env::args()
         .nth(1)
         .ok_or_else(|| Error::invalid_config("usage: exec_interactive <sandbox>"))?;
-    let client = Client::connect(config_from_env()?).await?;
+    let client = Client::connect(ClientConfig::from_env().build()?).await?;
 
     let session = client
         .exec_interactive(
@@ -54,14 +54,4 @@ async fn main() -> Result<(), Error> {
         }
     }
     Ok(())
-}
-
-fn config_from_env() -> Result<ClientConfig, Error> {
-    let endpoint =
-        std::env::var("OPENSHELL_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:50051".into());
-    let mut builder = ClientConfig::builder(endpoint);
-    if let Ok(token) = std::env::var("OPENSHELL_TOKEN") {
-        builder = builder.token(token);
-    }
-    builder.build()
 }

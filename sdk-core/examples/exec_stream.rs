@@ -5,7 +5,7 @@
 //! the whole command here.
 //!
 //! ```sh
-//! OPENSHELL_ENDPOINT=http://127.0.0.1:50051 OPENSHELL_TOKEN=dev \
+//! OPENSHELL_ENDPOINT=http://127.0.0.1:17670 \
 //!     cargo run -p openshell-sdk --example exec_stream -- my-sandbox
 //! ```
 
@@ -20,7 +20,7 @@ async fn main() -> Result<(), Error> {
     let sandbox = std::env::args()
         .nth(1)
         .ok_or_else(|| Error::invalid_config("usage: exec_stream <sandbox>"))?;
-    let client = Client::connect(config_from_env()?).await?;
+    let client = Client::connect(ClientConfig::from_env().build()?).await?;
 
     let script = "for i in 1 2 3; do echo tick $i; echo tock $i >&2; sleep 1; done";
     let mut events = client
@@ -41,14 +41,4 @@ async fn main() -> Result<(), Error> {
         }
     }
     Ok(())
-}
-
-fn config_from_env() -> Result<ClientConfig, Error> {
-    let endpoint =
-        std::env::var("OPENSHELL_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:50051".into());
-    let mut builder = ClientConfig::builder(endpoint);
-    if let Ok(token) = std::env::var("OPENSHELL_TOKEN") {
-        builder = builder.token(token);
-    }
-    builder.build()
 }

@@ -4,7 +4,7 @@
 //! `ForwardTcp` stream; this program only holds the handle.
 //!
 //! ```sh
-//! OPENSHELL_ENDPOINT=http://127.0.0.1:50051 OPENSHELL_TOKEN=dev \
+//! OPENSHELL_ENDPOINT=http://127.0.0.1:17670 \
 //!     cargo run -p openshell-sdk --example forward -- my-sandbox 8080 127.0.0.1:18080
 //! curl http://127.0.0.1:18080/
 //! ```
@@ -20,7 +20,7 @@ async fn main() -> Result<(), Error> {
     let sandbox = args.next().ok_or_else(usage)?;
     let remote_port: u16 = args.next().and_then(|p| p.parse().ok()).ok_or_else(usage)?;
     let local = args.next().unwrap_or_else(|| "127.0.0.1:0".into());
-    let client = Client::connect(config_from_env()?).await?;
+    let client = Client::connect(ClientConfig::from_env().build()?).await?;
 
     let handle = client
         .forward(&sandbox, remote_port, local.as_str(), CallOptions::new())
@@ -42,14 +42,4 @@ async fn main() -> Result<(), Error> {
     handle.closed().await;
     println!("closed: {:?}", handle.stats());
     Ok(())
-}
-
-fn config_from_env() -> Result<ClientConfig, Error> {
-    let endpoint =
-        std::env::var("OPENSHELL_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:50051".into());
-    let mut builder = ClientConfig::builder(endpoint);
-    if let Ok(token) = std::env::var("OPENSHELL_TOKEN") {
-        builder = builder.token(token);
-    }
-    builder.build()
 }

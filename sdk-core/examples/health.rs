@@ -4,7 +4,7 @@
 //! an optional CA bundle, connect timeout, keepalive and default deadline.
 //!
 //! ```sh
-//! OPENSHELL_ENDPOINT=http://127.0.0.1:50051 OPENSHELL_TOKEN=dev \
+//! OPENSHELL_ENDPOINT=http://127.0.0.1:17670 \
 //!     cargo run -p openshell-sdk --example health
 //! # TLS with a private CA:
 //! OPENSHELL_ENDPOINT=https://gateway.example:443 OPENSHELL_CA_PEM=ca.pem \
@@ -18,7 +18,7 @@ use openshell_sdk::{CallOptions, Client, ClientConfig, Error};
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     let endpoint =
-        std::env::var("OPENSHELL_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:50051".into());
+        std::env::var("OPENSHELL_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:17670".into());
     let mut builder = ClientConfig::builder(endpoint)
         .connect_timeout(Duration::from_secs(5))
         .keepalive(Some(Duration::from_secs(30)))

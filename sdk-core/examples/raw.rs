@@ -5,7 +5,7 @@
 //! protobuf library.
 //!
 //! ```sh
-//! OPENSHELL_ENDPOINT=http://127.0.0.1:50051 OPENSHELL_TOKEN=dev \
+//! OPENSHELL_ENDPOINT=http://127.0.0.1:17670 \
 //!     cargo run -p openshell-sdk --example raw -- my-sandbox
 //! ```
 
@@ -21,7 +21,7 @@ async fn main() -> Result<(), Error> {
     let sandbox = std::env::args()
         .nth(1)
         .ok_or_else(|| Error::invalid_config("usage: raw <sandbox>"))?;
-    let client = Client::connect(config_from_env()?).await?;
+    let client = Client::connect(ClientConfig::from_env().build()?).await?;
 
     // The generated method table says how each method streams and which
     // field names the sandbox for owner-routed streams.
@@ -80,14 +80,4 @@ async fn main() -> Result<(), Error> {
     }
     stream.cancel();
     Ok(())
-}
-
-fn config_from_env() -> Result<ClientConfig, Error> {
-    let endpoint =
-        std::env::var("OPENSHELL_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:50051".into());
-    let mut builder = ClientConfig::builder(endpoint);
-    if let Ok(token) = std::env::var("OPENSHELL_TOKEN") {
-        builder = builder.token(token);
-    }
-    builder.build()
 }

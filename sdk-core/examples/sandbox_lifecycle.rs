@@ -2,7 +2,7 @@
 //! wait until it is gone. Waiting follows `WatchSandbox` events, no polling.
 //!
 //! ```sh
-//! OPENSHELL_ENDPOINT=http://127.0.0.1:50051 OPENSHELL_TOKEN=dev \
+//! OPENSHELL_ENDPOINT=http://127.0.0.1:17670 \
 //!     cargo run -p openshell-sdk --example sandbox_lifecycle
 //! ```
 
@@ -12,7 +12,7 @@ use openshell_sdk::{CallOptions, Client, ClientConfig, CreateSandbox, Error, Lis
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    let client = Client::connect(config_from_env()?).await?;
+    let client = Client::connect(ClientConfig::from_env().build()?).await?;
     let sandboxes = client.sandboxes();
 
     // No name: the server generates one. The environment stays out of logs.
@@ -57,14 +57,4 @@ async fn main() -> Result<(), Error> {
         .await?;
     println!("{} is gone", created.name);
     Ok(())
-}
-
-fn config_from_env() -> Result<ClientConfig, Error> {
-    let endpoint =
-        std::env::var("OPENSHELL_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:50051".into());
-    let mut builder = ClientConfig::builder(endpoint);
-    if let Ok(token) = std::env::var("OPENSHELL_TOKEN") {
-        builder = builder.token(token);
-    }
-    builder.build()
 }

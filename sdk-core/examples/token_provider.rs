@@ -47,7 +47,7 @@ impl TokenProvider for FileTokens {
 #[tokio::main]
 async fn main() -> Result<(), Error> {
     let endpoint =
-        std::env::var("OPENSHELL_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:50051".into());
+        std::env::var("OPENSHELL_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:17670".into());
     let provider = Arc::new(FileTokens {
         calls: AtomicUsize::new(0),
     });

@@ -1,7 +1,7 @@
 //! Stream snapshots of one sandbox until Ctrl-C.
 //!
 //! ```sh
-//! OPENSHELL_ENDPOINT=http://127.0.0.1:50051 OPENSHELL_TOKEN=dev \
+//! OPENSHELL_ENDPOINT=http://127.0.0.1:17670 \
 //!     cargo run -p openshell-sdk --example watch -- my-sandbox
 //! ```
 
@@ -13,7 +13,7 @@ async fn main() -> Result<(), Error> {
     let name = std::env::args()
         .nth(1)
         .ok_or_else(|| Error::invalid_config("usage: watch <sandbox>"))?;
-    let client = Client::connect(config_from_env()?).await?;
+    let client = Client::connect(ClientConfig::from_env().build()?).await?;
 
     // Ctrl-C cancels the watch through its token.
     let cancel = CancellationToken::new();
@@ -38,14 +38,4 @@ async fn main() -> Result<(), Error> {
         }
     }
     Ok(())
-}
-
-fn config_from_env() -> Result<ClientConfig, Error> {
-    let endpoint =
-        std::env::var("OPENSHELL_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:50051".into());
-    let mut builder = ClientConfig::builder(endpoint);
-    if let Ok(token) = std::env::var("OPENSHELL_TOKEN") {
-        builder = builder.token(token);
-    }
-    builder.build()
 }

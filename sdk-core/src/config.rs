@@ -49,6 +49,19 @@ pub struct ClientConfig {
 }
 
 impl ClientConfig {
+    /// A configuration from the environment: `OPENSHELL_ENDPOINT` (default
+    /// `http://127.0.0.1:17670`, what `make up` serves) and, when set,
+    /// `OPENSHELL_TOKEN`. The examples use it.
+    pub fn from_env() -> ClientConfigBuilder {
+        let endpoint = std::env::var("OPENSHELL_ENDPOINT")
+            .unwrap_or_else(|_| "http://127.0.0.1:17670".to_owned());
+        let builder = Self::builder(endpoint);
+        match std::env::var("OPENSHELL_TOKEN") {
+            Ok(token) if !token.is_empty() => builder.token(token),
+            _ => builder,
+        }
+    }
+
     /// Starts a configuration for `endpoint` (`http://host:port` or
     /// `https://host:port`).
     pub fn builder(endpoint: impl Into<String>) -> ClientConfigBuilder {

@@ -7,7 +7,7 @@
 //! use openshell_sdk::{CallOptions, Client, ClientConfig, CreateSandbox, ExecRequest};
 //!
 //! # async fn run() -> Result<(), openshell_sdk::Error> {
-//! let config = ClientConfig::builder("http://127.0.0.1:50051")
+//! let config = ClientConfig::builder("http://127.0.0.1:17670")
 //!     .token("my-token")
 //!     .build()?;
 //! let client = Client::connect(config).await?;
@@ -104,8 +104,8 @@ pub use sandboxes::{
     Sandboxes, ServiceStatus,
 };
 pub use supervisor::{
-    ApplyFn, ApplyOutcome, ConfigEvent, ConfigSession, ConfigSessionBuilder, ConfigSessionStats,
-    ConfigSnapshot, DeliveryMode, SessionEvent, SessionHandle,
+    ApplyFn, ApplyOutcome, ApplyWithModeFn, ConfigEvent, ConfigSession, ConfigSessionBuilder,
+    ConfigSessionStats, ConfigSnapshot, DeliveryMode, SessionEvent, SessionHandle,
 };
 pub use tokio_util::sync::CancellationToken;
 
