@@ -68,9 +68,12 @@ conformance: build python
 check-wheel:
 	bash scripts/check-wheel.sh
 
+# `make bench BENCH=config` (or sdk, routing, all) runs another benchmark.
+BENCH ?= gateway
+
 bench:
 	$(CARGO) build --release --workspace --bins
-	OPENSHELL_BIN_DIR=$(CURDIR)/target/release ./target/release/openshell-bench gateway
+	OPENSHELL_BIN_DIR=$(CURDIR)/target/release ./target/release/openshell-bench $(BENCH)
 
 clean-run:
 	rm -rf $(RUN_DIR)

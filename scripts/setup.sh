@@ -54,6 +54,10 @@ fi
 if ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; then
   install_deb postgresql
 fi
+# libfaketime: the clock-skew test starts a replica with its clock shifted.
+if [ ! -e /usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1 ]; then
+  install_deb faketime
+fi
 # Python SDK: the project venv (.venv, gitignored) with the pinned tools of
 # sdk-python/requirements-dev.txt. pip runs only when the venv is new or the
 # pins changed (the installed pins are remembered in the venv).

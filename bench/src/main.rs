@@ -9,7 +9,16 @@
 //!   listener, through the gateway and supervisor, to a sink server) as a
 //!   ratio of a plain loopback TCP copy; and unary `GetSandbox` latency (p50,
 //!   p99) through the SDK against a plain tonic client ("SDK vs native").
-//! - `openshell-bench all`: both.
+//! - `openshell-bench routing`: a 3-replica cluster behind the edge:
+//!   hinted vs peer-relayed exec and forward, and the owner lookup's cost.
+//! - `openshell-bench config`: push config delivery. One gateway in push
+//!   mode with the hidden test driver `none` (sandbox records and token
+//!   files, no supervisor processes) and N sdk-core `ConfigSession`s in
+//!   this process, one per sandbox (N = 1000, or
+//!   `OPENSHELL_BENCH_CONFIG_SESSIONS`): the time for one global setting
+//!   change to reach every session, builds per second, and the ratio of
+//!   writes to builds under a burst of 1000 writes to 10 sandboxes.
+//! - `openshell-bench all`: every one of them.
 //!
 //! `OPENSHELL_BENCH_FORWARD_MIB` sets the bytes per forward copy (default
 //! 256 MiB).
@@ -433,8 +442,14 @@ async fn routing_bench() {
 
     exec_latencies(&hinted, "bench", 20).await;
     exec_latencies(&unhinted, "bench", 20).await;
-    let hinted_exec = exec_latencies(&hinted, "bench", 200).await;
-    let unhinted_exec = exec_latencies(&unhinted, "bench", 200).await;
+    // Interleaved, so both see the same machine load.
+    let (mut hinted_exec, mut unhinted_exec) = (Vec::new(), Vec::new());
+    for _ in 0..200 {
+        hinted_exec.extend(exec_latencies(&hinted, "bench", 1).await);
+        unhinted_exec.extend(exec_latencies(&unhinted, "bench", 1).await);
+    }
+    hinted_exec.sort();
+    unhinted_exec.sort();
     let relayed: f64 = cluster
         .replicas
         .iter()
@@ -507,19 +522,440 @@ async fn routing_bench() {
     );
 }
 
+// ---------------------------------------------------------------- config
+
+/// Sessions of `openshell-bench config` (`OPENSHELL_BENCH_CONFIG_SESSIONS`
+/// overrides).
+const CONFIG_SESSIONS_DEFAULT: usize = 1000;
+/// The burst: this many writes, spread over `BURST_SANDBOXES` sandboxes by
+/// `BURST_WRITERS` concurrent writers.
+const BURST_WRITES: usize = 1000;
+const BURST_SANDBOXES: usize = 10;
+const BURST_WRITERS: usize = 8;
+
+fn config_sessions() -> usize {
+    std::env::var("OPENSHELL_BENCH_CONFIG_SESSIONS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(CONFIG_SESSIONS_DEFAULT)
+}
+
+/// What the simulated supervisors applied, shared by every session's apply
+/// function.
+struct Fleet {
+    /// The value of `bench_wave` being waited for, and when it was written.
+    wave: std::sync::Mutex<(String, Instant)>,
+    /// Per session: when it applied the current wave (since the write).
+    arrivals: std::sync::Mutex<Vec<Duration>>,
+    /// Per sandbox name: the last `bench_burst` value it applied.
+    burst: std::sync::Mutex<std::collections::HashMap<String, String>>,
+}
+
+fn string_setting(snapshot: &openshell_sdk::ConfigSnapshot, key: &str) -> Option<String> {
+    use openshell_proto::sandbox::setting_value::Value;
+    match snapshot
+        .sandbox_config
+        .settings
+        .get(key)?
+        .value
+        .as_ref()?
+        .value
+        .as_ref()?
+    {
+        Value::StringValue(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+fn global_setting(key: &str, value: &str) -> UpdateConfigRequest {
+    UpdateConfigRequest {
+        global: true,
+        setting_key: key.into(),
+        setting_value: Some(openshell_proto::sandbox::SettingValue {
+            value: Some(openshell_proto::sandbox::setting_value::Value::StringValue(
+                value.into(),
+            )),
+        }),
+        ..Default::default()
+    }
+}
+
+fn metric(gw: &Gateway, sample: &str) -> f64 {
+    gw.metric(sample).unwrap_or(0.0)
+}
+
+fn mark_builds(gw: &Gateway) -> (f64, f64) {
+    let count = metric(
+        gw,
+        r#"openshell_server_config_build_duration_seconds_count{part="sandbox_config",trigger="mark",outcome="ok"}"#,
+    );
+    let sum = metric(
+        gw,
+        r#"openshell_server_config_build_duration_seconds_sum{part="sandbox_config",trigger="mark",outcome="ok"}"#,
+    );
+    (count, sum)
+}
+
+/// `openshell-bench config`: push config delivery to many supervisor
+/// sessions. One gateway in push mode with the hidden test driver `none`
+/// (sandbox records and token files, no supervisor processes); N sdk-core
+/// `ConfigSession`s in this process stand in for N supervisors, each on
+/// its own HTTP/2 connection with its sandbox's token. Prints the time for
+/// one global setting change to reach every session, build throughput, and
+/// the writes-to-builds ratio of a burst.
+async fn config_bench() {
+    use openshell_sdk::{
+        ApplyOutcome, CancellationToken, ClientConfig, ConfigSession, ConfigSnapshot, DeliveryMode,
+    };
+    use std::sync::Arc;
+
+    let sessions = config_sessions();
+    let gw = Gateway::start(GatewayOptions {
+        extra_args: [
+            "--config-delivery-mode",
+            "push",
+            "--driver",
+            "none",
+            // No reconcile pass during the run: every build is a mark's.
+            "--config-reconcile-ms",
+            "3600000",
+        ]
+        .map(String::from)
+        .to_vec(),
+        ..GatewayOptions::dev()
+    });
+    let channel = Channel::from_shared(gw.url.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let client = OpenShellClient::new(channel);
+
+    // Sandbox records (no processes): 16 creates at a time.
+    let started = Instant::now();
+    let permits = Arc::new(tokio::sync::Semaphore::new(16));
+    let mut creates = Vec::new();
+    for i in 0..sessions {
+        let mut client = client.clone();
+        let permits = permits.clone();
+        creates.push(tokio::spawn(async move {
+            let _permit = permits.acquire().await.unwrap();
+            let sandbox = client
+                .create_sandbox(CreateSandboxRequest {
+                    name: format!("cfg-{i}"),
+                    ..Default::default()
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .sandbox
+                .unwrap();
+            (format!("cfg-{i}"), sandbox.metadata.unwrap().id)
+        }));
+    }
+    let mut sandboxes = Vec::with_capacity(sessions);
+    for create in creates {
+        sandboxes.push(create.await.unwrap());
+    }
+    let created = started.elapsed();
+
+    // One ConfigSession per sandbox, on the token the driver wrote.
+    let fleet = Arc::new(Fleet {
+        wave: std::sync::Mutex::new((String::new(), Instant::now())),
+        arrivals: std::sync::Mutex::new(Vec::with_capacity(sessions)),
+        burst: std::sync::Mutex::new(std::collections::HashMap::new()),
+    });
+    let cancel = CancellationToken::new();
+    let mut handles = Vec::with_capacity(sessions);
+    let started = Instant::now();
+    for (name, id) in &sandboxes {
+        let token_path = gw.store_dir().join("sandboxes").join(id).join("token");
+        let token = std::fs::read_to_string(&token_path).unwrap();
+        let config = ClientConfig::builder(gw.url.clone())
+            .token(token.as_str())
+            .build()
+            .unwrap();
+        let fleet = fleet.clone();
+        let name = name.clone();
+        let apply = Arc::new(move |snapshot: ConfigSnapshot| {
+            if let Some(wave) = string_setting(&snapshot, "bench_wave") {
+                let (want, at) = fleet.wave.lock().unwrap().clone();
+                if wave == want {
+                    fleet.arrivals.lock().unwrap().push(at.elapsed());
+                }
+            }
+            if let Some(value) = string_setting(&snapshot, "bench_burst") {
+                fleet.burst.lock().unwrap().insert(name.clone(), value);
+            }
+            ApplyOutcome::Applied
+        });
+        let session = ConfigSession::builder(config, id.clone())
+            .apply(apply)
+            .build()
+            .unwrap();
+        let run = {
+            let (session, cancel) = (session.clone(), cancel.clone());
+            tokio::spawn(async move { session.run(cancel).await })
+        };
+        handles.push((session, run));
+    }
+    let connected = |handles: &[(ConfigSession, _)]| {
+        handles
+            .iter()
+            .filter(|(s, _)| {
+                let stats = s.stats();
+                stats.mode == Some(DeliveryMode::Push) && stats.last_update_id >= 1
+            })
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while connected(&handles) < sessions && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let bootstrapped = connected(&handles);
+    let connect_time = started.elapsed();
+    let gauge = metric(&gw, "openshell_server_config_push_sessions");
+
+    // One global setting change, to every session.
+    let mut writer = client.clone();
+    let (builds_before, sum_before) = mark_builds(&gw);
+    let sent_before = metric(
+        &gw,
+        r#"openshell_server_config_updates_sent_total{kind="update"}"#,
+    );
+    *fleet.wave.lock().unwrap() = ("wave-1".into(), Instant::now());
+    writer
+        .update_config(global_setting("bench_wave", "wave-1"))
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while fleet.arrivals.lock().unwrap().len() < bootstrapped && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let mut arrivals = fleet.arrivals.lock().unwrap().clone();
+    arrivals.sort();
+    let reached = arrivals.len();
+    // Let trailing builds (if any) finish before reading the counters.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (builds_after, sum_after) = mark_builds(&gw);
+    let wave_builds = builds_after - builds_before;
+    let wave_sent = metric(
+        &gw,
+        r#"openshell_server_config_updates_sent_total{kind="update"}"#,
+    ) - sent_before;
+    let all = *arrivals.last().unwrap_or(&Duration::ZERO);
+
+    let targets: Vec<String> = sandboxes
+        .iter()
+        .take(BURST_SANDBOXES)
+        .map(|(name, _)| name.clone())
+        .collect();
+    // The burst alone, then the same burst while a global change to every
+    // session is being built (builds wait for permits: marks merge).
+    let alone = burst(&gw, &client, &fleet, &targets, "a", None).await;
+    *fleet.wave.lock().unwrap() = ("wave-2".into(), Instant::now());
+    let during = burst(&gw, &client, &fleet, &targets, "b", Some("wave-2")).await;
+    let unchanged = metric(&gw, "openshell_server_config_unchanged_total");
+
+    cancel.cancel();
+    for (_, run) in handles {
+        let _ = run.await;
+    }
+
+    println!(
+        "config push benchmark: 1 gateway (push, driver none), {sessions} sdk-core ConfigSessions in this process (one HTTP/2 connection each)"
+    );
+    println!(
+        "  sandboxes created: {sessions} in {:.2} s; sessions bootstrapped: {bootstrapped}/{sessions} in {:.2} s (push_sessions gauge {gauge})",
+        created.as_secs_f64(),
+        connect_time.as_secs_f64()
+    );
+    println!(
+        "  global setting -> {reached}/{bootstrapped} sessions applied: all in {:.1} ms (p50 {:.1} ms, p99 {:.1} ms)",
+        ms(all),
+        ms(percentile_or_zero(&arrivals, 0.50)),
+        ms(percentile_or_zero(&arrivals, 0.99)),
+    );
+    println!(
+        "  builds for the change: {wave_builds} (one per session), {wave_sent} updates sent; {:.0} builds/s over the propagation, mean build {:.2} ms",
+        wave_builds / all.as_secs_f64().max(1e-9),
+        1e3 * (sum_after - sum_before) / wave_builds.max(1.0)
+    );
+    for (label, b) in [("burst alone", &alone), ("burst + global change", &during)] {
+        println!(
+            "  {label}: {} writes ({} to {BURST_SANDBOXES} sandboxes by {BURST_WRITERS} writers{}) in {:.2} s ({:.0} writes/s); {} builds, {} updates sent; every session on its last value: {} after {:.2} s",
+            b.writes,
+            b.sandbox_writes,
+            if b.global { ", 1 global" } else { "" },
+            b.write_time.as_secs_f64(),
+            b.writes / b.write_time.as_secs_f64(),
+            b.builds,
+            b.sent,
+            b.converged,
+            b.converge_time.as_secs_f64()
+        );
+        println!(
+            "  ratio writes / builds ({label}): {:.2}{}",
+            b.writes / b.builds.max(1.0),
+            if b.global {
+                format!(
+                    " (as session-writes: {:.0} sessions marked / {} builds = {:.2})",
+                    b.sandbox_writes + bootstrapped as f64,
+                    b.builds,
+                    (b.sandbox_writes + bootstrapped as f64) / b.builds.max(1.0)
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
+    println!("  builds not sent because unchanged (whole run): {unchanged}");
+}
+
+struct Burst {
+    /// Committed writes (the gateway's publications counter).
+    writes: f64,
+    sandbox_writes: f64,
+    global: bool,
+    builds: f64,
+    sent: f64,
+    write_time: Duration,
+    converged: bool,
+    converge_time: Duration,
+}
+
+/// BURST_WRITES writes to `targets` by BURST_WRITERS concurrent writers
+/// (each sandbox written by one writer, in order, so its last value is
+/// known), optionally with a global write of `bench_wave` at the start.
+/// Waits until every target's session applied its last value (and every
+/// session the wave).
+async fn burst(
+    gw: &Gateway,
+    client: &OpenShellClient<Channel>,
+    fleet: &std::sync::Arc<Fleet>,
+    targets: &[String],
+    tag: &str,
+    global: Option<&str>,
+) -> Burst {
+    let publications = |gw: &Gateway| {
+        metric(
+            gw,
+            r#"openshell_server_config_publications_total{scope="sandbox"}"#,
+        ) + metric(
+            gw,
+            r#"openshell_server_config_publications_total{scope="all"}"#,
+        )
+    };
+    let sent = |gw: &Gateway| {
+        metric(
+            gw,
+            r#"openshell_server_config_updates_sent_total{kind="update"}"#,
+        )
+    };
+    let (published_before, builds_before, sent_before) =
+        (publications(gw), mark_builds(gw).0, sent(gw));
+    let sessions_before = fleet.arrivals.lock().unwrap().len();
+    fleet.arrivals.lock().unwrap().clear();
+    let per_sandbox = BURST_WRITES / targets.len();
+    let started = Instant::now();
+    if let Some(wave) = global {
+        client
+            .clone()
+            .update_config(global_setting("bench_wave", wave))
+            .await
+            .unwrap();
+    }
+    let mut writers = Vec::new();
+    for w in 0..BURST_WRITERS {
+        let mut client = client.clone();
+        let tag = tag.to_owned();
+        let mine: Vec<(usize, String)> = targets
+            .iter()
+            .enumerate()
+            .filter(|(t, _)| t % BURST_WRITERS == w)
+            .map(|(t, name)| (t, name.clone()))
+            .collect();
+        writers.push(tokio::spawn(async move {
+            for j in 0..per_sandbox {
+                for (t, sandbox) in &mine {
+                    client
+                        .update_config(UpdateConfigRequest {
+                            sandbox: sandbox.clone(),
+                            setting_key: "bench_burst".into(),
+                            setting_value: Some(openshell_proto::sandbox::SettingValue {
+                                value: Some(
+                                    openshell_proto::sandbox::setting_value::Value::StringValue(
+                                        format!("{tag}-{t}-{j}"),
+                                    ),
+                                ),
+                            }),
+                            ..Default::default()
+                        })
+                        .await
+                        .unwrap();
+                }
+            }
+        }));
+    }
+    for writer in writers {
+        writer.await.unwrap();
+    }
+    let write_time = started.elapsed();
+    let last: std::collections::HashMap<String, String> = targets
+        .iter()
+        .enumerate()
+        .map(|(t, name)| (name.clone(), format!("{tag}-{t}-{}", per_sandbox - 1)))
+        .collect();
+    let settled = |fleet: &Fleet| {
+        let burst = fleet.burst.lock().unwrap();
+        last.iter()
+            .all(|(name, want)| burst.get(name) == Some(want))
+            && (global.is_none() || fleet.arrivals.lock().unwrap().len() >= sessions_before)
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !settled(fleet) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let converged = settled(fleet);
+    let converge_time = started.elapsed();
+    // Trailing builds (a mark that arrived during the last build) finish.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    Burst {
+        writes: publications(gw) - published_before,
+        sandbox_writes: (per_sandbox * targets.len()) as f64,
+        global: global.is_some(),
+        builds: mark_builds(gw).0 - builds_before,
+        sent: sent(gw) - sent_before,
+        write_time,
+        converged,
+        converge_time,
+    }
+}
+
+fn percentile_or_zero(sorted: &[Duration], p: f64) -> Duration {
+    if sorted.is_empty() {
+        Duration::ZERO
+    } else {
+        percentile(sorted, p)
+    }
+}
+
 #[tokio::main]
 async fn main() {
     match std::env::args().nth(1).as_deref() {
         Some("gateway") | None => gateway_bench().await,
         Some("sdk") => sdk_bench().await,
         Some("routing") => routing_bench().await,
+        Some("config") => config_bench().await,
         Some("all") => {
             gateway_bench().await;
             sdk_bench().await;
             routing_bench().await;
+            config_bench().await;
         }
         Some(other) => {
-            eprintln!("unknown benchmark {other:?}; try: gateway, sdk, routing, all");
+            eprintln!("unknown benchmark {other:?}; try: gateway, sdk, routing, config, all");
             std::process::exit(2);
         }
     }

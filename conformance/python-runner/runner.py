@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import os
+import signal
 import socket
 import sys
 import threading
@@ -38,10 +39,60 @@ class StepFailed(Exception):
     """A step's outcome did not match its expectation."""
 
 
+DATA_DIR_VAR = "OPENSHELL_CONFORMANCE_DATA_DIR"
+
+
 def capabilities(client: AsyncClient) -> set[str]:
     """What this runner can exercise with the SDK as built."""
     del client  # every capability below is in the SDK as built
-    return {"routing_stats"}
+    caps = {"routing_stats"}
+    # ConfigSession is in the SDK; a session needs a sandbox token, read from
+    # the sandbox's supervisor in the cluster's data directory.
+    if os.environ.get(DATA_DIR_VAR):
+        caps.add("push_config")
+    return caps
+
+
+def process_running(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text(errors="replace")
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] not in ("Z", "X")
+
+
+def supervisor_token(data_dir: Path, sandbox_id: str) -> tuple[int, str]:
+    """The sandbox's supervisor PID and the sandbox token from its environment."""
+    pid = int((data_dir / "sandboxes" / sandbox_id / "supervisor.pid").read_text().strip())
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    if not any(a.endswith(b"openshell-supervisor") for a in args) or (
+        sandbox_id.encode() not in args
+    ):
+        raise StepFailed(f"process {pid} is not the supervisor of sandbox {sandbox_id}")
+    token = None
+    for entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
+        if entry.startswith(b"OPENSHELL_SANDBOX_TOKEN="):
+            token = entry.split(b"=", 1)[1].decode()
+    if token is None:
+        raise StepFailed("the supervisor has no OPENSHELL_SANDBOX_TOKEN")
+    return pid, token
+
+
+async def take_over(data_dir: Path, sandbox_id: str) -> str:
+    """The sandbox token; the sandbox's supervisor is then stopped by its PID
+    (SIGTERM, bounded wait), so the step's session is the sandbox's only one."""
+    pid, token = supervisor_token(data_dir, sandbox_id)
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + 10
+    while process_running(pid):
+        if time.monotonic() > deadline:
+            raise StepFailed(f"supervisor {pid} did not stop within 10 s")
+        await asyncio.sleep(0.02)
+    return token
+
+
+def string_settings(update: osdk.ConfigUpdate) -> dict[str, str]:
+    return {k: v for k, v in update.settings.items() if isinstance(v, str)}
 
 
 def snake(name: str) -> str:
@@ -95,6 +146,7 @@ class Runner:
 
     def subst(self, value: Any) -> Any:
         if isinstance(value, str):
+            value = value.replace("${run}", self.run_id)
             for alias in ("main", "life"):
                 value = value.replace("${" + alias + "}", self.name(alias))
             return value
@@ -246,11 +298,122 @@ class Runner:
                 "hinted_delta": after.hinted - before.hinted,
                 "unrouted_retry_delta": after.unrouted_retry - before.unrouted_retry,
             }
+        if op == "config_session":
+            return await self.config_session(step)
         if op == "client_health":
             async with AsyncClient(step["endpoint"], connect_timeout=2) as other:
                 await other.health()
             return {}
         raise StepFailed(f"this runner does not know op {op!r}")
+
+    async def config_session(self, step: dict[str, Any]) -> dict[str, Any]:
+        """Takes over a sandbox's session with ``openshell_sdk.ConfigSession`` on
+        the sandbox's own token, writes the step's settings and watches them
+        arrive. Push sessions are answered through ``events()`` and explicit
+        acknowledgements, the others through an ``apply`` callback."""
+        name = self.target(step)
+        sandbox = await self.client.sandboxes.get(name)
+        token = await take_over(Path(os.environ[DATA_DIR_VAR]), sandbox.id)
+        reject = step.get("reject")
+        refused = None if reject is None else (reject["setting"], reject["value"])
+        applied: list[dict[str, str]] = []
+
+        def verdict(update: osdk.ConfigUpdate) -> osdk.ApplyResult:
+            settings = string_settings(update)
+            if refused is not None and settings.get(refused[0]) == refused[1]:
+                return osdk.Rejected(f"{refused[0]} must not be {refused[1]}")
+            applied.append(settings)
+            return None
+
+        announce = bool(step.get("announce_push", True))
+        session = osdk.ConfigSession(
+            self.endpoint,
+            sandbox.id,
+            token,
+            apply=None if announce else verdict,
+            announce_push=announce,
+            poll_interval=float(step.get("poll_interval", 10)),
+        )
+
+        async def answer() -> None:
+            async for update in session.events():
+                result = verdict(update)
+                if isinstance(result, osdk.Rejected):
+                    await update.reject(result.reason)
+                else:
+                    await update.ack()
+
+        async def until(check: Any, timeout: float) -> bool:
+            deadline = time.monotonic() + timeout
+            while not check():
+                if time.monotonic() > deadline:
+                    return False
+                await asyncio.sleep(0.02)
+            return True
+
+        answering = asyncio.get_running_loop().create_task(answer()) if announce else None
+        globals_written: list[str] = []
+        latency = 0.0
+        try:
+            await session.start()
+            mode = await session.wait_mode(timeout=30)
+            if mode is osdk.DeliveryMode.PUSH and not await until(
+                lambda: session.stats().last_update_id >= 1, 10
+            ):
+                raise StepFailed("the bootstrap was never answered")
+            for write in self.subst(step.get("writes", [])):
+                key, value, is_global = write["setting"], write["value"], write.get("global")
+                rejected_before = session.stats().rejected
+                started = time.monotonic()
+                await self.update_setting(name, key, value, bool(is_global))
+                if is_global:
+                    globals_written.append(key)
+                if (key, value) == refused:
+                    arrived = await until(
+                        lambda n=rejected_before: session.stats().rejected > n, 15
+                    )
+                else:
+                    arrived = await until(
+                        lambda k=key, v=value: bool(applied) and applied[-1].get(k) == v, 15
+                    )
+                if not arrived:
+                    raise StepFailed(f"{key}={value} never reached the session")
+                latency = max(latency, time.monotonic() - started)
+            stats = session.stats()
+        finally:
+            for key in globals_written:
+                await self.update_setting(name, key, None, True)
+            await session.close()
+            if answering is not None:
+                answering.cancel()
+                await asyncio.wait({answering})
+        writes = len(step.get("writes", []))
+        return {
+            "config_mode": None if stats.mode is None else stats.mode.value,
+            "bootstrap": stats.mode is osdk.DeliveryMode.PUSH
+            and stats.updates_received >= 1
+            and stats.last_update_id >= 1,
+            # Every pushed update answered, in order, on one session.
+            "updates_acknowledged": stats.sessions_accepted == 1
+            and stats.updates_received > writes
+            and stats.last_update_id == stats.updates_received,
+            "rejected": stats.rejected,
+            "updates_received": stats.updates_received,
+            "polls": stats.polls,
+            "applied_settings": applied[-1] if applied else {},
+            "max_latency": latency,
+        }
+
+    async def update_setting(self, sandbox: str, key: str, value: str | None, glob: bool) -> None:
+        request = openshell_pb2.UpdateConfigRequest(
+            sandbox="" if glob else sandbox,
+            setting_key=key,
+            delete_setting=value is None,
+            **{"global": glob},
+        )
+        if value is not None:
+            request.setting_value.string_value = value
+        await self.client.raw.update_config(request)
 
     def message(self, method: str, body: dict[str, Any]) -> Any:
         service = openshell_pb2.DESCRIPTOR.services_by_name["OpenShell"]
@@ -395,6 +558,21 @@ def check(runner: Runner, expect: dict[str, Any], result: dict[str, Any]) -> Non
             fail(f"{result['hinted_delta']} hinted attempts")
         elif key == "unrouted_retry" and result["unrouted_retry_delta"] != want:
             fail(f"{result['unrouted_retry_delta']} unrouted retries")
+        elif key == "mode" and result["config_mode"] != want:
+            fail(f"delivery mode {result['config_mode']}, expected {want}")
+        elif key in ("bootstrap", "updates_acknowledged", "rejected", "updates_received") and (
+            result[key] != want
+        ):
+            fail(f"{key} is {result[key]}, expected {want}")
+        elif key == "min_polls" and result["polls"] < want:
+            fail(f"{result['polls']} polls")
+        elif key == "max_latency" and result["max_latency"] > want:
+            fail(f"a write took {result['max_latency']:.2f} s to arrive")
+        elif key == "applied_settings":
+            for k, v in want.items():
+                k, v = runner.subst(k), runner.subst(v)
+                if result["applied_settings"].get(k) != v:
+                    fail(f"applied settings {result['applied_settings']}, expected {k}={v}")
         elif key not in KNOWN_EXPECTATIONS:
             fail(f"this runner does not know expectation {key!r}")
 
@@ -418,6 +596,14 @@ KNOWN_EXPECTATIONS = {
     "response_field",
     "hinted_min",
     "unrouted_retry",
+    "mode",
+    "bootstrap",
+    "updates_acknowledged",
+    "rejected",
+    "updates_received",
+    "min_polls",
+    "max_latency",
+    "applied_settings",
 }
 
 

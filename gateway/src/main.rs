@@ -107,6 +107,10 @@ struct ServeArgs {
     /// replica (default: its listen address).
     #[arg(long)]
     peer_endpoint: Option<String>,
+    /// Heartbeat period advertised to supervisors; a session silent for
+    /// three periods (at least 15 s) is closed.
+    #[arg(long, default_value_t = 15_000, hide = true)]
+    heartbeat_ms: u64,
     /// How often membership is refreshed.
     #[arg(long, default_value_t = 10_000, hide = true)]
     member_refresh_ms: u64,
@@ -186,6 +190,7 @@ async fn main() -> anyhow::Result<()> {
             tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
         )
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
     match Cli::parse().command {
         Command::Serve(args) => serve(args).await,
@@ -271,7 +276,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let supervisor_ca = args.supervisor_ca.clone().or_else(|| args.tls_cert.clone());
 
     let metrics = Metrics::new();
-    let sessions = Sessions::new(metrics.clone());
+    let sessions = Sessions::new(
+        metrics.clone(),
+        Duration::from_millis(args.heartbeat_ms.max(100)),
+    );
     let cluster = match &peer_token {
         Some(token) => {
             let peer_endpoint = args
@@ -313,6 +321,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     });
     sandboxes.recover().await.context("recovering sandboxes")?;
     tokio::spawn(sandboxes.clone().follow_events());
+    if let Some(cluster) = &cluster {
+        tokio::spawn(send_sessions_home(
+            cluster.clone(),
+            sessions.clone(),
+            metrics.clone(),
+        ));
+    }
     let config_model = ConfigModel::new(store.clone());
     let delivery = ConfigDelivery::new(
         DeliveryConfig {
@@ -486,6 +501,40 @@ fn accept_nodelay(
         stream.set_nodelay(true)?;
         Ok(stream)
     })
+}
+
+/// Every refresh interval, sends idle sessions whose live ring owner is
+/// another replica back to it (after shutdowns and outages moved them), so
+/// placement converges on the ring without cutting running streams.
+async fn send_sessions_home(cluster: Arc<Cluster>, sessions: Arc<Sessions>, metrics: Arc<Metrics>) {
+    let every = cluster.config.refresh_every;
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if sessions.is_shutting_down() {
+            return;
+        }
+        let ring = cluster.ring();
+        let me = cluster.replica_id().to_owned();
+        // Young sessions stay: the replicas' views of the ring may still differ.
+        let sent = sessions.send_home(every * 2, |sandbox_id| {
+            let (owner, endpoint) = cluster.placement(&ring, sandbox_id)?;
+            (owner != me).then_some(SessionRedirect {
+                peer_endpoint: endpoint,
+                owner_replica_id: owner,
+            })
+        });
+        if sent > 0 {
+            tracing::info!(sent, "sent idle sessions home to their ring owners");
+            metrics
+                .session_redirects
+                .get_or_create(&crate::metrics::RedirectLabels {
+                    reason: "rebalance",
+                })
+                .inc_by(sent as u64);
+        }
+    }
 }
 
 /// "sqlite" or "postgres": what to say about a store URL without showing it.

@@ -31,7 +31,8 @@ pub struct RelayLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RedirectLabels {
-    /// connect or shutdown.
+    /// connect, shutdown, or rebalance (an idle session sent home to its
+    /// ring owner).
     pub reason: &'static str,
 }
 
@@ -79,7 +80,7 @@ impl Metrics {
         );
         registry.register(
             "openshell_server_session_redirects",
-            "SessionRedirects sent to supervisors, by reason (connect, shutdown)",
+            "SessionRedirects sent to supervisors, by reason (connect, shutdown, rebalance)",
             session_redirects.clone(),
         );
         registry.register(
@@ -92,7 +93,7 @@ impl Metrics {
             "Owner-routed stream attempts by route (local, peer), relay kind and outcome",
             routed_requests.clone(),
         );
-        for reason in ["connect", "shutdown"] {
+        for reason in ["connect", "shutdown", "rebalance"] {
             let _ = session_redirects.get_or_create(&RedirectLabels { reason });
         }
         for route in ["local", "peer"] {

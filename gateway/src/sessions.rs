@@ -27,9 +27,8 @@ use tonic::{Status, Streaming};
 
 use crate::metrics::{Metrics, RelayLabels};
 
-pub const HEARTBEAT_INTERVAL: Duration = Duration::from_secs(15);
-/// A session with no message for this long is considered dead.
-const SESSION_IDLE_LIMIT: Duration = Duration::from_secs(45);
+/// A session with no message for this many heartbeat periods is dead.
+const IDLE_HEARTBEATS: u32 = 3;
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 const CLAIM_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -42,6 +41,9 @@ struct Session {
     tx: mpsc::Sender<Result<GatewayMessage, Status>>,
     closed: CancellationToken,
     supports_redirect: bool,
+    accepted_at: std::time::Instant,
+    /// Sent home to its ring owner: its end is not a lost supervisor.
+    moving: Arc<AtomicBool>,
 }
 
 struct Pending {
@@ -67,8 +69,16 @@ impl Relay {
         }
     }
 
-    /// Counts the relay in `relays_active` / `relays_opened` while it lives.
-    pub fn counted(mut self, metrics: &Arc<Metrics>, kind: &'static str) -> Self {
+    /// Counts the relay in `relays_active` / `relays_opened` and in its
+    /// sandbox's busy count while it lives.
+    fn counted(mut self, sessions: &Sessions, sandbox_id: &str, kind: &'static str) -> Self {
+        let metrics = &sessions.metrics;
+        *sessions
+            .busy
+            .lock()
+            .unwrap()
+            .entry(sandbox_id.to_owned())
+            .or_default() += 1;
         metrics
             .relays_active
             .get_or_create(&RelayLabels { kind })
@@ -80,6 +90,8 @@ impl Relay {
         self.gauge = Some(RelayGauge {
             metrics: metrics.clone(),
             kind,
+            busy: sessions.busy.clone(),
+            sandbox_id: sandbox_id.to_owned(),
         });
         self
     }
@@ -88,6 +100,8 @@ impl Relay {
 struct RelayGauge {
     metrics: Arc<Metrics>,
     kind: &'static str,
+    busy: Arc<Mutex<HashMap<String, usize>>>,
+    sandbox_id: String,
 }
 
 impl Drop for RelayGauge {
@@ -96,6 +110,13 @@ impl Drop for RelayGauge {
             .relays_active
             .get_or_create(&RelayLabels { kind: self.kind })
             .dec();
+        let mut busy = self.busy.lock().unwrap();
+        if let Some(count) = busy.get_mut(&self.sandbox_id) {
+            *count -= 1;
+            if *count == 0 {
+                busy.remove(&self.sandbox_id);
+            }
+        }
     }
 }
 
@@ -151,19 +172,24 @@ pub struct PushSetup {
 pub struct Sessions {
     sessions: Mutex<HashMap<String, Session>>,
     pending: Mutex<HashMap<String, Pending>>,
+    /// Open relays per sandbox on this replica.
+    busy: Arc<Mutex<HashMap<String, usize>>>,
     registered: watch::Sender<u64>,
     shutting_down: AtomicBool,
     metrics: Arc<Metrics>,
+    heartbeat: Duration,
 }
 
 impl Sessions {
-    pub fn new(metrics: Arc<Metrics>) -> Arc<Self> {
+    pub fn new(metrics: Arc<Metrics>, heartbeat: Duration) -> Arc<Self> {
         Arc::new(Self {
             sessions: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
+            busy: Arc::new(Mutex::new(HashMap::new())),
             registered: watch::channel(0).0,
             shutting_down: AtomicBool::new(false),
             metrics,
+            heartbeat,
         })
     }
 
@@ -228,8 +254,8 @@ impl Sessions {
             payload: Some(gateway_message::Payload::SessionAccepted(SessionAccepted {
                 session_id: session_id.clone(),
                 heartbeat_interval: Some(prost_types::Duration {
-                    seconds: HEARTBEAT_INTERVAL.as_secs() as i64,
-                    nanos: 0,
+                    seconds: self.heartbeat.as_secs() as i64,
+                    nanos: self.heartbeat.subsec_nanos() as i32,
                 }),
                 config_push_enabled: bootstrap.is_some(),
                 bootstrap,
@@ -244,6 +270,8 @@ impl Sessions {
                 tx: tx.clone(),
                 closed: closed.clone(),
                 supports_redirect: hello.supports_session_redirect,
+                accepted_at: std::time::Instant::now(),
+                moving: Arc::new(AtomicBool::new(false)),
             },
         );
         match previous {
@@ -266,12 +294,19 @@ impl Sessions {
         let this = self.clone();
         tokio::spawn(async move {
             hooks.accepted(&sandbox_id).await;
-            let mut heartbeat = tokio::time::interval(HEARTBEAT_INTERVAL);
+            let mut heartbeat = tokio::time::interval(this.heartbeat);
             heartbeat.tick().await;
+            // Supervisors beat at least every 5 s; whatever arrives resets it.
+            let idle_limit = (this.heartbeat * IDLE_HEARTBEATS).max(Duration::from_secs(15));
+            let mut idle_deadline = tokio::time::Instant::now() + idle_limit;
             let mut lost = false;
             loop {
                 tokio::select! {
                     _ = closed.cancelled() => break,
+                    _ = tokio::time::sleep_until(idle_deadline) => {
+                        tracing::warn!(sandbox_id, "supervisor session idle; closing");
+                        break;
+                    }
                     _ = heartbeat.tick() => {
                         let beat = GatewayMessage {
                             payload: Some(gateway_message::Payload::Heartbeat(GatewayHeartbeat {})),
@@ -280,9 +315,10 @@ impl Sessions {
                             break;
                         }
                     }
-                    message = tokio::time::timeout(SESSION_IDLE_LIMIT, inbound.message()) => {
+                    message = inbound.message() => {
+                        idle_deadline = tokio::time::Instant::now() + idle_limit;
                         match message {
-                            Ok(Ok(Some(message))) => {
+                            Ok(Some(message)) => {
                                 if matches!(message.payload, Some(supervisor_message::Payload::Heartbeat(_)))
                                     && !hooks.heartbeat(&sandbox_id, &session_id).await
                                 {
@@ -299,11 +335,7 @@ impl Sessions {
                                 }
                                 this.on_supervisor_message(message);
                             }
-                            Ok(Ok(None)) | Ok(Err(_)) => break,
-                            Err(_) => {
-                                tracing::warn!(sandbox_id, "supervisor session idle; closing");
-                                break;
-                            }
+                            Ok(None) | Err(_) => break,
                         }
                     }
                 }
@@ -353,7 +385,9 @@ impl Sessions {
         if !mine {
             return replaced;
         }
-        sessions.remove(sandbox_id);
+        let moving = sessions
+            .remove(sandbox_id)
+            .is_some_and(|s| s.moving.load(Ordering::SeqCst));
         drop(sessions);
         self.metrics.supervisor_sessions.dec();
         // Waiters on this session's relays will never be claimed.
@@ -371,7 +405,7 @@ impl Sessions {
             }
         }
         tracing::info!(sandbox_id, session_id, "supervisor session ended");
-        if self.is_shutting_down() && !lost {
+        if (self.is_shutting_down() || moving) && !lost {
             replaced
         } else {
             SessionEnd::Lost {
@@ -408,6 +442,44 @@ impl Sessions {
                 }
             }
             session.closed.cancel();
+        }
+        sent
+    }
+
+    /// Sends idle sessions home: each session held here for at least
+    /// `min_age`, with no relay open (moving would cut its streams), whose
+    /// supervisor can follow a redirect and for which `redirect_for` names
+    /// another replica (its live ring owner), is redirected there. This is
+    /// how sessions that a shutdown or an outage moved off their ring owner
+    /// return once it is back. Returns how many were sent.
+    pub fn send_home(
+        &self,
+        min_age: Duration,
+        redirect_for: impl Fn(&str) -> Option<SessionRedirect>,
+    ) -> usize {
+        if self.is_shutting_down() {
+            return 0;
+        }
+        let busy = self.busy.lock().unwrap().clone();
+        let mut sent = 0;
+        for (sandbox_id, session) in self.sessions.lock().unwrap().iter() {
+            if !session.supports_redirect
+                || session.accepted_at.elapsed() < min_age
+                || busy.get(sandbox_id).is_some_and(|n| *n > 0)
+            {
+                continue;
+            }
+            let Some(redirect) = redirect_for(sandbox_id) else {
+                continue;
+            };
+            let message = GatewayMessage {
+                payload: Some(gateway_message::Payload::SessionRedirect(redirect)),
+            };
+            if session.tx.try_send(Ok(message)).is_ok() {
+                session.moving.store(true, Ordering::SeqCst);
+                session.closed.cancel();
+                sent += 1;
+            }
         }
         sent
     }
@@ -483,7 +555,7 @@ impl Sessions {
                 Err(Status::deadline_exceeded("relay open timed out"))
             }
         };
-        Ok(result?.counted(&self.metrics, kind))
+        Ok(result?.counted(self, sandbox_id, kind))
     }
 
     /// Serves a supervisor's `RelayStream`: hands it to the waiting opener.

@@ -21,7 +21,7 @@ fn options(replicas: usize, database_url: Option<String>) -> ClusterOptions {
         extra_args: ["--member-refresh-ms", "300", "--member-ttl-ms", "3000"]
             .map(String::from)
             .to_vec(),
-        supervisor_url: None,
+        ..ClusterOptions::default()
     }
 }
 
@@ -435,4 +435,284 @@ async fn the_peer_service_answers_only_replicas() {
         Ok(_) => panic!("a single replica answered the peer service"),
     };
     assert_eq!(err.code(), Code::PermissionDenied, "{err:?}");
+}
+
+/// Every sandbox reported (through `client`) on its ring owner, within `limit`.
+async fn all_on_ring_owner(
+    client: &mut Client,
+    sandboxes: &[(String, String)],
+    ring: &[&str],
+    limit: Duration,
+) -> Vec<String> {
+    let started = std::time::Instant::now();
+    loop {
+        let mut off = Vec::new();
+        for (name, id) in sandboxes {
+            let want = ring_owner(ring, id);
+            if owner_via(client, name).await.as_deref() != Some(want.as_str()) {
+                off.push(name.clone());
+            }
+        }
+        if off.is_empty() || started.elapsed() > limit {
+            return off;
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_rolling_restart_loses_nothing_and_ends_on_the_ring() {
+    let mut cluster = TestCluster::start(options(3, None));
+    wait_ring(&cluster, 3.0).await;
+    let ring = ["gw-0", "gw-1", "gw-2"];
+    let mut sandboxes = Vec::new();
+    {
+        let mut gw0 = client(&cluster.replicas[0]).await;
+        for i in 0..30 {
+            let name = format!("roll-{i}");
+            let sandbox = create_ready(&mut gw0, &name).await;
+            sandboxes.push((name, sandbox.metadata.unwrap().id));
+        }
+        assert!(
+            all_on_ring_owner(&mut gw0, &sandboxes, &ring, Duration::from_secs(10))
+                .await
+                .is_empty()
+        );
+    }
+    for replica in ring {
+        // The replica that stays up answers while this one restarts.
+        let other = if replica == "gw-0" { 1 } else { 0 };
+        let held = metric(
+            cluster.replica(replica),
+            "openshell_server_supervisor_sessions",
+        );
+        cluster.replica_mut(replica).stop();
+        let log = cluster.replica(replica).log();
+        let redirected: f64 = log
+            .lines()
+            .filter(|l| l.contains("redirected supervisors to the remaining replicas"))
+            .filter_map(|l| {
+                l.split("redirects=")
+                    .nth(1)?
+                    .split_whitespace()
+                    .next()?
+                    .parse()
+                    .ok()
+            })
+            .last()
+            .unwrap_or(0.0);
+        assert_eq!(
+            redirected, held,
+            "{replica}: the shutdown redirect count matches its sessions"
+        );
+        cluster.replica_mut(replica).restart();
+        wait_ring(&cluster, 3.0).await;
+        let mut client = client(&cluster.replicas[other]).await;
+        let listed = client
+            .list_sandboxes(ListSandboxesRequest::default())
+            .await
+            .unwrap()
+            .into_inner()
+            .sandboxes
+            .len();
+        assert_eq!(listed, 30, "no sandbox lost after restarting {replica}");
+    }
+    let mut gw1 = client(&cluster.replicas[1]).await;
+    let off = all_on_ring_owner(&mut gw1, &sandboxes, &ring, Duration::from_secs(30)).await;
+    assert!(off.is_empty(), "not back on their ring owner: {off:?}");
+    for (name, _) in &sandboxes {
+        assert_eq!(
+            sh(&mut gw1, name, "echo ok").await.stdout_text(),
+            "ok\n",
+            "{name}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_killed_owner_s_sandboxes_come_back_on_the_survivors() {
+    let mut cluster = TestCluster::start(options(3, None));
+    wait_ring(&cluster, 3.0).await;
+    let ring = ["gw-0", "gw-1", "gw-2"];
+    let mut gw0 = client(&cluster.replicas[0]).await;
+    // Sandboxes owned by gw-2 (the supervisors' address is gw-0's).
+    let mut victims = Vec::new();
+    for i in 0..12 {
+        let name = format!("orphan-{i}");
+        let id = create_ready(&mut gw0, &name).await.metadata.unwrap().id;
+        if ring_owner(&ring, &id) == "gw-2" {
+            victims.push((name, id));
+        }
+    }
+    assert!(!victims.is_empty());
+    cluster.replica_mut("gw-2").kill();
+    let survivors = ["gw-0", "gw-1"];
+    let off = all_on_ring_owner(&mut gw0, &victims, &survivors, Duration::from_secs(60)).await;
+    assert!(off.is_empty(), "not re-homed after kill -9: {off:?}");
+    for (name, _) in &victims {
+        wait_phase(&mut gw0, name, SandboxPhase::Ready).await;
+        assert_eq!(
+            sh(&mut gw0, name, "echo back").await.stdout_text(),
+            "back\n"
+        );
+    }
+}
+
+async fn client_with_url(
+    url: &str,
+) -> openshell_proto::open_shell_client::OpenShellClient<tonic::transport::Channel> {
+    let channel = tonic::transport::Channel::from_shared(url.to_owned())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    openshell_proto::open_shell_client::OpenShellClient::new(channel)
+}
+
+/// libfaketime from Debian's `faketime` package (make test installs it).
+fn libfaketime() -> String {
+    let path = "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1";
+    assert!(
+        std::path::Path::new(path).exists(),
+        "{path} is missing: install faketime (make test does)"
+    );
+    path.to_owned()
+}
+
+#[tokio::test]
+async fn a_skewed_clock_neither_keeps_a_dead_replica_nor_drops_a_live_one() {
+    // PostgreSQL's clock judges freshness: gw-1 runs ten minutes ahead, gw-2
+    // ten minutes behind (libfaketime; monotonic time left alone).
+    let pg = Postgres::start();
+    // `env` execs the gateway itself (the `faketime` wrapper would fork, and
+    // the test must stop the gateway by its own PID).
+    let faketime = |offset: &str| {
+        vec![
+            "env".to_owned(),
+            format!("LD_PRELOAD={}", libfaketime()),
+            format!("FAKETIME={offset}"),
+            "DONT_FAKE_MONOTONIC=1".to_owned(),
+        ]
+    };
+    let mut opts = options(2, Some(pg.url()));
+    opts.launcher = Some((1, faketime("+600s")));
+    let mut cluster = TestCluster::start(opts);
+    // A third replica, ten minutes behind.
+    let behind = Gateway::start(openshell_testkit::GatewayOptions {
+        tokens: vec![TOKEN.into()],
+        replica_id: Some("gw-2".into()),
+        data_dir: Some(cluster.shared_dir().join("data")),
+        database_url: Some(pg.url()),
+        peer_token: Some(cluster.peer_token.clone()),
+        extra_args: options(1, None).extra_args,
+        launcher: faketime("-600s"),
+        ..Default::default()
+    });
+    // The skew is real: the replicas' HTTP Date headers are 10 minutes apart.
+    let seconds_of_day = |gw: &Gateway| {
+        let gw_url = gw.url.clone();
+        async move {
+            let mut client = client_with_url(&gw_url).await;
+            let response = client.health(HealthRequest {}).await.unwrap();
+            let date = response
+                .metadata()
+                .get("date")
+                .unwrap()
+                .to_str()
+                .unwrap()
+                .to_owned();
+            // "Mon, 30 Nov 2026 07:21:05 GMT"
+            let hms: Vec<i64> = date
+                .split(' ')
+                .nth(4)
+                .unwrap()
+                .split(':')
+                .map(|p| p.parse().unwrap())
+                .collect();
+            hms[0] * 3600 + hms[1] * 60 + hms[2]
+        }
+    };
+    let skew = (seconds_of_day(cluster.replica("gw-1")).await
+        - seconds_of_day(cluster.replica("gw-0")).await)
+        .rem_euclid(86_400);
+    assert!((590..=610).contains(&skew), "gw-1 is {skew} s ahead");
+    // Everyone sees everyone, over several refreshes and TTLs.
+    for _ in 0..3 {
+        wait_ring(&cluster, 3.0).await;
+        assert!(
+            eventually(Duration::from_secs(10), || metric(
+                &behind,
+                "openshell_server_ring_members"
+            ) == 3.0)
+            .await
+        );
+        tokio::time::sleep(Duration::from_secs(2)).await;
+    }
+    // The fast replica dies: the others drop it within the TTL.
+    cluster.replica_mut("gw-1").kill();
+    for gw in [cluster.replica("gw-0"), &behind] {
+        assert!(
+            eventually(Duration::from_secs(15), || metric(
+                gw,
+                "openshell_server_ring_members"
+            ) == 2.0)
+            .await,
+            "a dead replica with a fast clock stayed in the ring"
+        );
+    }
+    drop(behind);
+    let gw0 = cluster.replica("gw-0");
+    assert!(
+        eventually(Duration::from_secs(15), || metric(
+            gw0,
+            "openshell_server_ring_members"
+        ) == 1.0)
+        .await,
+        "a dead replica with a slow clock stayed in the ring"
+    );
+}
+
+#[tokio::test]
+async fn a_dropped_supervisor_connection_comes_back_to_the_same_owner() {
+    let mut opts = options(3, None);
+    opts.extra_args
+        .extend(["--heartbeat-ms".to_owned(), "1000".to_owned()]);
+    let cluster = TestCluster::start(opts);
+    wait_ring(&cluster, 3.0).await;
+    let ring = ["gw-0", "gw-1", "gw-2"];
+    let mut gw0 = client(&cluster.replicas[0]).await;
+    let id = create_ready(&mut gw0, "steady").await.metadata.unwrap().id;
+    let owner = ring_owner(&ring, &id);
+    assert_eq!(
+        owner_via(&mut gw0, "steady").await.as_deref(),
+        Some(owner.as_str())
+    );
+    let holder = cluster.replica(&owner);
+    let accepted_before = metric(holder, "openshell_server_supervisor_sessions");
+    assert_eq!(accepted_before, 1.0);
+    // Freeze the supervisor past the idle limit: the owner closes the session.
+    let pid = cluster.replicas[0].supervisor_pids()[0];
+    openshell_testkit::signal(pid, libc::SIGSTOP);
+    let closed = eventually(Duration::from_secs(30), || {
+        metric(holder, "openshell_server_supervisor_sessions") == 0.0
+    })
+    .await;
+    openshell_testkit::signal(pid, libc::SIGCONT);
+    assert!(closed, "the idle session was not closed");
+    // It reconnects (through gw-0, redirected) to the same owner.
+    assert!(
+        eventually(Duration::from_secs(30), || metric(
+            holder,
+            "openshell_server_supervisor_sessions"
+        ) == 1.0)
+        .await
+    );
+    assert_eq!(
+        owner_via(&mut gw0, "steady").await.as_deref(),
+        Some(owner.as_str())
+    );
+    assert_eq!(
+        sh(&mut gw0, "steady", "echo same").await.stdout_text(),
+        "same\n"
+    );
 }

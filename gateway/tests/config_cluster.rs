@@ -27,7 +27,7 @@ fn options(replicas: usize, database_url: Option<String>, extra: &[&str]) -> Clu
         database_url,
         tokens: vec![TOKEN.into()],
         extra_args,
-        supervisor_url: None,
+        ..ClusterOptions::default()
     }
 }
 

@@ -123,7 +123,10 @@ async fn five_quick_edits_to_one_sandbox_cause_at_most_two_builds() {
     );
     assert_eq!(publications(&gw, "sandbox") - published_before, 5.0);
     assert!((1.0..=2.0).contains(&built), "{built} builds for 5 edits");
-    assert!((1.0..=2.0).contains(&updates), "{updates} updates for 5 edits");
+    assert!(
+        (1.0..=2.0).contains(&updates),
+        "{updates} updates for 5 edits"
+    );
     // Nothing else built: no reconcile, no retry.
     assert_eq!(builds(&gw, "reconcile") + builds(&gw, "retry"), 0.0);
 }
@@ -301,11 +304,9 @@ async fn a_missed_mark_is_repaired_within_one_reconcile_pass() {
     let reconciles = marks(&gw, "reconcile");
     let reconcile_builds = builds(&gw, "reconcile");
 
-    let (after, took) = wait_config(
-        &path,
-        Duration::from_millis(RECONCILE_MS + 3000),
-        |c| c["settings"]["repair"]["value"] == "after",
-    )
+    let (after, took) = wait_config(&path, Duration::from_millis(RECONCILE_MS + 3000), |c| {
+        c["settings"]["repair"]["value"] == "after"
+    })
     .await;
     let passes = marks(&gw, "reconcile") - reconciles;
     eprintln!(

@@ -117,6 +117,10 @@ pub enum ApplyOutcome {
 /// time, only for a snapshot that differs from the last applied one.
 pub type ApplyFn = Arc<dyn Fn(ConfigSnapshot) -> ApplyOutcome + Send + Sync>;
 
+/// An apply function that is also told how the snapshot arrived (bindings
+/// show it to the host). Same contract as [`ApplyFn`].
+pub type ApplyWithModeFn = Arc<dyn Fn(ConfigSnapshot, DeliveryMode) -> ApplyOutcome + Send + Sync>;
+
 /// How configuration currently arrives.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DeliveryMode {
@@ -224,7 +228,7 @@ pub struct ConfigSessionBuilder {
     config: ClientConfig,
     sandbox_id: String,
     instance_id: Option<String>,
-    apply: Option<ApplyFn>,
+    apply: Option<ApplyWithModeFn>,
     poll_interval: Duration,
     events: Option<mpsc::Sender<SessionEvent>>,
     stay: bool,
@@ -234,6 +238,13 @@ pub struct ConfigSessionBuilder {
 impl ConfigSessionBuilder {
     /// The host's apply function (required).
     pub fn apply(mut self, apply: ApplyFn) -> Self {
+        self.apply = Some(Arc::new(move |snapshot, _mode| apply(snapshot)));
+        self
+    }
+
+    /// The host's apply function, told whether the snapshot was pushed or
+    /// polled (instead of [`apply`](Self::apply)).
+    pub fn apply_with_mode(mut self, apply: ApplyWithModeFn) -> Self {
         self.apply = Some(apply);
         self
     }
@@ -845,7 +856,7 @@ pub(crate) fn heartbeat_period(advertised: Option<prost_types::Duration>) -> Dur
 // ---------------------------------------------------------------- applying
 
 struct Applier {
-    apply: ApplyFn,
+    apply: ApplyWithModeFn,
     /// The last applied snapshot.
     last: tokio::sync::Mutex<Option<ConfigSnapshot>>,
 }
@@ -888,7 +899,7 @@ impl Applier {
             .is_none_or(|l| l.sandbox_config.policy_hash != snapshot.sandbox_config.policy_hash);
         let apply = self.apply.clone();
         let given = snapshot.clone();
-        let outcome = match tokio::task::spawn_blocking(move || apply(given)).await {
+        let outcome = match tokio::task::spawn_blocking(move || apply(given, mode)).await {
             Ok(outcome) => outcome,
             Err(_) => ApplyOutcome::Rejected("the apply function panicked".into()),
         };

@@ -42,6 +42,7 @@ impl Setup {
                 .map(String::from)
                 .to_vec(),
             supervisor_url: Some(supervisor_edge.url.clone()),
+            ..ClusterOptions::default()
         });
         supervisor_edge.set_routes(&Self::routes(&cluster, None));
         let edge = Edge::start(&Self::routes(&cluster, None));

@@ -70,6 +70,21 @@ const LANGUAGES: &[Language] = &[
                 "pub async fn exec_interactive(",
             ),
             c("ForwardTcp", "`Client::forward`", "pub async fn forward("),
+            c(
+                "GetSandboxConfig",
+                "`ConfigSession` (polls it when not pushed)",
+                "pub struct ConfigSession",
+            ),
+            c(
+                "GetSandboxProviderEnvironment",
+                "`ConfigSession` (polls it when not pushed)",
+                "pub struct ConfigSession",
+            ),
+            c(
+                "ConnectSupervisor",
+                "`ConfigSession` (supervisor side; relays via `session_events`)",
+                "pub struct ConfigSession",
+            ),
         ],
     },
     Language {
@@ -110,6 +125,21 @@ const LANGUAGES: &[Language] = &[
                 "async def exec_interactive(",
             ),
             c("ForwardTcp", "`client.forward`", "async def forward("),
+            c(
+                "GetSandboxConfig",
+                "`ConfigSession` (polls it when not pushed)",
+                "class ConfigSession(",
+            ),
+            c(
+                "GetSandboxProviderEnvironment",
+                "`ConfigSession` (polls it when not pushed)",
+                "class ConfigSession(",
+            ),
+            c(
+                "ConnectSupervisor",
+                "`ConfigSession` (supervisor side, configuration only)",
+                "class ConfigSession(",
+            ),
         ],
     },
     Language {

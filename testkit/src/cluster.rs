@@ -40,6 +40,9 @@ pub struct ClusterOptions {
     pub extra_args: Vec<String>,
     /// URL supervisors dial (default: replica gw-0).
     pub supervisor_url: Option<String>,
+    /// `(replica index, launcher)`: start that replica through a command
+    /// (see [`GatewayOptions::launcher`]).
+    pub launcher: Option<(usize, Vec<String>)>,
 }
 
 /// Replicas `gw-0..gw-N` of one cluster.
@@ -80,6 +83,12 @@ impl TestCluster {
             peer_token: Some(self.peer_token.clone()),
             supervisor_url,
             extra_args: options.extra_args.clone(),
+            launcher: options
+                .launcher
+                .as_ref()
+                .filter(|(i, _)| *i == index)
+                .map(|(_, launcher)| launcher.clone())
+                .unwrap_or_default(),
             ..GatewayOptions::default()
         });
         self.replicas.push(gateway);

@@ -64,6 +64,9 @@ pub struct GatewayOptions {
     pub peer_token: Option<String>,
     /// URL the replica's supervisors dial (default: the replica itself).
     pub supervisor_url: Option<String>,
+    /// A command the gateway is started through, for example
+    /// `["faketime", "-f", "+600s"]` for a replica whose clock is off.
+    pub launcher: Vec<String>,
 }
 
 impl GatewayOptions {
@@ -137,7 +140,14 @@ impl Gateway {
             .append(true)
             .open(self.data.path().join("gateway.log"))
             .expect("gateway log");
-        let mut cmd = Command::new(bin("openshell-gateway"));
+        let mut cmd = match self.options.launcher.split_first() {
+            Some((program, args)) => {
+                let mut cmd = Command::new(program);
+                cmd.args(args).arg(bin("openshell-gateway"));
+                cmd
+            }
+            None => Command::new(bin("openshell-gateway")),
+        };
         cmd.arg("serve")
             .arg("--listen")
             .arg(listen.to_string())

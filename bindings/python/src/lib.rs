@@ -13,7 +13,10 @@
 //! - curated operations whose data plane stays in Rust: sandbox lifecycle,
 //!   buffered exec (output collected in Rust), streaming exec (events in
 //!   batches), interactive exec, forward (listener and byte pumps in Rust;
-//!   Python holds a handle with the local address, stats and close).
+//!   Python holds a handle with the local address, stats and close);
+//! - the supervisor side of the session protocol ([`config_session`]): a
+//!   `ConfigSession` whose pushed or polled snapshots Python answers one at a
+//!   time with an explicit acknowledgement.
 //!
 //! Protobuf messages cross as `bytes` and are `protobuf` objects in Python.
 //!
@@ -47,6 +50,7 @@
 //! code) and `.grpc_status`.
 
 mod client;
+mod config_session;
 mod errors;
 mod handles;
 mod runtime;
@@ -83,6 +87,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<handles::WatchHandle>()?;
     m.add_class::<handles::NativeForward>()?;
     m.add_class::<handles::RawStreamHandle>()?;
+    m.add_class::<config_session::NativeConfigSession>()?;
     m.add_function(wrap_pyfunction!(runtime_info, m)?)?;
     m.add_function(wrap_pyfunction!(_shutdown_runtime, m)?)?;
     Ok(())

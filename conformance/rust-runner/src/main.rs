@@ -10,15 +10,18 @@
 //! with prost-reflect over the contract's descriptor set.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 use bytes::Bytes;
 use futures::StreamExt;
 use openshell_sdk::proto::StreamingKind;
+use openshell_sdk::proto::sandbox::{SettingValue, setting_value};
 use openshell_sdk::{
-    CallOptions, Client, ClientConfig, CreateSandbox, Error, ExecEvent, ExecRequest, ListSandboxes,
+    ApplyOutcome, CallOptions, CancellationToken, Client, ClientConfig, ConfigSession,
+    ConfigSnapshot, CreateSandbox, DeliveryMode, Error, ExecEvent, ExecRequest, ListSandboxes,
     Metadata,
 };
 use prost::Message;
@@ -47,10 +50,29 @@ struct Outcome {
     response: Option<DynamicMessage>,
     hinted_delta: u64,
     unrouted_retry_delta: u64,
+    config: Option<ConfigOutcome>,
+}
+
+/// What a `config_session` step saw.
+#[derive(Default, Debug)]
+struct ConfigOutcome {
+    mode: String,
+    bootstrap: bool,
+    acknowledged: bool,
+    rejected: u64,
+    updates_received: u64,
+    polls: u64,
+    /// String settings of the last applied snapshot.
+    applied: BTreeMap<String, String>,
+    max_latency: Duration,
 }
 
 struct Runner {
     client: Client,
+    endpoint: String,
+    /// The cluster's data directory (`OPENSHELL_CONFORMANCE_DATA_DIR`):
+    /// where sandbox supervisors' PIDs, and so their tokens, are found.
+    data_dir: Option<PathBuf>,
     run_id: String,
     names: HashMap<String, String>,
     ready: HashSet<String>,
@@ -58,9 +80,15 @@ struct Runner {
     caps: HashSet<&'static str>,
 }
 
-fn capabilities() -> HashSet<&'static str> {
+fn capabilities(data_dir: Option<&Path>) -> HashSet<&'static str> {
     // The core has the owner-routing counters.
-    HashSet::from(["routing_stats"])
+    let mut caps = HashSet::from(["routing_stats"]);
+    // The core has ConfigSession; a session needs a sandbox token, read
+    // from the sandbox's supervisor in the cluster's data directory.
+    if data_dir.is_some() {
+        caps.insert("push_config");
+    }
+    caps
 }
 
 fn opts() -> CallOptions {
@@ -111,7 +139,7 @@ impl Runner {
     fn subst(&mut self, value: &Value) -> Value {
         match value {
             Value::String(s) => {
-                let mut s = s.clone();
+                let mut s = s.replace("${run}", &self.run_id);
                 for alias in ["main", "life"] {
                     let pattern = format!("${{{alias}}}");
                     if s.contains(&pattern) {
@@ -379,6 +407,7 @@ impl Runner {
                 }
             }
             "routing_stats_delta" => self.routing_stats_delta(step, &mut out).await?,
+            "config_session" => self.config_session(step, &mut out).await?,
             "client_health" => {
                 let endpoint = step["endpoint"].as_str().unwrap_or_default();
                 let config = ClientConfig::builder(endpoint)
@@ -405,6 +434,218 @@ impl Runner {
         let after = self.client.routing_stats();
         out.hinted_delta = after.hinted - before.hinted;
         out.unrouted_retry_delta = after.unrouted_retries - before.unrouted_retries;
+        Ok(())
+    }
+
+    /// `config_session`: takes over a sandbox's session with a
+    /// `ConfigSession` on the sandbox's own token (its real supervisor
+    /// stopped first), writes the step's settings and watches them arrive.
+    async fn config_session(&mut self, step: &Value, out: &mut Outcome) -> Result<(), StepError> {
+        let data_dir = self
+            .data_dir
+            .clone()
+            .ok_or_else(|| anyhow!("no OPENSHELL_CONFORMANCE_DATA_DIR"))?;
+        let name = self.target(step);
+        let sandbox = self.client.sandboxes().get(&name, opts()).await?;
+        let token = take_over(&data_dir, &sandbox.id).await?;
+
+        let reject = step.get("reject").map(|r| {
+            (
+                r["setting"].as_str().unwrap_or_default().to_owned(),
+                r["value"].as_str().unwrap_or_default().to_owned(),
+            )
+        });
+        let last: Arc<Mutex<Option<ConfigSnapshot>>> = Arc::default();
+        let apply = {
+            let last = last.clone();
+            let reject = reject.clone();
+            Arc::new(move |snapshot: ConfigSnapshot| {
+                if let Some((key, value)) = &reject
+                    && string_setting(&snapshot, key).as_deref() == Some(value.as_str())
+                {
+                    return ApplyOutcome::Rejected(format!("{key} must not be {value}"));
+                }
+                *last.lock().unwrap() = Some(snapshot);
+                ApplyOutcome::Applied
+            })
+        };
+        let config = ClientConfig::builder(self.endpoint.clone())
+            .token(token.as_str())
+            .build()?;
+        let session = ConfigSession::builder(config, sandbox.id.clone())
+            .apply(apply)
+            .config_push(step["announce_push"].as_bool().unwrap_or(true))
+            .poll_interval(secs(step, "poll_interval").unwrap_or(Duration::from_secs(10)))
+            .build()?;
+        let cancel = CancellationToken::new();
+        let running = {
+            let (session, cancel) = (session.clone(), cancel.clone());
+            tokio::spawn(async move { session.run(cancel).await })
+        };
+        let _stop = cancel.clone().drop_guard();
+
+        let accepted = wait_for(Duration::from_secs(30), || {
+            let stats = session.stats();
+            stats.sessions_accepted >= 1 && stats.mode.is_some()
+        })
+        .await;
+        if !accepted {
+            return Err(anyhow!("no session accepted in 30 s: {:?}", session.stats()).into());
+        }
+        if session.stats().mode == Some(DeliveryMode::Push)
+            && !wait_for(Duration::from_secs(10), || session.stats().last_update_id >= 1).await
+        {
+            return Err(anyhow!("the bootstrap was never answered").into());
+        }
+
+        let mut config = ConfigOutcome::default();
+        let mut globals = Vec::new();
+        for write in step["writes"].as_array().cloned().unwrap_or_default() {
+            let write = self.subst(&write);
+            let key = write["setting"].as_str().unwrap_or_default().to_owned();
+            let value = write["value"].as_str().unwrap_or_default().to_owned();
+            let global = write["global"].as_bool().unwrap_or(false);
+            let refused = reject.as_ref() == Some(&(key.clone(), value.clone()));
+            let rejected_before = session.stats().rejected;
+            let started = Instant::now();
+            self.update_setting(&name, global, &key, Some(&value)).await?;
+            if global {
+                globals.push(key.clone());
+            }
+            let arrived = wait_for(Duration::from_secs(15), || {
+                if refused {
+                    session.stats().rejected > rejected_before
+                } else {
+                    last.lock()
+                        .unwrap()
+                        .as_ref()
+                        .is_some_and(|s| string_setting(s, &key).as_deref() == Some(value.as_str()))
+                }
+            })
+            .await;
+            if !arrived {
+                return Err(anyhow!("{key}={value} never reached the session").into());
+            }
+            config.max_latency = config.max_latency.max(started.elapsed());
+        }
+        // Global settings would reach every later session: removed again.
+        for key in globals {
+            self.update_setting(&name, true, &key, None).await?;
+        }
+        let stats = session.stats();
+        config.mode = match stats.mode {
+            Some(DeliveryMode::Push) => "push".into(),
+            Some(DeliveryMode::Poll) => "poll".into(),
+            None => String::new(),
+        };
+        config.bootstrap = stats.mode == Some(DeliveryMode::Push)
+            && stats.updates_received >= 1
+            && stats.last_update_id >= 1;
+        // Every pushed update answered, in order, on one session: ids run
+        // 1.. from the bootstrap, and one more than the writes arrived.
+        let writes = step["writes"].as_array().map_or(0, Vec::len) as u64;
+        config.acknowledged = stats.sessions_accepted == 1
+            && stats.updates_received > writes
+            && stats.last_update_id == stats.updates_received;
+        config.rejected = stats.rejected;
+        config.updates_received = stats.updates_received;
+        config.polls = stats.polls;
+        if let Some(snapshot) = last.lock().unwrap().as_ref() {
+            for key in snapshot.sandbox_config.settings.keys() {
+                if let Some(value) = string_setting(snapshot, key) {
+                    config.applied.insert(key.clone(), value);
+                }
+            }
+        }
+        cancel.cancel();
+        let _ = running.await;
+        out.config = Some(config);
+        Ok(())
+    }
+
+    /// `UpdateConfig` of one string setting (deleted when `value` is None).
+    async fn update_setting(
+        &self,
+        sandbox: &str,
+        global: bool,
+        key: &str,
+        value: Option<&str>,
+    ) -> Result<(), Error> {
+        let request = openshell_sdk::proto::UpdateConfigRequest {
+            sandbox: if global {
+                String::new()
+            } else {
+                sandbox.to_owned()
+            },
+            global,
+            setting_key: key.to_owned(),
+            setting_value: value.map(|v| SettingValue {
+                value: Some(setting_value::Value::StringValue(v.to_owned())),
+            }),
+            delete_setting: value.is_none(),
+            ..Default::default()
+        };
+        let path = format!("/{}/UpdateConfig", openshell_sdk::proto::SERVICE);
+        self.client
+            .raw_unary(
+                &path,
+                Bytes::from(request.encode_to_vec()),
+                Metadata::new(),
+                opts(),
+            )
+            .await?;
+        Ok(())
+    }
+
+    fn check_config(&mut self, key: &str, want: &Value, got: &ConfigOutcome) -> anyhow::Result<()> {
+        match key {
+            "mode" => {
+                if Some(got.mode.as_str()) != want.as_str() {
+                    bail!("delivery mode {:?}, expected {want}", got.mode);
+                }
+            }
+            "bootstrap" => {
+                if Some(got.bootstrap) != want.as_bool() {
+                    bail!("bootstrap received and answered: {}", got.bootstrap);
+                }
+            }
+            "updates_acknowledged" => {
+                if Some(got.acknowledged) != want.as_bool() {
+                    bail!("every pushed update answered: {}", got.acknowledged);
+                }
+            }
+            "rejected" => {
+                if Some(got.rejected) != want.as_u64() {
+                    bail!("{} updates rejected, expected {want}", got.rejected);
+                }
+            }
+            "updates_received" => {
+                if Some(got.updates_received) != want.as_u64() {
+                    bail!("{} pushed updates, expected {want}", got.updates_received);
+                }
+            }
+            "min_polls" => {
+                if got.polls < want.as_u64().unwrap_or(0) {
+                    bail!("{} polls", got.polls);
+                }
+            }
+            "max_latency" => {
+                if got.max_latency.as_secs_f64() > want.as_f64().unwrap_or(0.0) {
+                    bail!("a write took {:?} to arrive", got.max_latency);
+                }
+            }
+            "applied_settings" => {
+                let want = self.subst(want);
+                for (k, v) in want.as_object().into_iter().flatten() {
+                    let k = self.subst(&Value::String(k.clone()));
+                    let k = k.as_str().unwrap_or_default();
+                    if got.applied.get(k).map(String::as_str) != v.as_str() {
+                        bail!("applied settings {:?}, expected {k}={v}", got.applied);
+                    }
+                }
+            }
+            _ => unreachable!("checked by the caller"),
+        }
         Ok(())
     }
 
@@ -667,11 +908,93 @@ impl Runner {
                         bail!("{} unrouted retries", out.unrouted_retry_delta);
                     }
                 }
+                "mode" | "bootstrap" | "updates_acknowledged" | "rejected" | "applied_settings"
+                | "max_latency" | "updates_received" | "min_polls" => {
+                    let Some(config) = &out.config else {
+                        bail!("{key} needs a config_session step");
+                    };
+                    self.check_config(key, want, config)?;
+                }
                 other => bail!("this runner does not know expectation {other:?}"),
             }
         }
         Ok(())
     }
+}
+
+/// A string setting of a snapshot.
+fn string_setting(snapshot: &ConfigSnapshot, key: &str) -> Option<String> {
+    match snapshot
+        .sandbox_config
+        .settings
+        .get(key)?
+        .value
+        .as_ref()?
+        .value
+        .as_ref()?
+    {
+        setting_value::Value::StringValue(s) => Some(s.clone()),
+        _ => None,
+    }
+}
+
+/// Polls `check` every 20 ms for at most `limit`.
+async fn wait_for(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
+    let started = Instant::now();
+    while started.elapsed() < limit {
+        if check() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    check()
+}
+
+fn process_running(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+        stat.rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X")
+    })
+}
+
+/// Reads the sandbox token from the environment of the sandbox's supervisor
+/// (`<data-dir>/sandboxes/<id>/supervisor.pid`), then stops that supervisor
+/// by its PID (SIGTERM; bounded wait) so the step's session is the
+/// sandbox's only one.
+async fn take_over(data_dir: &Path, sandbox_id: &str) -> anyhow::Result<String> {
+    let pid_file = data_dir
+        .join("sandboxes")
+        .join(sandbox_id)
+        .join("supervisor.pid");
+    let pid: i32 = std::fs::read_to_string(&pid_file)
+        .with_context(|| format!("reading {}", pid_file.display()))?
+        .trim()
+        .parse()
+        .context("supervisor.pid")?;
+    // Guard against a reused PID: it must be this sandbox's supervisor.
+    let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+    let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+    if !args.iter().any(|a| a.ends_with(b"openshell-supervisor"))
+        || !args.contains(&sandbox_id.as_bytes())
+    {
+        bail!("process {pid} is not the supervisor of sandbox {sandbox_id}");
+    }
+    let environ = std::fs::read(format!("/proc/{pid}/environ"))
+        .with_context(|| format!("reading the environment of process {pid}"))?;
+    let token = environ
+        .split(|b| *b == 0)
+        .find_map(|entry| entry.strip_prefix(b"OPENSHELL_SANDBOX_TOKEN="))
+        .map(|t| String::from_utf8_lossy(t).into_owned())
+        .ok_or_else(|| anyhow!("the supervisor has no OPENSHELL_SANDBOX_TOKEN"))?;
+    // SAFETY: kill(2) has no memory-safety preconditions.
+    unsafe {
+        libc::kill(pid, libc::SIGTERM);
+    }
+    if !wait_for(Duration::from_secs(10), || !process_running(pid)).await {
+        bail!("supervisor {pid} did not stop within 10 s");
+    }
+    Ok(token)
 }
 
 /// A string field at a dotted path of a message.
@@ -732,14 +1055,17 @@ async fn main() -> anyhow::Result<()> {
         std::env::var("OPENSHELL_ENDPOINT").unwrap_or_else(|_| "http://127.0.0.1:17670".into());
     let run_id = std::env::var("OPENSHELL_CONFORMANCE_RUN")
         .unwrap_or_else(|_| format!("{:08x}", std::process::id()));
-    let config = ClientConfig::builder(endpoint).build()?;
+    let config = ClientConfig::builder(endpoint.clone()).build()?;
+    let data_dir = std::env::var_os("OPENSHELL_CONFORMANCE_DATA_DIR").map(PathBuf::from);
     let mut runner = Runner {
         client: Client::connect_lazy(config).await?,
+        endpoint,
+        caps: capabilities(data_dir.as_deref()),
+        data_dir,
         run_id,
         names: HashMap::new(),
         ready: HashSet::new(),
         pool: DescriptorPool::decode(openshell_sdk::proto::FILE_DESCRIPTOR_SET)?,
-        caps: capabilities(),
     };
     // The method table must know every method a raw step names.
     debug_assert!(

@@ -6,6 +6,10 @@ Two clients with the same operations:
 - :class:`Client` for blocking code (it runs the async client on a private
   background loop, so you never manage one).
 
+:class:`ConfigSession` (and its blocking form :class:`SyncConfigSession`) is
+the supervisor side of a sandbox's session: pushed or polled configuration
+snapshots, each answered applied or rejected.
+
 Both are thin layers over the OpenShell core client (Rust, in the
 ``_native`` extension module): owner routing, auth refresh, deadlines, and the
 data planes of exec and port forwarding run there. Protobuf message types of
@@ -25,8 +29,18 @@ from ._async_client import (
     SandboxWatch,
     TokenProvider,
 )
+from ._config_session import (
+    ApplyCallback,
+    ApplyResult,
+    ConfigSession,
+    ConfigSessionStats,
+    ConfigUpdate,
+    DeliveryMode,
+    Rejected,
+    SyncConfigSession,
+)
 from ._native import __version__ as _native_version
-from ._proto import datamodel_pb2, openshell_pb2
+from ._proto import datamodel_pb2, openshell_pb2, sandbox_pb2
 from ._raw_runtime import BidiStream, MethodInfo, RawResponse, ServerStream
 from ._sync_client import (
     Client,
@@ -91,6 +105,8 @@ __all__ = [
     "METHODS",
     "AbortedError",
     "AlreadyExistsError",
+    "ApplyCallback",
+    "ApplyResult",
     "AsyncClient",
     "AsyncRaw",
     "AsyncSandboxes",
@@ -98,9 +114,13 @@ __all__ = [
     "BidiStream",
     "CallCancelledError",
     "Client",
+    "ConfigSession",
+    "ConfigSessionStats",
+    "ConfigUpdate",
     "ConnectError",
     "DeadlineExceededError",
     "DeletionOutcome",
+    "DeliveryMode",
     "ExecEvent",
     "ExecExit",
     "ExecResult",
@@ -124,6 +144,7 @@ __all__ = [
     "PermissionDeniedError",
     "ProtocolError",
     "RawResponse",
+    "Rejected",
     "ResourceExhaustedError",
     "RoutingStats",
     "Sandbox",
@@ -133,6 +154,7 @@ __all__ = [
     "ServerStream",
     "ServiceStatus",
     "StreamClosedError",
+    "SyncConfigSession",
     "SyncExecStream",
     "SyncForward",
     "SyncInteractiveExec",
@@ -147,5 +169,6 @@ __all__ = [
     "errors",
     "openshell_pb2",
     "proto",
+    "sandbox_pb2",
     "types",
 ]

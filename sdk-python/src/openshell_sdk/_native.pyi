@@ -155,5 +155,48 @@ class NativeClient:
     ) -> Awaitable[RawStreamHandle]: ...
     def routing_stats(self) -> RoutingStatsDict: ...
 
+class ConfigSessionStatsDict(TypedDict):
+    mode: str | None
+    applied: int
+    rejected: int
+    duplicates: int
+    updates_received: int
+    last_update_id: int
+    config_revision: int
+    polls: int
+    sessions_accepted: int
+    redirects: int
+    session_id: str | None
+    served_by: str | None
+
+# (id, encoded GetSandboxConfigResponse, encoded GetSandboxProviderEnvironmentResponse,
+# mode "push" | "poll").
+PendingUpdate = tuple[int, bytes, bytes, str]
+
+class NativeConfigSession:
+    def __init__(
+        self,
+        endpoint: str,
+        sandbox_id: str,
+        sandbox_token: str,
+        *,
+        poll_interval: float | None = None,
+        announce_push: bool = True,
+        instance_id: str | None = None,
+        ca_pem: bytes | None = None,
+        tls_server_name: str | None = None,
+        connect_timeout: float | None = None,
+        allow_cleartext_token: bool = False,
+    ) -> None: ...
+    def start(self) -> None: ...
+    def next_update(self) -> Awaitable[PendingUpdate | None]: ...
+    def ack(self, id: int, applied: bool, reason: str | None = None) -> bool: ...
+    def stats(self) -> ConfigSessionStatsDict: ...
+    @property
+    def instance_id(self) -> str: ...
+    @property
+    def closed(self) -> bool: ...
+    def close(self) -> None: ...
+
 def runtime_info() -> RuntimeInfo: ...
 def _shutdown_runtime() -> None: ...

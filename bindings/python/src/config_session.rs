@@ -1,0 +1,341 @@
+//! `NativeConfigSession`: the supervisor side of the session protocol
+//! (sdk-core's [`ConfigSession`]) for Python: pushed or polled
+//! configuration, handed to Python one snapshot at a time and answered with
+//! an explicit acknowledgement.
+//!
+//! # How a snapshot reaches Python and its answer comes back
+//!
+//! The core calls the apply function on a tokio blocking thread, one call
+//! at a time, only for a snapshot that differs from the last applied one.
+//! Here that function encodes the snapshot, queues it as a pending update
+//! (with a fresh id and how it arrived: push or poll) and blocks that
+//! blocking thread, never a worker and never holding the GIL, until Python
+//! answers `ack(id, applied, reason)`. `next_update()` is the awaitable
+//! that hands the next pending update to Python. The core then answers the
+//! gateway (APPLIED, or REJECTED with the scrubbed, bounded reason).
+//!
+//! `close()` cancels the session and drops every unanswered update, which
+//! answers it REJECTED ("session closed") so the blocking thread returns.
+//!
+//! # Fork
+//!
+//! A session runs on the runtime of the process that started it; in a
+//! forked child it does not exist, and every method raises
+//! `InvalidConfigError` (start a new session in the child).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bytes::Bytes;
+use openshell_sdk::{
+    ApplyOutcome, CancellationToken, ClientConfig, ConfigSession, ConfigSnapshot, DeliveryMode,
+    Error,
+};
+use prost::Message;
+use pyo3::prelude::*;
+use pyo3::types::PyDict;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::errors::{invalid_config, to_py};
+use crate::runtime::{self, spawn};
+
+/// A snapshot waiting for Python's answer.
+struct Pending {
+    id: u64,
+    sandbox_config: Bytes,
+    provider_environment: Bytes,
+    mode: &'static str,
+}
+
+/// The answer channels of the updates Python holds, by id.
+type Acks = Arc<Mutex<HashMap<u64, oneshot::Sender<ApplyOutcome>>>>;
+
+fn mode_name(mode: DeliveryMode) -> &'static str {
+    match mode {
+        DeliveryMode::Push => "push",
+        DeliveryMode::Poll => "poll",
+    }
+}
+
+#[pyclass(frozen, module = "openshell_sdk._native", name = "NativeConfigSession")]
+pub struct NativeConfigSession {
+    pid: u32,
+    session: ConfigSession,
+    updates: Arc<tokio::sync::Mutex<mpsc::UnboundedReceiver<Pending>>>,
+    acks: Acks,
+    cancel: CancellationToken,
+    /// Set when `run` ended: its error, if any (an unusable endpoint).
+    ended: Arc<Mutex<Option<Option<Error>>>>,
+    started: Mutex<bool>,
+}
+
+fn seconds(py: Python<'_>, what: &str, value: Option<f64>) -> PyResult<Option<Duration>> {
+    match value {
+        None => Ok(None),
+        Some(s) if s.is_finite() && s > 0.0 => Ok(Some(Duration::from_secs_f64(s))),
+        Some(_) => Err(invalid_config(
+            py,
+            format!("{what} must be a positive number of seconds"),
+        )),
+    }
+}
+
+impl NativeConfigSession {
+    fn check_process(&self, py: Python<'_>) -> PyResult<()> {
+        if self.pid != std::process::id() {
+            return Err(invalid_config(
+                py,
+                "a ConfigSession does not survive fork(); start a new one in this process",
+            ));
+        }
+        Ok(())
+    }
+
+    fn drop_pending(&self) {
+        // Dropping the senders answers every waiting apply REJECTED.
+        self.acks.lock().unwrap_or_else(|p| p.into_inner()).clear();
+    }
+}
+
+#[pymethods]
+impl NativeConfigSession {
+    /// Builds a session; nothing connects until `start()`.
+    #[new]
+    #[pyo3(signature = (
+        endpoint,
+        sandbox_id,
+        sandbox_token,
+        *,
+        poll_interval = None,
+        announce_push = true,
+        instance_id = None,
+        ca_pem = None,
+        tls_server_name = None,
+        connect_timeout = None,
+        allow_cleartext_token = false,
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        py: Python<'_>,
+        endpoint: String,
+        sandbox_id: String,
+        sandbox_token: String,
+        poll_interval: Option<f64>,
+        announce_push: bool,
+        instance_id: Option<String>,
+        ca_pem: Option<Bytes>,
+        tls_server_name: Option<String>,
+        connect_timeout: Option<f64>,
+        allow_cleartext_token: bool,
+    ) -> PyResult<Self> {
+        let mut builder = ClientConfig::builder(endpoint)
+            .token(sandbox_token)
+            .allow_cleartext_token(allow_cleartext_token);
+        if let Some(pem) = ca_pem {
+            builder = builder.ca_pem(pem.to_vec());
+        }
+        if let Some(name) = tls_server_name {
+            builder = builder.tls_server_name(name);
+        }
+        if let Some(t) = seconds(py, "connect_timeout", connect_timeout)? {
+            builder = builder.connect_timeout(t);
+        }
+        let config = builder.build().map_err(|e| to_py(py, &e))?;
+
+        let (queue, updates) = mpsc::unbounded_channel::<Pending>();
+        let acks: Acks = Arc::default();
+        let cancel = CancellationToken::new();
+        let next_id = Arc::new(AtomicU64::new(1));
+        let apply = {
+            let acks = acks.clone();
+            let cancel = cancel.clone();
+            move |snapshot: ConfigSnapshot, mode: DeliveryMode| -> ApplyOutcome {
+                if cancel.is_cancelled() {
+                    return ApplyOutcome::Rejected("the session is closing".into());
+                }
+                let id = next_id.fetch_add(1, Ordering::Relaxed);
+                let (answer, answered) = oneshot::channel();
+                acks.lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .insert(id, answer);
+                // `close()` cancels, then drops the senders: checked after
+                // the insert, one of the two always frees this thread.
+                if cancel.is_cancelled() {
+                    acks.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+                    return ApplyOutcome::Rejected("the session is closing".into());
+                }
+                let pending = Pending {
+                    id,
+                    sandbox_config: Bytes::from(snapshot.sandbox_config.encode_to_vec()),
+                    provider_environment: Bytes::from(
+                        snapshot.provider_environment.encode_to_vec(),
+                    ),
+                    mode: mode_name(mode),
+                };
+                if queue.send(pending).is_err() {
+                    acks.lock().unwrap_or_else(|p| p.into_inner()).remove(&id);
+                    return ApplyOutcome::Rejected("the session is closing".into());
+                }
+                // A blocking thread of the runtime: waiting here holds up
+                // nothing but this session's next update.
+                answered.blocking_recv().unwrap_or_else(|_| {
+                    ApplyOutcome::Rejected("the session closed before the update was answered".into())
+                })
+            }
+        };
+        let mut session = ConfigSession::builder(config, sandbox_id)
+            .apply_with_mode(Arc::new(apply))
+            .config_push(announce_push);
+        if let Some(interval) = seconds(py, "poll_interval", poll_interval)? {
+            session = session.poll_interval(interval);
+        }
+        if let Some(id) = instance_id {
+            session = session.instance_id(id);
+        }
+        let session = session.build().map_err(|e| to_py(py, &e))?;
+        Ok(Self {
+            pid: std::process::id(),
+            session,
+            updates: Arc::new(tokio::sync::Mutex::new(updates)),
+            acks,
+            cancel,
+            ended: Arc::default(),
+            started: Mutex::new(false),
+        })
+    }
+
+    /// Starts the session on the extension's runtime (no event loop needed).
+    /// Idempotent.
+    fn start(&self, py: Python<'_>) -> PyResult<()> {
+        self.check_process(py)?;
+        let mut started = self.started.lock().unwrap_or_else(|p| p.into_inner());
+        if *started || self.cancel.is_cancelled() {
+            return Ok(());
+        }
+        *started = true;
+        let session = self.session.clone();
+        let cancel = self.cancel.clone();
+        let ended = self.ended.clone();
+        runtime::handle().spawn(async move {
+            let result = session.run(cancel.clone()).await;
+            *ended.lock().unwrap_or_else(|p| p.into_inner()) = Some(result.err());
+            // An unusable endpoint ends the session: wake every waiter.
+            cancel.cancel();
+        });
+        Ok(())
+    }
+
+    /// The next update to answer: `(id, sandbox_config, provider_environment,
+    /// mode)` (encoded messages; mode `"push"` or `"poll"`), or `None` once
+    /// the session is closed. Raises the session's error if it could not run.
+    fn next_update<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
+        self.check_process(py)?;
+        let updates = self.updates.clone();
+        let cancel = self.cancel.clone();
+        let ended = self.ended.clone();
+        spawn(py, async move {
+            let mut updates = updates.lock().await;
+            let next = tokio::select! {
+                biased;
+                _ = cancel.cancelled() => None,
+                next = updates.recv() => next,
+            };
+            match next {
+                Some(p) => Ok(Some((
+                    p.id,
+                    p.sandbox_config,
+                    p.provider_environment,
+                    p.mode,
+                ))),
+                None => {
+                    let failure = ended.lock().unwrap_or_else(|p| p.into_inner()).take();
+                    match failure {
+                        Some(Some(err)) => Err(err),
+                        _ => Ok(None),
+                    }
+                }
+            }
+        })
+    }
+
+    /// Answers update `id`: applied, or rejected with `reason` (sent to the
+    /// gateway scrubbed of provider values and bounded). Returns False when
+    /// the update was already answered or the session closed.
+    #[pyo3(signature = (id, applied, reason = None))]
+    fn ack(&self, py: Python<'_>, id: u64, applied: bool, reason: Option<String>) -> PyResult<bool> {
+        self.check_process(py)?;
+        let sender = self
+            .acks
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&id);
+        let Some(sender) = sender else {
+            return Ok(false);
+        };
+        let outcome = if applied {
+            ApplyOutcome::Applied
+        } else {
+            ApplyOutcome::Rejected(
+                reason
+                    .filter(|r| !r.trim().is_empty())
+                    .unwrap_or_else(|| "rejected by the application".into()),
+            )
+        };
+        Ok(sender.send(outcome).is_ok())
+    }
+
+    /// The session's counters (see `openshell_sdk.ConfigSessionStats`).
+    fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
+        let stats = self.session.stats();
+        let dict = PyDict::new(py);
+        dict.set_item("mode", stats.mode.map(mode_name))?;
+        dict.set_item("applied", stats.applied)?;
+        dict.set_item("rejected", stats.rejected)?;
+        dict.set_item("duplicates", stats.duplicates)?;
+        dict.set_item("updates_received", stats.updates_received)?;
+        dict.set_item("last_update_id", stats.last_update_id)?;
+        dict.set_item("config_revision", stats.config_revision)?;
+        dict.set_item("polls", stats.polls)?;
+        dict.set_item("sessions_accepted", stats.sessions_accepted)?;
+        dict.set_item("redirects", stats.redirects)?;
+        dict.set_item("session_id", stats.session_id)?;
+        dict.set_item("served_by", stats.served_by)?;
+        Ok(dict)
+    }
+
+    /// The instance id every hello carries.
+    #[getter]
+    fn instance_id(&self) -> String {
+        self.session.instance_id().to_owned()
+    }
+
+    /// Whether `close()` was called or the session could not run.
+    #[getter]
+    fn closed(&self) -> bool {
+        self.cancel.is_cancelled()
+    }
+
+    /// Ends the session (its stream closes; the gateway sees the supervisor
+    /// leave) and answers every unanswered update REJECTED. Idempotent.
+    fn close(&self) {
+        self.cancel.cancel();
+        self.drop_pending();
+    }
+
+    fn __repr__(&self) -> String {
+        format!(
+            "NativeConfigSession(instance_id={:?}, closed={})",
+            self.session.instance_id(),
+            self.cancel.is_cancelled()
+        )
+    }
+}
+
+impl Drop for NativeConfigSession {
+    fn drop(&mut self) {
+        self.cancel.cancel();
+        self.drop_pending();
+    }
+}
