@@ -17,7 +17,9 @@
 //!   this process, one per sandbox (N = 1000, or
 //!   `OPENSHELL_BENCH_CONFIG_SESSIONS`): the time for one global setting
 //!   change to reach every session, builds per second, and the ratio of
-//!   writes to builds under a burst of 1000 writes to 10 sandboxes.
+//!   writes to builds under bursts of 1000 writes (to 10 sandboxes, to one,
+//!   and to 10 during a global change).
+//!   `OPENSHELL_BENCH_CONFIG_BUILD_DELAY_MS` simulates a slower store.
 //! - `openshell-bench all`: every one of them.
 //!
 //! `OPENSHELL_BENCH_FORWARD_MIB` sets the bytes per forward copy (default
@@ -527,8 +529,8 @@ async fn routing_bench() {
 /// Sessions of `openshell-bench config` (`OPENSHELL_BENCH_CONFIG_SESSIONS`
 /// overrides).
 const CONFIG_SESSIONS_DEFAULT: usize = 1000;
-/// The burst: this many writes, spread over `BURST_SANDBOXES` sandboxes by
-/// `BURST_WRITERS` concurrent writers.
+/// A burst: this many writes by `BURST_WRITERS` concurrent writers, to
+/// `BURST_SANDBOXES` sandboxes (then to one).
 const BURST_WRITES: usize = 1000;
 const BURST_SANDBOXES: usize = 10;
 const BURST_WRITERS: usize = 8;
@@ -548,8 +550,9 @@ struct Fleet {
     wave: std::sync::Mutex<(String, Instant)>,
     /// Per session: when it applied the current wave (since the write).
     arrivals: std::sync::Mutex<Vec<Duration>>,
-    /// Per sandbox name: the last `bench_burst` value it applied.
-    burst: std::sync::Mutex<std::collections::HashMap<String, String>>,
+    /// Per (sandbox name, `bench_burst_<writer>` key): the last value its
+    /// session applied.
+    burst: std::sync::Mutex<std::collections::HashMap<(String, String), String>>,
 }
 
 fn string_setting(snapshot: &openshell_sdk::ConfigSnapshot, key: &str) -> Option<String> {
@@ -611,18 +614,29 @@ async fn config_bench() {
     use std::sync::Arc;
 
     let sessions = config_sessions();
+    // A slower store, simulated: every push build holds its permit this
+    // much longer (the gateway's hidden `--config-build-delay-ms`).
+    let build_delay_ms: u64 = std::env::var("OPENSHELL_BENCH_CONFIG_BUILD_DELAY_MS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let mut extra_args: Vec<String> = [
+        "--config-delivery-mode",
+        "push",
+        "--driver",
+        "none",
+        // No reconcile pass during the run: every build is a mark's.
+        "--config-reconcile-ms",
+        "3600000",
+    ]
+    .map(String::from)
+    .to_vec();
+    if build_delay_ms > 0 {
+        extra_args.push("--config-build-delay-ms".into());
+        extra_args.push(build_delay_ms.to_string());
+    }
     let gw = Gateway::start(GatewayOptions {
-        extra_args: [
-            "--config-delivery-mode",
-            "push",
-            "--driver",
-            "none",
-            // No reconcile pass during the run: every build is a mark's.
-            "--config-reconcile-ms",
-            "3600000",
-        ]
-        .map(String::from)
-        .to_vec(),
+        extra_args,
         ..GatewayOptions::dev()
     });
     let channel = Channel::from_shared(gw.url.clone())
@@ -685,8 +699,13 @@ async fn config_bench() {
                     fleet.arrivals.lock().unwrap().push(at.elapsed());
                 }
             }
-            if let Some(value) = string_setting(&snapshot, "bench_burst") {
-                fleet.burst.lock().unwrap().insert(name.clone(), value);
+            let mut burst = fleet.burst.lock().unwrap();
+            for key in snapshot.sandbox_config.settings.keys() {
+                if key.starts_with("bench_burst_")
+                    && let Some(value) = string_setting(&snapshot, key)
+                {
+                    burst.insert((name.clone(), key.clone()), value);
+                }
             }
             ApplyOutcome::Applied
         });
@@ -751,9 +770,11 @@ async fn config_bench() {
         .take(BURST_SANDBOXES)
         .map(|(name, _)| name.clone())
         .collect();
-    // The burst alone, then the same burst while a global change to every
-    // session is being built (builds wait for permits: marks merge).
+    // The burst alone (10 sandboxes, then one hot sandbox), then the
+    // 10-sandbox burst while a global change to every session is being
+    // built (builds wait for permits: marks merge).
     let alone = burst(&gw, &client, &fleet, &targets, "a", None).await;
+    let hot = burst(&gw, &client, &fleet, &targets[..1], "h", None).await;
     *fleet.wave.lock().unwrap() = ("wave-2".into(), Instant::now());
     let during = burst(&gw, &client, &fleet, &targets, "b", Some("wave-2")).await;
     let unchanged = metric(&gw, "openshell_server_config_unchanged_total");
@@ -764,7 +785,13 @@ async fn config_bench() {
     }
 
     println!(
-        "config push benchmark: 1 gateway (push, driver none), {sessions} sdk-core ConfigSessions in this process (one HTTP/2 connection each)"
+        "config push benchmark: 1 gateway (push, driver none, SQLite, {} build permits), {sessions} sdk-core ConfigSessions in this process (one HTTP/2 connection each){}",
+        2 * 8,
+        if build_delay_ms > 0 {
+            format!("; simulated slow store: +{build_delay_ms} ms per build")
+        } else {
+            String::new()
+        }
     );
     println!(
         "  sandboxes created: {sessions} in {:.2} s; sessions bootstrapped: {bootstrapped}/{sessions} in {:.2} s (push_sessions gauge {gauge})",
@@ -778,15 +805,20 @@ async fn config_bench() {
         ms(percentile_or_zero(&arrivals, 0.99)),
     );
     println!(
-        "  builds for the change: {wave_builds} (one per session), {wave_sent} updates sent; {:.0} builds/s over the propagation, mean build {:.2} ms",
+        "  builds for the change: {wave_builds} (one per session), {wave_sent} updates sent; {:.0} builds/s over the propagation, mean store read per build {:.2} ms",
         wave_builds / all.as_secs_f64().max(1e-9),
         1e3 * (sum_after - sum_before) / wave_builds.max(1.0)
     );
-    for (label, b) in [("burst alone", &alone), ("burst + global change", &during)] {
+    for (label, b) in [
+        ("burst, 10 sandboxes", &alone),
+        ("burst, 1 sandbox", &hot),
+        ("burst, 10 sandboxes + global change", &during),
+    ] {
         println!(
-            "  {label}: {} writes ({} to {BURST_SANDBOXES} sandboxes by {BURST_WRITERS} writers{}) in {:.2} s ({:.0} writes/s); {} builds, {} updates sent; every session on its last value: {} after {:.2} s",
+            "  {label}: {} writes ({} to {} sandbox(es) by {BURST_WRITERS} writers{}) in {:.2} s ({:.0} writes/s); {} builds, {} updates sent; every session on its last value: {} after {:.2} s",
             b.writes,
             b.sandbox_writes,
+            b.sandboxes,
             if b.global { ", 1 global" } else { "" },
             b.write_time.as_secs_f64(),
             b.writes / b.write_time.as_secs_f64(),
@@ -817,6 +849,7 @@ struct Burst {
     /// Committed writes (the gateway's publications counter).
     writes: f64,
     sandbox_writes: f64,
+    sandboxes: usize,
     global: bool,
     builds: f64,
     sent: f64,
@@ -826,8 +859,8 @@ struct Burst {
 }
 
 /// BURST_WRITES writes to `targets` by BURST_WRITERS concurrent writers
-/// (each sandbox written by one writer, in order, so its last value is
-/// known), optionally with a global write of `bench_wave` at the start.
+/// (each writer its own key, in order, so every last value is known),
+/// optionally with a global write of `bench_wave` at the start.
 /// Waits until every target's session applied its last value (and every
 /// session the wave).
 async fn burst(
@@ -857,7 +890,22 @@ async fn burst(
         (publications(gw), mark_builds(gw).0, sent(gw));
     let sessions_before = fleet.arrivals.lock().unwrap().len();
     fleet.arrivals.lock().unwrap().clear();
-    let per_sandbox = BURST_WRITES / targets.len();
+    // Who writes what: with at least as many sandboxes as writers each
+    // sandbox has one writer; otherwise every writer writes every sandbox.
+    // Each writer writes its own key (`bench_burst_<writer>`), in order, so
+    // the last value of every (sandbox, key) is known.
+    let assignment: Vec<Vec<String>> = (0..BURST_WRITERS)
+        .map(|w| {
+            targets
+                .iter()
+                .enumerate()
+                .filter(|(t, _)| targets.len() < BURST_WRITERS || t % BURST_WRITERS == w)
+                .map(|(_, name)| name.clone())
+                .collect()
+        })
+        .collect();
+    let pairs: usize = assignment.iter().map(Vec::len).sum();
+    let per_pair = BURST_WRITES / pairs;
     let started = Instant::now();
     if let Some(wave) = global {
         client
@@ -867,26 +915,21 @@ async fn burst(
             .unwrap();
     }
     let mut writers = Vec::new();
-    for w in 0..BURST_WRITERS {
+    for (w, mine) in assignment.iter().enumerate() {
         let mut client = client.clone();
         let tag = tag.to_owned();
-        let mine: Vec<(usize, String)> = targets
-            .iter()
-            .enumerate()
-            .filter(|(t, _)| t % BURST_WRITERS == w)
-            .map(|(t, name)| (t, name.clone()))
-            .collect();
+        let mine = mine.clone();
         writers.push(tokio::spawn(async move {
-            for j in 0..per_sandbox {
-                for (t, sandbox) in &mine {
+            for j in 0..per_pair {
+                for sandbox in &mine {
                     client
                         .update_config(UpdateConfigRequest {
                             sandbox: sandbox.clone(),
-                            setting_key: "bench_burst".into(),
+                            setting_key: format!("bench_burst_{w}"),
                             setting_value: Some(openshell_proto::sandbox::SettingValue {
                                 value: Some(
                                     openshell_proto::sandbox::setting_value::Value::StringValue(
-                                        format!("{tag}-{t}-{j}"),
+                                        format!("{tag}-{j}"),
                                     ),
                                 ),
                             }),
@@ -902,15 +945,19 @@ async fn burst(
         writer.await.unwrap();
     }
     let write_time = started.elapsed();
-    let last: std::collections::HashMap<String, String> = targets
+    let last: std::collections::HashMap<(String, String), String> = assignment
         .iter()
         .enumerate()
-        .map(|(t, name)| (name.clone(), format!("{tag}-{t}-{}", per_sandbox - 1)))
+        .flat_map(|(w, mine)| {
+            let want = format!("{tag}-{}", per_pair - 1);
+            mine.iter()
+                .map(move |name| ((name.clone(), format!("bench_burst_{w}")), want.clone()))
+        })
         .collect();
     let settled = |fleet: &Fleet| {
         let burst = fleet.burst.lock().unwrap();
         last.iter()
-            .all(|(name, want)| burst.get(name) == Some(want))
+            .all(|(slot, want)| burst.get(slot) == Some(want))
             && (global.is_none() || fleet.arrivals.lock().unwrap().len() >= sessions_before)
     };
     let deadline = Instant::now() + Duration::from_secs(120);
@@ -923,7 +970,8 @@ async fn burst(
     tokio::time::sleep(Duration::from_millis(500)).await;
     Burst {
         writes: publications(gw) - published_before,
-        sandbox_writes: (per_sandbox * targets.len()) as f64,
+        sandbox_writes: (per_pair * pairs) as f64,
+        sandboxes: targets.len(),
         global: global.is_some(),
         builds: mark_builds(gw).0 - builds_before,
         sent: sent(gw) - sent_before,

@@ -499,7 +499,7 @@ async fn a_rolling_restart_loses_nothing_and_ends_on_the_ring() {
                     .parse()
                     .ok()
             })
-            .last()
+            .next_back()
             .unwrap_or(0.0);
         assert_eq!(
             redirected, held,

@@ -181,7 +181,9 @@ impl NativeConfigSession {
                 // A blocking thread of the runtime: waiting here holds up
                 // nothing but this session's next update.
                 answered.blocking_recv().unwrap_or_else(|_| {
-                    ApplyOutcome::Rejected("the session closed before the update was answered".into())
+                    ApplyOutcome::Rejected(
+                        "the session closed before the update was answered".into(),
+                    )
                 })
             }
         };
@@ -264,7 +266,13 @@ impl NativeConfigSession {
     /// gateway scrubbed of provider values and bounded). Returns False when
     /// the update was already answered or the session closed.
     #[pyo3(signature = (id, applied, reason = None))]
-    fn ack(&self, py: Python<'_>, id: u64, applied: bool, reason: Option<String>) -> PyResult<bool> {
+    fn ack(
+        &self,
+        py: Python<'_>,
+        id: u64,
+        applied: bool,
+        reason: Option<String>,
+    ) -> PyResult<bool> {
         self.check_process(py)?;
         let sender = self
             .acks

@@ -493,7 +493,10 @@ impl Runner {
             return Err(anyhow!("no session accepted in 30 s: {:?}", session.stats()).into());
         }
         if session.stats().mode == Some(DeliveryMode::Push)
-            && !wait_for(Duration::from_secs(10), || session.stats().last_update_id >= 1).await
+            && !wait_for(Duration::from_secs(10), || {
+                session.stats().last_update_id >= 1
+            })
+            .await
         {
             return Err(anyhow!("the bootstrap was never answered").into());
         }
@@ -508,7 +511,8 @@ impl Runner {
             let refused = reject.as_ref() == Some(&(key.clone(), value.clone()));
             let rejected_before = session.stats().rejected;
             let started = Instant::now();
-            self.update_setting(&name, global, &key, Some(&value)).await?;
+            self.update_setting(&name, global, &key, Some(&value))
+                .await?;
             if global {
                 globals.push(key.clone());
             }
@@ -908,8 +912,14 @@ impl Runner {
                         bail!("{} unrouted retries", out.unrouted_retry_delta);
                     }
                 }
-                "mode" | "bootstrap" | "updates_acknowledged" | "rejected" | "applied_settings"
-                | "max_latency" | "updates_received" | "min_polls" => {
+                "mode"
+                | "bootstrap"
+                | "updates_acknowledged"
+                | "rejected"
+                | "applied_settings"
+                | "max_latency"
+                | "updates_received"
+                | "min_polls" => {
                     let Some(config) = &out.config else {
                         bail!("{key} needs a config_session step");
                     };
