@@ -138,6 +138,18 @@ class _EventSource:
         return self._ended and not self._buffer
 
 
+async def _gather_output(stream: ExecStream | InteractiveExec) -> ExecResult:
+    """Reads a stream's remaining events into an :class:`ExecResult`."""
+    stdout, stderr = bytearray(), bytearray()
+    async for event in stream:
+        if isinstance(event, ExecStdout):
+            stdout += event.data
+        elif isinstance(event, ExecStderr):
+            stderr += event.data
+    assert stream.exit_code is not None
+    return ExecResult(bytes(stdout), bytes(stderr), stream.exit_code)
+
+
 class ExecStream(_EventSource):
     """The events of a running command: ``async for event in stream``.
 
@@ -176,14 +188,7 @@ class ExecStream(_EventSource):
 
     async def collect(self) -> ExecResult:
         """Reads the rest of the stream into an :class:`ExecResult`."""
-        stdout, stderr = bytearray(), bytearray()
-        async for event in self:
-            if isinstance(event, ExecStdout):
-                stdout += event.data
-            elif isinstance(event, ExecStderr):
-                stderr += event.data
-        assert self.exit_code is not None
-        return ExecResult(bytes(stdout), bytes(stderr), self.exit_code)
+        return await _gather_output(self)
 
     def cancel(self) -> None:
         """Cancels the command's stream. Idempotent."""
@@ -247,14 +252,7 @@ class InteractiveExec(_EventSource):
 
     async def wait(self) -> ExecResult:
         """Reads every remaining event; returns the output and exit code."""
-        stdout, stderr = bytearray(), bytearray()
-        async for event in self:
-            if isinstance(event, ExecStdout):
-                stdout += event.data
-            elif isinstance(event, ExecStderr):
-                stderr += event.data
-        assert self.exit_code is not None
-        return ExecResult(bytes(stdout), bytes(stderr), self.exit_code)
+        return await _gather_output(self)
 
     async def __aenter__(self) -> InteractiveExec:
         return self
