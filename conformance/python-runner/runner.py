@@ -62,19 +62,19 @@ def process_running(pid: int) -> bool:
 
 
 def supervisor_token(data_dir: Path, sandbox_id: str) -> tuple[int, str]:
-    """The sandbox's supervisor PID and the sandbox token from its environment."""
+    """The sandbox's supervisor PID and the sandbox token the harness's
+    cluster keeps for tests (``<data-dir>/sandboxes/<id>/token``)."""
     pid = int((data_dir / "sandboxes" / sandbox_id / "supervisor.pid").read_text().strip())
     args = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
     if not any(a.endswith(b"openshell-supervisor") for a in args) or (
         sandbox_id.encode() not in args
     ):
         raise StepFailed(f"process {pid} is not the supervisor of sandbox {sandbox_id}")
-    token = None
-    for entry in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0"):
-        if entry.startswith(b"OPENSHELL_SANDBOX_TOKEN="):
-            token = entry.split(b"=", 1)[1].decode()
-    if token is None:
-        raise StepFailed("the supervisor has no OPENSHELL_SANDBOX_TOKEN")
+    token_file = data_dir / "sandboxes" / sandbox_id / "token"
+    try:
+        token = token_file.read_text().strip()
+    except OSError as err:
+        raise StepFailed(f"cannot read {token_file}: {err.strerror}") from None
     return pid, token
 
 

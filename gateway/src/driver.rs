@@ -7,7 +7,16 @@
 //! the new gateway adopts a live supervisor (matched by PID and command line)
 //! or starts a fresh one with a fresh token. `supervisor.pid` in the sandbox
 //! directory names the process for operators and test harnesses.
+//!
+//! Supervisors start clean: an empty environment plus a short allow-list
+//! ([`SUPERVISOR_ENV`]), so no user token, peer token or database URL of the
+//! gateway reaches them, and the sandbox token arrives on an inherited pipe
+//! (`--token-fd 3`), never in the command line or the environment. With
+//! [`Isolation::Namespaces`] each supervisor runs its sandbox's processes in
+//! namespaces of their own, with the data directory and the gateway's other
+//! secret files hidden (see the supervisor's `isolation` module).
 
+use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -21,6 +30,32 @@ pub struct SupervisorExit {
     pub sandbox_id: String,
     pub pid: i32,
     pub status: String,
+}
+
+/// The only variables of the gateway's environment a supervisor inherits.
+/// Nothing secret: the sandbox token goes through a pipe.
+pub const SUPERVISOR_ENV: [&str; 6] =
+    ["PATH", "LANG", "LC_ALL", "TZ", "RUST_LOG", "RUST_BACKTRACE"];
+/// The descriptor the sandbox token arrives on.
+const TOKEN_FD: i32 = 3;
+
+/// How sandbox processes are isolated (`--isolation`, resolved at start).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Isolation {
+    /// Sandbox processes run beside the supervisor, as its user.
+    None,
+    /// Their own user, PID and mount namespaces, an unprivileged uid, the
+    /// data directory and the gateway's secret files hidden.
+    Namespaces,
+}
+
+impl Isolation {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Isolation::None => "none",
+            Isolation::Namespaces => "namespaces",
+        }
+    }
 }
 
 /// Which driver runs sandboxes (hidden `--driver`).
@@ -42,6 +77,12 @@ pub struct ProcessDriver {
     /// The gateway URL supervisors dial.
     gateway_url: String,
     ca_file: Option<PathBuf>,
+    isolation: Isolation,
+    /// Paths sandbox processes must not see (namespaces only).
+    hide: Vec<PathBuf>,
+    /// Tests only (`--expose-sandbox-tokens`): also write each token to
+    /// `<sandbox dir>/token` (mode 0600; hidden from the sandbox).
+    expose_tokens: bool,
     exits: mpsc::UnboundedSender<SupervisorExit>,
 }
 
@@ -60,10 +101,27 @@ impl ProcessDriver {
                 supervisor_bin,
                 gateway_url,
                 ca_file,
+                isolation: Isolation::None,
+                hide: Vec::new(),
+                expose_tokens: false,
                 exits,
             },
             rx,
         )
+    }
+
+    /// Runs sandbox processes with `isolation`, hiding `hide` (besides the
+    /// data directory) from them.
+    pub fn with_isolation(mut self, isolation: Isolation, hide: Vec<PathBuf>) -> Self {
+        self.isolation = isolation;
+        self.hide = hide;
+        self
+    }
+
+    /// Tests only: keep a copy of each sandbox token in its directory.
+    pub fn exposing_tokens(mut self) -> Self {
+        self.expose_tokens = true;
+        self
     }
 
     /// `--driver none`: sandboxes get their directory and a token file but
@@ -82,14 +140,20 @@ impl ProcessDriver {
         let dir = self.sandbox_dir(sandbox_id);
         let workdir = dir.join("work");
         tokio::fs::create_dir_all(&workdir).await?;
-        if !self.spawn {
+        // The sandbox's own files (log, pid, token copy) are the gateway's.
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+        if !self.spawn || self.expose_tokens {
             write_token_file(&dir.join("token"), token).await?;
+        }
+        if !self.spawn {
             return Ok(0);
         }
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(dir.join("supervisor.log"))?;
+        let token_pipe = token_pipe(token)?;
+        let token_fd = token_pipe.as_raw_fd();
         let mut command = tokio::process::Command::new(&self.supervisor_bin);
         command
             .arg("--gateway")
@@ -98,7 +162,14 @@ impl ProcessDriver {
             .arg(sandbox_id)
             .arg("--workdir")
             .arg(&workdir)
-            .env("OPENSHELL_SANDBOX_TOKEN", token)
+            .arg("--token-fd")
+            .arg(TOKEN_FD.to_string())
+            .env_clear()
+            .envs(
+                SUPERVISOR_ENV
+                    .iter()
+                    .filter_map(|k| Some((k, std::env::var_os(k)?))),
+            )
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
@@ -107,7 +178,20 @@ impl ProcessDriver {
         if let Some(ca) = &self.ca_file {
             command.arg("--ca-file").arg(ca);
         }
+        if self.isolation == Isolation::Namespaces {
+            command.arg("--isolation").arg("namespaces");
+            command.arg("--hide").arg(&self.data_dir);
+            for path in &self.hide {
+                command.arg("--hide").arg(path);
+            }
+        }
+        // SAFETY: the hook only calls dup2 and fcntl, which are
+        // async-signal-safe.
+        unsafe {
+            command.pre_exec(move || inherit_as(token_fd, TOKEN_FD));
+        }
         let mut child = command.spawn()?;
+        drop(token_pipe);
         let pid = child.id().map(|p| p as i32).unwrap_or_default();
         tokio::fs::write(dir.join("supervisor.pid"), format!("{pid}\n")).await?;
         let exits = self.exits.clone();
@@ -124,6 +208,20 @@ impl ProcessDriver {
             });
         });
         Ok(pid)
+    }
+
+    /// Whether the live supervisor `pid` was started the way this driver
+    /// starts them now: same isolation, token on a descriptor.
+    pub fn runs_as_configured(&self, pid: i32) -> bool {
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            return false;
+        };
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).collect();
+        let isolated = args
+            .windows(2)
+            .any(|pair| pair == [b"--isolation".as_slice(), b"namespaces".as_slice()]);
+        let token_fd = args.contains(&b"--token-fd".as_slice());
+        token_fd && isolated == (self.isolation == Isolation::Namespaces)
     }
 
     /// Stops the supervisor (SIGTERM, then SIGKILL of its group after 5 s)
@@ -184,6 +282,89 @@ async fn write_token_file(path: &Path, token: &str) -> std::io::Result<()> {
     file.sync_all()?;
     drop(file);
     tokio::fs::rename(&tmp, path).await
+}
+
+/// A pipe holding `token`, its write end closed: the read end, for the
+/// supervisor to inherit.
+fn token_pipe(token: &str) -> std::io::Result<OwnedFd> {
+    use std::io::Write as _;
+    use std::os::fd::FromRawFd as _;
+    let mut fds = [0; 2];
+    // SAFETY: pipe2 writes two descriptors into a valid array; each is
+    // owned at once.
+    let (read, write) = unsafe {
+        if libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1]))
+    };
+    // A token is far below the pipe's capacity, so this never blocks.
+    std::fs::File::from(write).write_all(token.as_bytes())?;
+    Ok(read)
+}
+
+/// Child side, between fork and exec: `fd` becomes `target`, inherited
+/// across exec.
+fn inherit_as(fd: i32, target: i32) -> std::io::Result<()> {
+    // SAFETY: dup2 and fcntl on descriptors of this process.
+    unsafe {
+        if fd == target {
+            let flags = libc::fcntl(fd, libc::F_GETFD);
+            if flags < 0 || libc::fcntl(fd, libc::F_SETFD, flags & !libc::FD_CLOEXEC) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+        } else if libc::dup2(fd, target) < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        // Nothing else this process inherited goes on to the supervisor.
+        libc::syscall(libc::SYS_close_range, target + 1, libc::c_uint::MAX, 0);
+    }
+    Ok(())
+}
+
+/// Resolves `--isolation`: `auto` takes namespaces when the supervisor can
+/// have them, else none (with the reason); an explicit `namespaces` that
+/// cannot be had is an error.
+pub fn resolve_isolation(
+    requested: IsolationArg,
+    supervisor_bin: &Path,
+) -> Result<(Isolation, Option<String>), String> {
+    let check = || -> Result<(), String> {
+        let output = std::process::Command::new(supervisor_bin)
+            .arg("__isolation-check")
+            .env_clear()
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|err| format!("cannot run {}: {err}", supervisor_bin.display()))?;
+        if output.status.success() {
+            Ok(())
+        } else {
+            Err(String::from_utf8_lossy(&output.stderr).trim().to_owned())
+        }
+    };
+    match requested {
+        IsolationArg::None => Ok((Isolation::None, None)),
+        IsolationArg::Namespaces => check()
+            .map(|()| (Isolation::Namespaces, None))
+            .map_err(|reason| format!("--isolation namespaces is not available here: {reason}")),
+        IsolationArg::Auto => Ok(match check() {
+            Ok(()) => (Isolation::Namespaces, None),
+            Err(reason) => (Isolation::None, Some(reason)),
+        }),
+    }
+}
+
+/// `--isolation` as given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum IsolationArg {
+    /// `namespaces` where this host allows it, else `none` with a warning.
+    Auto,
+    /// Each sandbox in its own user, PID and mount namespaces; refuse to
+    /// start without them.
+    Namespaces,
+    /// No isolation: sandbox processes run as the supervisor's user and see
+    /// the whole host.
+    None,
 }
 
 fn signal(pid: i32, sig: libc::c_int) {

@@ -12,6 +12,7 @@ mod config_delivery;
 mod config_model;
 mod driver;
 mod edge;
+mod layout;
 mod metrics;
 mod peer_service;
 mod relay_routing;
@@ -27,7 +28,7 @@ mod validate;
 mod watch_hub;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -43,7 +44,7 @@ use crate::auth::Authenticator;
 use crate::cluster::{Cluster, ClusterConfig};
 use crate::config_delivery::{ConfigDelivery, DeliveryConfig, DeliveryMode};
 use crate::config_model::ConfigModel;
-use crate::driver::{DriverKind, ProcessDriver};
+use crate::driver::{DriverKind, IsolationArg, ProcessDriver};
 use crate::metrics::Metrics;
 use crate::peer_service::PeerService;
 use crate::relay_routing::RelayRouter;
@@ -181,6 +182,17 @@ struct ServeArgs {
     /// test can run the supervisor side itself. Default `process`.
     #[arg(long, value_enum, default_value = "process", hide = true)]
     driver: DriverKind,
+    /// How sandbox processes are isolated: `namespaces` (their own user, PID
+    /// and mount namespaces as an unprivileged uid, the data directory and
+    /// the gateway's secret files hidden; needs root), `none`, or `auto`
+    /// (namespaces where available, else none with a warning).
+    #[arg(long, value_enum, env = "OPENSHELL_ISOLATION", default_value = "auto")]
+    isolation: IsolationArg,
+    /// Tests only: keep a copy of each sandbox token in
+    /// `<data-dir>/sandboxes/<id>/token` (mode 0600, hidden from sandboxes)
+    /// so a test can act as the sandbox's supervisor.
+    #[arg(long, hide = true)]
+    expose_sandbox_tokens: bool,
 }
 
 #[tokio::main]
@@ -197,6 +209,27 @@ async fn main() -> anyhow::Result<()> {
         Command::Up(args) => up::run(args).await,
         Command::Edge(args) => edge::run(args).await,
     }
+}
+
+/// What sandbox processes must not see besides the data directory: the
+/// store when it lives elsewhere, the tokens file, the TLS key.
+fn hidden_paths(args: &ServeArgs, data_dir: &Path) -> Vec<PathBuf> {
+    let mut hide = Vec::new();
+    if let Some(path) = args
+        .database_url
+        .as_deref()
+        .and_then(|url| url.strip_prefix("sqlite://"))
+        .map(|rest| rest.split('?').next().unwrap_or(rest))
+        .and_then(|path| std::path::absolute(path).ok())
+        .filter(|path| !path.starts_with(data_dir))
+    {
+        // The database and its -wal and -shm companions.
+        hide.extend(path.parent().map(Path::to_path_buf));
+    }
+    for file in [&args.tokens_file, &args.tls_key].into_iter().flatten() {
+        hide.extend(std::path::absolute(file).ok());
+    }
+    hide
 }
 
 fn user_tokens(args: &ServeArgs) -> anyhow::Result<Vec<String>> {
@@ -220,6 +253,13 @@ fn user_tokens(args: &ServeArgs) -> anyhow::Result<Vec<String>> {
 }
 
 async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    // Other processes of this user (sandbox code among them, without
+    // isolation) cannot read this process's memory, environment or
+    // descriptors.
+    // SAFETY: prctl with PR_SET_DUMPABLE takes plain integers.
+    unsafe {
+        libc::prctl(libc::PR_SET_DUMPABLE, 0);
+    }
     let tokens = user_tokens(&args)?;
     if args.dev && !args.listen.ip().is_loopback() {
         bail!("--dev (no authentication) is only allowed on a loopback listen address");
@@ -235,10 +275,13 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.data_dir)
         .with_context(|| format!("creating data directory {}", args.data_dir.display()))?;
     let data_dir = args.data_dir.canonicalize()?;
-    let database_url = args
-        .database_url
-        .clone()
-        .unwrap_or_else(|| format!("sqlite://{}", data_dir.join("gateway.db").display()));
+    let database_url = match &args.database_url {
+        Some(url) => url.clone(),
+        None => {
+            let path = layout::prepare(&data_dir).context("preparing the data directory")?;
+            format!("sqlite://{}", path.display())
+        }
+    };
     // The URL may hold a password: never print it.
     let store = Store::open(&database_url).await.map_err(|err| {
         anyhow::anyhow!("opening the store ({:?}): {err}", store_kind(&database_url))
@@ -295,12 +338,35 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
         None => None,
     };
+    let (isolation, fallback) =
+        driver::resolve_isolation(args.isolation, &supervisor_bin).map_err(anyhow::Error::msg)?;
+    if args.driver == DriverKind::Process {
+        match &fallback {
+            Some(reason) => tracing::warn!(
+                reason = reason.as_str(),
+                "SANDBOXES ARE NOT ISOLATED: --isolation auto fell back to none; sandbox code \
+                 runs as the supervisor's user and can read this gateway's data directory"
+            ),
+            None => tracing::info!(isolation = isolation.as_str(), "sandbox isolation"),
+        }
+    }
+    metrics.set_isolation(isolation.as_str());
     let (driver, mut exits) = ProcessDriver::new(
         data_dir.clone(),
         supervisor_bin,
         supervisor_url,
         supervisor_ca,
     );
+    let driver = driver.with_isolation(isolation, hidden_paths(&args, &data_dir));
+    let driver = if args.expose_sandbox_tokens {
+        tracing::warn!(
+            "--expose-sandbox-tokens: sandbox tokens are kept in <data-dir>/sandboxes/<id>/token \
+             (tests only)"
+        );
+        driver.exposing_tokens()
+    } else {
+        driver
+    };
     let driver = match args.driver {
         DriverKind::Process => driver,
         DriverKind::None => {

@@ -48,8 +48,16 @@ pub struct RouteLabels {
     pub outcome: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct IsolationLabels {
+    /// namespaces or none.
+    pub mode: &'static str,
+}
+
 pub struct Metrics {
     registry: Registry,
+    /// 1 for the isolation mode sandboxes get on this replica.
+    pub isolation: Family<IsolationLabels, Gauge>,
     pub ring_members: Gauge,
     pub session_redirects: Family<RedirectLabels, Counter>,
     pub offring_admissions: Counter,
@@ -73,6 +81,13 @@ impl Metrics {
         let session_redirects = Family::<RedirectLabels, Counter>::default();
         let offring_admissions = Counter::default();
         let routed_requests = Family::<RouteLabels, Counter>::default();
+        let isolation = Family::<IsolationLabels, Gauge>::default();
+        registry.register(
+            "openshell_server_sandbox_isolation",
+            "Isolation of sandbox processes on this replica: 1 for the mode in force \
+             (namespaces, none)",
+            isolation.clone(),
+        );
         registry.register(
             "openshell_server_ring_members",
             "Live replicas on this replica's placement ring",
@@ -133,6 +148,7 @@ impl Metrics {
         let config = crate::config_delivery::ConfigMetrics::register(&mut registry);
         Arc::new(Self {
             registry,
+            isolation,
             ring_members,
             session_redirects,
             offring_admissions,
@@ -159,6 +175,16 @@ impl Metrics {
                 outcome,
             })
             .inc();
+    }
+
+    /// Records the isolation mode in force.
+    pub fn set_isolation(&self, mode: &'static str) {
+        for other in ["namespaces", "none"] {
+            let value = i64::from(other == mode);
+            self.isolation
+                .get_or_create(&IsolationLabels { mode: other })
+                .set(value);
+        }
     }
 
     pub fn record_request(&self, method: &str, code: &str) {

@@ -535,8 +535,21 @@ impl Sandboxes {
                 .await
                 .ok();
             }
-            let alive = i32::try_from(stored.supervisor_pid)
+            let mut alive = i32::try_from(stored.supervisor_pid)
                 .is_ok_and(|pid| crate::driver::is_our_supervisor(pid, &id));
+            if alive && !self.driver.runs_as_configured(stored.supervisor_pid as i32) {
+                // Started under another isolation mode (or by a release that
+                // passed the token in its environment): replace it.
+                tracing::info!(
+                    sandbox_id = id,
+                    pid = stored.supervisor_pid,
+                    "replacing a supervisor started with other isolation"
+                );
+                self.driver
+                    .stop_process(&id, stored.supervisor_pid as i32)
+                    .await;
+                alive = false;
+            }
             if alive {
                 tracing::info!(
                     sandbox_id = id,

@@ -36,6 +36,12 @@ pub struct UpArgs {
         default_value = "poll"
     )]
     config_delivery_mode: DeliveryMode,
+    /// Passed to every replica (see `serve --isolation`).
+    #[arg(long, value_enum, env = "OPENSHELL_ISOLATION", default_value = "auto")]
+    isolation: crate::driver::IsolationArg,
+    /// Tests only: passed to every replica (see `serve`).
+    #[arg(long, hide = true)]
+    expose_sandbox_tokens: bool,
 }
 
 struct Running {
@@ -82,6 +88,11 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         DeliveryMode::Push => "push",
     };
 
+    let isolation = match args.isolation {
+        crate::driver::IsolationArg::Auto => "auto",
+        crate::driver::IsolationArg::Namespaces => "namespaces",
+        crate::driver::IsolationArg::None => "none",
+    };
     let mut running: Vec<Running> = Vec::new();
     let mut routes = Vec::new();
     let result = async {
@@ -101,6 +112,12 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
                 ])
                 .args(["--replica-id", &id, "--supervisor-url", &edge_url])
                 .args(["--config-delivery-mode", mode])
+                .arg("--isolation")
+                .arg(isolation)
+                .args(
+                    args.expose_sandbox_tokens
+                        .then_some("--expose-sandbox-tokens"),
+                )
                 .arg("--data-dir")
                 .arg(&data_dir)
                 .arg("--ready-file")

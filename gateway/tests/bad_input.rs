@@ -4,7 +4,7 @@ mod common;
 
 use common::*;
 use openshell_proto::*;
-use openshell_testkit::process_env;
+use openshell_testkit::sandbox_token;
 use tonic::Code;
 
 async fn sandbox_count(client: &mut Client) -> usize {
@@ -290,17 +290,8 @@ async fn a_sandbox_token_acts_only_for_its_sandbox() {
     let b = create_ready(&mut client, "sandbox-b").await;
     let a_id = a.metadata.unwrap().id;
     let b_id = b.metadata.unwrap().id;
-    // Find sandbox A's supervisor and read the token it was given.
-    let token_a = gw
-        .supervisor_pids()
-        .into_iter()
-        .find(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .map(|c| String::from_utf8_lossy(&c).contains(&a_id))
-                .unwrap_or(false)
-        })
-        .and_then(|pid| process_env(pid, "OPENSHELL_SANDBOX_TOKEN"))
-        .expect("token of sandbox A");
+    // The token sandbox A's supervisor was given.
+    let token_a = sandbox_token(&gw.store_dir(), &a_id).expect("token of sandbox A");
 
     let mut as_a = client_with(&gw, Some(&token_a)).await;
     // A hello for sandbox B with A's token.

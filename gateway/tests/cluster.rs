@@ -10,7 +10,7 @@ use std::time::Duration;
 use common::*;
 use openshell_proto::*;
 use openshell_testkit::cluster::{ClusterOptions, Postgres, TestCluster, ring_owner};
-use openshell_testkit::{Gateway, eventually, metric_value, process_env};
+use openshell_testkit::{Gateway, eventually, metric_value, sandbox_token};
 use tonic::Code;
 
 fn options(replicas: usize, database_url: Option<String>) -> ClusterOptions {
@@ -271,8 +271,7 @@ async fn a_stranger_cannot_take_over_a_live_session() {
     let id = sandbox.metadata.unwrap().id;
     let owner = ring_owner(&["gw-0", "gw-1"], &id);
     let other = if owner == "gw-0" { "gw-1" } else { "gw-0" };
-    let pid = cluster.replicas[0].supervisor_pids()[0];
-    let token = process_env(pid, "OPENSHELL_SANDBOX_TOKEN").expect("sandbox token");
+    let token = sandbox_token(&cluster.replicas[0].store_dir(), &id).expect("sandbox token");
     let mut as_supervisor = client_with(cluster.replica(other), Some(&token)).await;
     let hello = SupervisorMessage {
         payload: Some(supervisor_message::Payload::Hello(SupervisorHello {

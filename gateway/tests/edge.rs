@@ -433,11 +433,17 @@ async fn exec_streams_and_cancels_through_the_edge(kind: Kind) {
     assert_eq!(served_by(status.metadata()).as_deref(), Some("gw-0"));
 
     // Dropping the stream at the client cancels the call on the replica.
+    let marker = openshell_testkit::marker();
     let mut stream = to_gw1
-        .exec_sandbox(exec_request(
-            "edge-exec",
-            &["sh", "-c", "echo $$; exec sleep 300"],
-        ))
+        .exec_sandbox({
+            // Found by a marker: a pid the sandbox reports is its own.
+            let mut request =
+                exec_request("edge-exec", &["sh", "-c", "echo started; exec sleep 300"]);
+            request
+                .environment
+                .insert("TEST_MARKER".into(), marker.clone());
+            request
+        })
         .await
         .expect("exec")
         .into_inner();
@@ -446,17 +452,19 @@ async fn exec_streams_and_cancels_through_the_edge(kind: Kind) {
         .expect("first event within 20 s")
         .expect("event")
         .expect("not the end");
-    let pid: i32 = match first.payload {
-        Some(exec_sandbox_event::Payload::Stdout(out)) => {
-            String::from_utf8(out.data).unwrap().trim().parse().unwrap()
-        }
-        other => panic!("unexpected {other:?}"),
-    };
-    assert!(is_running(pid));
+    assert!(
+        matches!(first.payload, Some(exec_sandbox_event::Payload::Stdout(_))),
+        "{first:?}"
+    );
+    let pids = openshell_testkit::pids_with_env("TEST_MARKER", &marker);
+    assert!(!pids.is_empty(), "the exec's process is not running");
     drop(stream);
     assert!(
-        eventually(Duration::from_secs(10), || !is_running(pid)).await,
-        "process {pid} survived the cancelled exec; edge log:\n{}",
+        eventually(Duration::from_secs(10), || pids
+            .iter()
+            .all(|p| !is_running(*p)))
+        .await,
+        "processes {pids:?} survived the cancelled exec; edge log:\n{}",
         front.log()
     );
 }

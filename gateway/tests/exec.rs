@@ -116,26 +116,33 @@ async fn cancelling_the_stream_kills_the_process() {
     let gw = start();
     let mut client = client(&gw).await;
     create_ready(&mut client, "cancel").await;
+    let marker = openshell_testkit::marker();
     let mut stream = client
-        .exec_sandbox(exec_request(
-            "cancel",
-            &["sh", "-c", "echo $$; exec sleep 300"],
-        ))
+        .exec_sandbox({
+            // Found by a marker: a pid the sandbox reports is its own.
+            let mut request = exec_request("cancel", &["sh", "-c", "echo started; exec sleep 300"]);
+            request
+                .environment
+                .insert("TEST_MARKER".into(), marker.clone());
+            request
+        })
         .await
         .unwrap()
         .into_inner();
     let first = stream.message().await.unwrap().unwrap();
-    let pid: i32 = match first.payload {
-        Some(exec_sandbox_event::Payload::Stdout(out)) => {
-            String::from_utf8(out.data).unwrap().trim().parse().unwrap()
-        }
-        other => panic!("unexpected {other:?}"),
-    };
-    assert!(is_running(pid));
+    assert!(
+        matches!(first.payload, Some(exec_sandbox_event::Payload::Stdout(_))),
+        "{first:?}"
+    );
+    let pids = openshell_testkit::pids_with_env("TEST_MARKER", &marker);
+    assert!(!pids.is_empty(), "the exec's process is not running");
     drop(stream);
     assert!(
-        eventually(Duration::from_secs(10), || !is_running(pid)).await,
-        "process {pid} survived the cancelled exec; log:\n{}",
+        eventually(Duration::from_secs(10), || pids
+            .iter()
+            .all(|p| !is_running(*p)))
+        .await,
+        "processes {pids:?} survived the cancelled exec; log:\n{}",
         gw.log()
     );
 }

@@ -238,9 +238,14 @@ async fn delete_stops_the_supervisor_and_its_processes() {
     create_ready(&mut client, "doomed").await;
     let supervisors = gw.supervisor_pids();
     assert_eq!(supervisors.len(), 1);
-    // A process left running in the background after its exec returned.
-    let out = sh(&mut client, "doomed", "sleep 300 >/dev/null 2>&1 & echo $!").await;
-    let sleeper: i32 = out.stdout_text().trim().parse().expect("pid");
+    // A process left running in the background after its exec returned,
+    // found by a marker (a pid the sandbox reports is its namespace's).
+    let marker = openshell_testkit::marker();
+    let script = format!("TEST_MARKER={marker} sleep 300 >/dev/null 2>&1 & echo started");
+    sh(&mut client, "doomed", &script).await;
+    let sleepers = openshell_testkit::pids_with_env("TEST_MARKER", &marker);
+    assert_eq!(sleepers.len(), 1, "{sleepers:?}");
+    let sleeper = sleepers[0];
     assert!(is_running(sleeper));
     client
         .delete_sandbox(DeleteSandboxRequest {

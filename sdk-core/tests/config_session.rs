@@ -17,7 +17,7 @@ use openshell_sdk::{
     ApplyOutcome, CallOptions, Client, ClientConfig, ConfigSession, ConfigSessionStats,
     ConfigSnapshot, DeliveryMode,
 };
-use openshell_testkit::{Gateway, GatewayOptions, eventually, metric_value, process_env, signal};
+use openshell_testkit::{Gateway, GatewayOptions, eventually, metric_value, sandbox_token, signal};
 use prost::Message;
 use tokio_util::sync::CancellationToken;
 
@@ -104,7 +104,7 @@ async fn drive(mode: &str, announce_push: bool) -> Run {
     .trim()
     .parse()
     .unwrap();
-    let token = process_env(pid, "OPENSHELL_SANDBOX_TOKEN").expect("sandbox token");
+    let token = sandbox_token(&gw.store_dir(), &sandbox.id).expect("sandbox token");
     // Freeze the real supervisor: this test's session supersedes its one.
     signal(pid, libc::SIGSTOP);
 

@@ -23,19 +23,43 @@ async fn run(client: &Client, request: ExecRequest) -> openshell_sdk::ExecOutput
 }
 
 /// Reads the `pid` file a script left in the sandbox's working directory.
-async fn pid_file(client: &Client, sandbox: &str) -> i32 {
-    let out = run(client, ExecRequest::new(sandbox, ["cat", "pid"])).await;
-    assert!(out.success(), "cat pid: {}", out.stderr_text());
-    out.stdout_text().trim().parse().expect("pid")
+/// Host pids of the processes an exec marked with `marker` started: found
+/// by the marker, since a pid the sandbox reports is one of its namespace.
+fn marked(marker: &str) -> Vec<i32> {
+    openshell_testkit::pids_with_env(MARKER, marker)
 }
 
-async fn assert_gone(gw: &openshell_testkit::Gateway, pid: i32, what: &str) {
+/// Waits until the marked exec runs (it created `started`), then its pids.
+async fn started(client: &Client, sandbox: &str, marker: &str) -> Vec<i32> {
+    within(20, "the marked exec to start", async {
+        loop {
+            let out = run(client, ExecRequest::new(sandbox, ["test", "-e", "started"])).await;
+            let pids = marked(marker);
+            if out.success() && !pids.is_empty() {
+                break pids;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+}
+
+fn all_running(pids: &[i32]) -> bool {
+    !pids.is_empty() && pids.iter().all(|p| is_running(*p))
+}
+
+async fn assert_gone(gw: &openshell_testkit::Gateway, pids: &[i32], what: &str) {
     assert!(
-        eventually(Duration::from_secs(10), || !is_running(pid)).await,
-        "process {pid} survived {what}; gateway log:\n{}",
+        eventually(Duration::from_secs(10), || pids
+            .iter()
+            .all(|p| !is_running(*p)))
+        .await,
+        "processes {pids:?} survived {what}; gateway log:\n{}",
         gw.log()
     );
 }
+
+const MARKER: &str = "TEST_MARKER";
 
 #[tokio::test]
 async fn buffered_exec_returns_stdout_stderr_and_the_exit_code() {
@@ -139,6 +163,7 @@ async fn buffered_exec_past_the_output_cap_fails_with_output_limit_and_stops_the
     let gw = start();
     let client = client(&gw).await;
     create_ready(&client, "capped").await;
+    let marker = openshell_testkit::marker();
 
     // Per call: 64 KiB, against endless output.
     let started = Instant::now();
@@ -146,7 +171,8 @@ async fn buffered_exec_past_the_output_cap_fails_with_output_limit_and_stops_the
         30,
         "capped exec",
         client.exec(
-            ExecRequest::new("capped", ["sh", "-c", "echo $$ > pid; exec yes"])
+            ExecRequest::new("capped", ["sh", "-c", "touch started; exec yes"])
+                .env(MARKER, &marker)
                 .output_limit(64 * 1024),
             CallOptions::new(),
         ),
@@ -158,8 +184,15 @@ async fn buffered_exec_past_the_output_cap_fails_with_output_limit_and_stops_the
     assert!(!err.retryable());
     assert!(started.elapsed() < Duration::from_secs(20));
     // The call was cancelled, so the endless writer is killed.
-    let pid = pid_file(&client, "capped").await;
-    assert_gone(&gw, pid, "the output cap").await;
+    // It ran (it made `started`); whatever of it is left must go.
+    let out = run(
+        &client,
+        ExecRequest::new("capped", ["test", "-e", "started"]),
+    )
+    .await;
+    assert!(out.success(), "the marked exec never started");
+    let pid = marked(&marker);
+    assert_gone(&gw, &pid, "the output cap").await;
 
     // Stdout and stderr count together; the client-wide cap applies too.
     let config = openshell_sdk::ClientConfig::builder(gw.url.clone())
@@ -386,20 +419,22 @@ async fn cancelling_an_exec_stream_with_its_token_kills_the_process() {
     let gw = start();
     let client = client(&gw).await;
     create_ready(&client, "cancel").await;
+    let marker = openshell_testkit::marker();
 
     let token = CancellationToken::new();
     let mut stream = within(
         10,
         "exec_stream",
         client.exec_stream(
-            ExecRequest::new("cancel", ["sh", "-c", "echo $$; exec sleep 300"]),
+            ExecRequest::new("cancel", ["sh", "-c", "echo started; exec sleep 300"])
+                .env(MARKER, &marker),
             CallOptions::new().cancel_token(token.clone()),
         ),
     )
     .await
     .expect("exec_stream");
-    let pid = read_pid(&mut stream).await;
-    assert!(is_running(pid), "process {pid} is not running");
+    let pid = read_started(&mut stream, &marker).await;
+    assert!(all_running(&pid), "processes {pid:?} are not running");
 
     token.cancel();
     let err = next_event(&mut stream, 10)
@@ -408,46 +443,33 @@ async fn cancelling_an_exec_stream_with_its_token_kills_the_process() {
         .unwrap_err();
     assert_eq!(err.code(), "cancelled", "{err}");
     assert!(next_event(&mut stream, 5).await.is_none());
-    assert_gone(&gw, pid, "a cancelled exec stream").await;
+    assert_gone(&gw, &pid, "a cancelled exec stream").await;
 
     // One token cancels a buffered exec started with it, from another task.
     let token = CancellationToken::new();
     let call = tokio::spawn({
         let client = client.clone();
         let options = CallOptions::new().cancel_token(token.clone());
+        let marker = marker.clone();
         async move {
             client
                 .exec(
-                    ExecRequest::new("cancel", ["sh", "-c", "echo $$ > pid; exec sleep 300"]),
+                    ExecRequest::new("cancel", ["sh", "-c", "touch started; exec sleep 300"])
+                        .env(MARKER, &marker),
                     options,
                 )
                 .await
         }
     });
-    // Wait for the pid file (the process is running), then cancel.
-    let pid = within(20, "pid file", async {
-        loop {
-            let out = run(
-                &client,
-                ExecRequest::new("cancel", ["sh", "-c", "cat pid 2>/dev/null"]),
-            )
-            .await;
-            if let Ok(pid) = out.stdout_text().trim().parse::<i32>()
-                && is_running(pid)
-            {
-                break pid;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await;
+    // Wait until the process runs, then cancel.
+    let pid = started(&client, "cancel", &marker).await;
     token.cancel();
     let err = within(10, "cancelled exec", call)
         .await
         .expect("task")
         .unwrap_err();
     assert_eq!(err.code(), "cancelled", "{err}");
-    assert_gone(&gw, pid, "a cancelled buffered exec").await;
+    assert_gone(&gw, &pid, "a cancelled buffered exec").await;
     // The caller's token is not consumed by the client: the client still works.
     let out = run(&client, ExecRequest::new("cancel", ["true"])).await;
     assert!(out.success());
@@ -458,37 +480,40 @@ async fn dropping_an_exec_stream_kills_the_process() {
     let gw = start();
     let client = client(&gw).await;
     create_ready(&client, "dropped").await;
+    let marker = openshell_testkit::marker();
 
     let mut stream = within(
         10,
         "exec_stream",
         client.exec_stream(
-            ExecRequest::new("dropped", ["sh", "-c", "echo $$; exec sleep 300"]),
+            ExecRequest::new("dropped", ["sh", "-c", "echo started; exec sleep 300"])
+                .env(MARKER, &marker),
             CallOptions::new(),
         ),
     )
     .await
     .expect("exec_stream");
-    let pid = read_pid(&mut stream).await;
-    assert!(is_running(pid));
+    let pid = read_started(&mut stream, &marker).await;
+    assert!(all_running(&pid));
     drop(stream);
-    assert_gone(&gw, pid, "a dropped exec stream").await;
+    assert_gone(&gw, &pid, "a dropped exec stream").await;
 
     // Same for an interactive session.
     let mut session = within(
         10,
         "exec_interactive",
         client.exec_interactive(
-            ExecRequest::new("dropped", ["sh", "-c", "echo $$; exec sleep 300"]),
+            ExecRequest::new("dropped", ["sh", "-c", "echo started; exec sleep 300"])
+                .env(MARKER, &marker),
             CallOptions::new(),
         ),
     )
     .await
     .expect("exec_interactive");
-    let pid = read_pid(&mut session).await;
-    assert!(is_running(pid));
+    let pid = read_started(&mut session, &marker).await;
+    assert!(all_running(&pid));
     drop(session);
-    assert_gone(&gw, pid, "a dropped interactive exec").await;
+    assert_gone(&gw, &pid, "a dropped interactive exec").await;
 }
 
 #[tokio::test]
@@ -496,6 +521,7 @@ async fn a_short_deadline_ends_the_call_with_deadline_exceeded_and_kills_the_pro
     let gw = start();
     let client = client(&gw).await;
     create_ready(&client, "deadline").await;
+    let marker = openshell_testkit::marker();
 
     // Streaming: the pid first, then the deadline.
     let started = Instant::now();
@@ -503,13 +529,14 @@ async fn a_short_deadline_ends_the_call_with_deadline_exceeded_and_kills_the_pro
         10,
         "exec_stream",
         client.exec_stream(
-            ExecRequest::new("deadline", ["sh", "-c", "echo $$; exec sleep 5"]),
+            ExecRequest::new("deadline", ["sh", "-c", "echo started; exec sleep 5"])
+                .env(MARKER, &marker),
             CallOptions::new().deadline(Duration::from_millis(1000)),
         ),
     )
     .await
     .expect("exec_stream");
-    let pid = read_pid(&mut stream).await;
+    let pid = read_started(&mut stream, &marker).await;
     let err = next_event(&mut stream, 10)
         .await
         .expect("an error at the deadline")
@@ -522,8 +549,11 @@ async fn a_short_deadline_ends_the_call_with_deadline_exceeded_and_kills_the_pro
     );
     // Gone well before `sleep 5` would have ended by itself.
     assert!(
-        eventually(Duration::from_millis(2500), || !is_running(pid)).await,
-        "process {pid} survived the deadline"
+        eventually(Duration::from_millis(2500), || pid
+            .iter()
+            .all(|p| !is_running(*p)))
+        .await,
+        "processes {pid:?} survived the deadline"
     );
     assert!(started.elapsed() < Duration::from_millis(4800));
 
@@ -533,7 +563,8 @@ async fn a_short_deadline_ends_the_call_with_deadline_exceeded_and_kills_the_pro
         10,
         "exec with a deadline",
         client.exec(
-            ExecRequest::new("deadline", ["sh", "-c", "echo $$ > pid; exec sleep 5"]),
+            ExecRequest::new("deadline", ["sh", "-c", "touch started; exec sleep 5"])
+                .env(MARKER, &marker),
             CallOptions::new().deadline(Duration::from_millis(1000)),
         ),
     )
@@ -541,10 +572,20 @@ async fn a_short_deadline_ends_the_call_with_deadline_exceeded_and_kills_the_pro
     .unwrap_err();
     assert_eq!(err.code(), "deadline_exceeded", "{err}");
     assert!(started.elapsed() < Duration::from_secs(4));
-    let pid = pid_file(&client, "deadline").await;
+    // It ran (it made `started`); whatever of it is left must go.
+    let out = run(
+        &client,
+        ExecRequest::new("deadline", ["test", "-e", "started"]),
+    )
+    .await;
+    assert!(out.success(), "the marked exec never started");
+    let pid = marked(&marker);
     assert!(
-        eventually(Duration::from_millis(2500), || !is_running(pid)).await,
-        "process {pid} survived the deadline"
+        eventually(Duration::from_millis(2500), || pid
+            .iter()
+            .all(|p| !is_running(*p)))
+        .await,
+        "processes {pid:?} survived the deadline"
     );
     assert!(started.elapsed() < Duration::from_millis(4800));
 

@@ -308,9 +308,16 @@ async fn cancelling_a_raw_stream_kills_the_process_even_when_nobody_receives() {
     let gw = start();
     let client = client(&gw).await;
     create_ready(&client, "raw-cancel").await;
+    let marker = openshell_testkit::marker();
     let request = ExecSandboxRequest {
         sandbox: "raw-cancel".into(),
-        command: vec!["sh".into(), "-c".into(), "echo $$; exec sleep 300".into()],
+        command: vec![
+            "sh".into(),
+            "-c".into(),
+            "echo started; exec sleep 300".into(),
+        ],
+        // Found by a marker: a pid the sandbox reports is its own.
+        environment: [("TEST_MARKER".to_owned(), marker.clone())].into(),
         ..Default::default()
     };
     let token = openshell_sdk::CancellationToken::new();
@@ -331,19 +338,18 @@ async fn cancelling_a_raw_stream_kills_the_process_even_when_nobody_receives() {
         .unwrap()
         .unwrap();
     let event = ExecSandboxEvent::decode(first).unwrap();
-    let pid: i32 = match event.payload {
-        Some(exec_sandbox_event::Payload::Stdout(out)) => {
-            String::from_utf8(out.data).unwrap().trim().parse().unwrap()
-        }
-        other => panic!("unexpected {other:?}"),
-    };
-    assert!(openshell_testkit::is_running(pid));
+    assert!(
+        matches!(event.payload, Some(exec_sandbox_event::Payload::Stdout(_))),
+        "{event:?}"
+    );
+    let pids = openshell_testkit::pids_with_env("TEST_MARKER", &marker);
+    assert!(!pids.is_empty(), "the exec's process is not running");
     // Cancel while still holding the stream and without receiving again.
     token.cancel();
     assert!(
-        openshell_testkit::eventually(Duration::from_secs(10), || !openshell_testkit::is_running(
-            pid
-        ))
+        openshell_testkit::eventually(Duration::from_secs(10), || pids
+            .iter()
+            .all(|p| !openshell_testkit::is_running(*p)))
         .await,
         "the sandbox process outlived the cancelled stream"
     );

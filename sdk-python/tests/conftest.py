@@ -168,6 +168,26 @@ def token_gateway() -> Iterator[TokenGateway]:
             log.close()
 
 
+def marked_pids(marker: str) -> list[int]:
+    """Host pids of the processes whose environment holds ``TEST_MARKER=marker``.
+
+    Tests find a sandbox's processes this way: a pid the sandbox reports about
+    itself is one of its own PID namespace, not the host's.
+    """
+    wanted = f"TEST_MARKER={marker}".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            environ = (entry / "environ").read_bytes()
+        except OSError:
+            continue
+        if wanted in environ.split(b"\0") and process_running(int(entry.name)):
+            pids.append(int(entry.name))
+    return pids
+
+
 def process_running(pid: int) -> bool:
     """Whether ``pid`` runs (a zombie has exited: only its reaping is pending)."""
     try:

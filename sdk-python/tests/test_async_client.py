@@ -7,10 +7,9 @@ import os
 import socket
 import threading
 import time
-from pathlib import Path
 
 import pytest
-from conftest import Cluster, process_running, unique
+from conftest import Cluster, marked_pids, process_running, unique
 
 import openshell_sdk as osdk
 from openshell_sdk import AsyncClient, proto
@@ -190,41 +189,40 @@ async def test_forward_concurrent_connections(aclient: AsyncClient, ready_sandbo
 
 
 async def test_cancelling_a_task_kills_the_sandbox_process(
-    aclient: AsyncClient, ready_sandbox: str, tmp_path: Path
+    aclient: AsyncClient, ready_sandbox: str
 ) -> None:
-    pid_file = tmp_path / "pid"
+    marker = unique("m")
     task = asyncio.create_task(
-        aclient.exec(ready_sandbox, ["sh", "-c", f"echo $$ > {pid_file}; exec sleep 60"])
+        aclient.exec(ready_sandbox, ["sleep", "60"], env={"TEST_MARKER": marker})
     )
     deadline = time.monotonic() + 30
-    while not (pid_file.exists() and pid_file.read_text().strip()):
+    while not (pids := marked_pids(marker)):
         assert time.monotonic() < deadline, "the command never started"
         await asyncio.sleep(0.05)
-    pid = int(pid_file.read_text())
-    os.kill(pid, 0)  # running
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
     deadline = time.monotonic() + 20
-    while process_running(pid):
-        assert time.monotonic() < deadline, f"process {pid} still runs after the cancel"
+    while any(process_running(pid) for pid in pids):
+        assert time.monotonic() < deadline, f"processes {pids} still run after the cancel"
         await asyncio.sleep(0.1)
 
 
 async def test_cancelling_an_exec_stream_kills_the_process(
-    aclient: AsyncClient, ready_sandbox: str, tmp_path: Path
+    aclient: AsyncClient, ready_sandbox: str
 ) -> None:
-    pid_file = tmp_path / "pid"
+    marker = unique("m")
     stream = aclient.exec_stream(
-        ready_sandbox, ["sh", "-c", f"echo $$ > {pid_file}; echo started; exec sleep 60"]
+        ready_sandbox, ["sh", "-c", "echo started; exec sleep 60"], env={"TEST_MARKER": marker}
     )
     async with stream:
         first = await anext(stream)
         assert isinstance(first, osdk.ExecStdout)
-    pid = int(pid_file.read_text())
+        pids = marked_pids(marker)
+        assert pids, "the command is not running"
     deadline = time.monotonic() + 20
-    while process_running(pid):
-        assert time.monotonic() < deadline, f"process {pid} still runs after the cancel"
+    while any(process_running(pid) for pid in pids):
+        assert time.monotonic() < deadline, f"processes {pids} still run after the cancel"
         await asyncio.sleep(0.1)
 
 

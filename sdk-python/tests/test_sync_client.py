@@ -8,10 +8,9 @@ import signal
 import socket
 import threading
 import time
-from pathlib import Path
 
 import pytest
-from conftest import process_running, unique
+from conftest import marked_pids, process_running, unique
 from test_async_client import echo_server
 
 import openshell_sdk as osdk
@@ -112,30 +111,30 @@ def test_the_gil_is_released_while_waiting(client: Client, ready_sandbox: str) -
     assert ticks > 200, ticks
 
 
-def test_ctrl_c_cancels_the_call_and_kills_the_process(
-    client: Client, ready_sandbox: str, tmp_path: Path
-) -> None:
+def test_ctrl_c_cancels_the_call_and_kills_the_process(client: Client, ready_sandbox: str) -> None:
     """SIGINT to the process (any thread may take it) while a sync call waits
     raises KeyboardInterrupt and cancels the call: the sandbox process dies."""
-    pid_file = tmp_path / "pid"
+    marker = unique("m")
+    found: list[int] = []
 
     def interrupt() -> None:
         deadline = time.monotonic() + 30
-        while not (pid_file.exists() and pid_file.read_text().strip()):
+        while not (pids := marked_pids(marker)):
             if time.monotonic() > deadline:
                 return
             time.sleep(0.05)
+        found.extend(pids)
         os.kill(os.getpid(), signal.SIGINT)
 
     threading.Thread(target=interrupt, daemon=True).start()
     started = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
-        client.exec(ready_sandbox, ["sh", "-c", f"echo $$ > {pid_file}; exec sleep 30"])
+        client.exec(ready_sandbox, ["sleep", "30"], env={"TEST_MARKER": marker})
     assert time.monotonic() - started < 15
-    pid = int(pid_file.read_text())
+    assert found, "the command never started"
     deadline = time.monotonic() + 20
-    while process_running(pid):
-        assert time.monotonic() < deadline, f"process {pid} still runs after Ctrl-C"
+    while any(process_running(pid) for pid in found):
+        assert time.monotonic() < deadline, f"processes {found} still run after Ctrl-C"
         time.sleep(0.1)
     # The client still works afterwards.
     assert client.exec(ready_sandbox, ["true"]).exit_code == 0

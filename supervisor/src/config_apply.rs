@@ -117,12 +117,57 @@ pub fn render(snapshot: &ConfigSnapshot) -> Value {
     })
 }
 
+/// Writes `content` to `<workdir>/.openshell/config.json` through
+/// descriptors, never following a symlink: sandbox processes own the
+/// workdir and could otherwise point `.openshell` (or the file) anywhere the
+/// supervisor may write.
 fn write_atomically(path: &Path, content: &[u8]) -> std::io::Result<()> {
+    use std::ffi::CString;
+    use std::io::Write as _;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    let last_error = std::io::Error::last_os_error;
+    let c = |s: &[u8]| CString::new(s).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL));
     let dir = path.parent().expect("config path has a directory");
-    std::fs::create_dir_all(dir)?;
-    let tmp = dir.join(format!(".{CONFIG_FILE}.tmp"));
-    std::fs::write(&tmp, content)?;
-    std::fs::rename(&tmp, path)
+    let workdir = dir.parent().expect("config dir has a parent");
+    let name = c(CONFIG_DIR.as_bytes())?;
+    let file = c(CONFIG_FILE.as_bytes())?;
+    let tmp = c(format!(".{CONFIG_FILE}.tmp").as_bytes())?;
+    let nofollow_dir = libc::O_RDONLY | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+    let base = std::fs::File::open(workdir)?;
+    // SAFETY: plain syscalls on NUL-terminated names and open descriptors;
+    // every descriptor returned is owned at once.
+    unsafe {
+        if libc::mkdirat(base.as_raw_fd(), name.as_ptr(), 0o755) != 0
+            && last_error().raw_os_error() != Some(libc::EEXIST)
+        {
+            return Err(last_error());
+        }
+        let fd = libc::openat(base.as_raw_fd(), name.as_ptr(), nofollow_dir);
+        if fd < 0 {
+            return Err(last_error());
+        }
+        let dir = OwnedFd::from_raw_fd(fd);
+        libc::unlinkat(dir.as_raw_fd(), tmp.as_ptr(), 0);
+        let flags =
+            libc::O_WRONLY | libc::O_CREAT | libc::O_EXCL | libc::O_NOFOLLOW | libc::O_CLOEXEC;
+        let fd = libc::openat(dir.as_raw_fd(), tmp.as_ptr(), flags, 0o644);
+        if fd < 0 {
+            return Err(last_error());
+        }
+        let mut out = std::fs::File::from_raw_fd(fd);
+        out.write_all(content)?;
+        drop(out);
+        if libc::renameat(
+            dir.as_raw_fd(),
+            tmp.as_ptr(),
+            dir.as_raw_fd(),
+            file.as_ptr(),
+        ) != 0
+        {
+            return Err(last_error());
+        }
+    }
+    Ok(())
 }
 
 /// The apply function handed to the config session.

@@ -60,6 +60,9 @@ pub struct ExecSettings {
     pub lang: Option<OsString>,
     /// The applied provider environment (see `config_apply`).
     pub provider_env: ProviderEnv,
+    /// Host pid of the sandbox's init under `--isolation namespaces`:
+    /// processes start inside its namespaces. `None`: they start here.
+    pub sandbox_init: Option<i32>,
 }
 
 /// The provider environment in force: secrets, so `Debug` shows keys only.
@@ -97,6 +100,7 @@ impl ExecSettings {
             path,
             lang: std::env::var_os("LANG"),
             provider_env: ProviderEnv::default(),
+            sandbox_init: None,
         }
     }
 
@@ -256,22 +260,29 @@ fn start(
         return Err(SpawnFailure::new("", "empty command", 127));
     };
     let cwd = resolve_workdir(&settings.workdir, &request.workdir);
-    let cwd_error = match std::fs::metadata(&cwd) {
-        Ok(meta) if meta.is_dir() => None,
-        Ok(_) => Some(io::Error::from_raw_os_error(libc::ENOTDIR)),
-        Err(err) => Some(err),
+    let mut command = match settings.sandbox_init {
+        // Inside the sandbox the helper checks the directory, as the sandbox
+        // sees it: the host's view is none of the sandbox's business.
+        Some(init_pid) => crate::isolation::enter_command(init_pid, &request.command, &cwd)
+            .map_err(|err| SpawnFailure::from_io(argv0, None, &err))?,
+        None => {
+            let cwd_error = match std::fs::metadata(&cwd) {
+                Ok(meta) if meta.is_dir() => None,
+                Ok(_) => Some(io::Error::from_raw_os_error(libc::ENOTDIR)),
+                Err(err) => Some(err),
+            };
+            if let Some(err) = cwd_error {
+                let context = format!("working directory {}", cwd.display());
+                return Err(SpawnFailure::from_io(argv0, Some(context), &err));
+            }
+            let mut command = Command::new(argv0);
+            command.args(&request.command[1..]).current_dir(&cwd);
+            command
+        }
     };
-    if let Some(err) = cwd_error {
-        let context = format!("working directory {}", cwd.display());
-        return Err(SpawnFailure::from_io(argv0, Some(context), &err));
-    }
-
-    let mut command = Command::new(argv0);
     command
-        .args(&request.command[1..])
         .env_clear()
         .envs(settings.environment(request.tty, &request.environment))
-        .current_dir(&cwd)
         .kill_on_drop(true);
 
     let supervisor = std::process::id();
@@ -664,6 +675,7 @@ mod tests {
             path: DEFAULT_PATH.into(),
             lang: None,
             provider_env: ProviderEnv::default(),
+            sandbox_init: None,
         }
     }
 

@@ -6,20 +6,28 @@
 //! connections ([`forward`]). Configuration, pushed or polled, is applied
 //! by [`config_apply`] to `.openshell/config.json` in the sandbox directory.
 //!
-//! The sandbox token comes from `OPENSHELL_SANDBOX_TOKEN` only (never a
-//! flag, so it does not show in `ps`), is sent as bearer metadata, and is
-//! kept out of logs, errors and child environments. SIGTERM or SIGINT kill
-//! every running exec before the process exits 0.
+//! The sandbox token arrives on an inherited descriptor (`--token-fd`, how
+//! the gateway passes it) or in a file that is deleted once read
+//! (`--token-file`), never in the command line or the environment; it is
+//! sent as bearer metadata and kept out of logs, errors and child
+//! environments. The process is non-dumpable, so other processes of the
+//! same user cannot read its memory, environment or descriptors. With
+//! `--isolation namespaces` sandbox processes run in namespaces of their own
+//! ([`isolation`]). SIGTERM or SIGINT kill every running exec (and, isolated,
+//! every process of the sandbox) before the process exits 0.
 
 mod config_apply;
 mod exec;
 mod forward;
+mod isolation;
 mod relay;
 mod sandbox_processes;
 mod session;
 mod transport;
 
-use std::io::IsTerminal;
+use std::ffi::OsString;
+use std::io::{IsTerminal, Read};
+use std::os::fd::FromRawFd;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -37,15 +45,14 @@ use crate::exec::ExecSettings;
 use crate::session::SessionConfig;
 use crate::transport::BearerToken;
 
-const TOKEN_VAR: &str = "OPENSHELL_SANDBOX_TOKEN";
 /// How long shutdown waits for killed execs to be reaped.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 
 /// Reference OpenShell supervisor: keeps one sandbox's session with the
 /// gateway and runs the exec and TCP relays it announces.
 ///
-/// The sandbox token is read from the OPENSHELL_SANDBOX_TOKEN environment
-/// variable (required).
+/// The sandbox token is read from an inherited descriptor (--token-fd) or a
+/// file deleted once read (--token-file); one of them is required.
 #[derive(Debug, Parser)]
 #[command(name = "openshell-supervisor", version)]
 struct Cli {
@@ -63,9 +70,41 @@ struct Cli {
     /// only; default: system roots).
     #[arg(long, value_name = "PEM")]
     ca_file: Option<PathBuf>,
+    /// Read the sandbox token from this inherited descriptor (then closed).
+    #[arg(long, value_name = "FD", conflicts_with = "token_file")]
+    token_fd: Option<i32>,
+    /// Read the sandbox token from this file, then delete it.
+    #[arg(long, value_name = "PATH")]
+    token_file: Option<PathBuf>,
+    /// How sandbox processes run: `namespaces` (their own user, PID and
+    /// mount namespaces, as an unprivileged uid; needs root) or `none`.
+    #[arg(long, value_enum, default_value = "none")]
+    isolation: isolation::Mode,
+    /// With `--isolation namespaces`: a path sandbox processes must not see
+    /// (repeatable). The working directory stays visible.
+    #[arg(long, value_name = "PATH")]
+    hide: Vec<PathBuf>,
 }
 
 fn main() -> ExitCode {
+    // The init and exec helper modes run before anything else: single
+    // threaded, no runtime, no logging of their own.
+    let args: Vec<OsString> = std::env::args_os().collect();
+    match args.get(1).and_then(|arg| arg.to_str()) {
+        Some(isolation::INIT_COMMAND) => return isolation::init::main(&args[2..]),
+        Some(isolation::ENTER_COMMAND) => return isolation::enter::main(&args[2..]),
+        Some(isolation::CHECK_COMMAND) => {
+            return match isolation::check_namespaces() {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(reason) => {
+                    eprintln!("{reason}");
+                    ExitCode::FAILURE
+                }
+            };
+        }
+        _ => {}
+    }
+    isolation::init::non_dumpable();
     let cli = Cli::parse();
     tracing_subscriber::fmt()
         .with_env_filter(
@@ -74,7 +113,7 @@ fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
-    match run(cli) {
+    match prepare(&cli).and_then(|(secret, sandbox)| run(cli, secret, sandbox)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             error!("{err:#}");
@@ -83,17 +122,69 @@ fn main() -> ExitCode {
     }
 }
 
-#[tokio::main]
-async fn run(cli: Cli) -> anyhow::Result<()> {
-    let secret = match std::env::var(TOKEN_VAR) {
-        Ok(token) => token,
-        Err(std::env::VarError::NotPresent) => bail!("{TOKEN_VAR} is not set"),
-        Err(std::env::VarError::NotUnicode(_)) => bail!("{TOKEN_VAR} is not valid UTF-8"),
-    };
-    let token = BearerToken::new(&secret).with_context(|| format!("{TOKEN_VAR} is invalid"))?;
+/// Reads the token and starts the sandbox's init: both before the runtime
+/// starts threads (the init is spawned from the main thread, which lives as
+/// long as the process, so the init's parent-death signal fires only when
+/// the supervisor goes).
+fn prepare(cli: &Cli) -> anyhow::Result<(String, Option<isolation::Sandbox>)> {
+    let secret = read_token(cli)?;
+    // Descriptors inherited by accident (the gateway's parents may leak
+    // some) must not reach sandbox processes.
+    isolation::init::close_from(3);
     if cli.sandbox_id.is_empty() {
         bail!("--sandbox-id is empty");
     }
+    let sandbox = match cli.isolation {
+        isolation::Mode::None => None,
+        isolation::Mode::Namespaces => {
+            let workdir = std::path::absolute(&cli.workdir)
+                .with_context(|| format!("--workdir {}", cli.workdir.display()))?;
+            std::fs::create_dir_all(&workdir)
+                .with_context(|| format!("--workdir {}", workdir.display()))?;
+            let sandbox = isolation::Sandbox::start(&cli.sandbox_id, &workdir, &cli.hide)
+                .context("isolating the sandbox")?;
+            info!(
+                init_pid = sandbox.init_pid(),
+                uid = isolation::host_id(&cli.sandbox_id),
+                "sandbox namespaces ready"
+            );
+            Some(sandbox)
+        }
+    };
+    Ok((secret, sandbox))
+}
+
+/// The sandbox token, from `--token-fd` (closed after reading) or
+/// `--token-file` (deleted after reading).
+fn read_token(cli: &Cli) -> anyhow::Result<String> {
+    let mut secret = String::new();
+    if let Some(fd) = cli.token_fd {
+        if fd < 3 {
+            bail!("--token-fd must name an inherited descriptor above 2");
+        }
+        // SAFETY: the descriptor was inherited for exactly this; nothing
+        // else in the process uses it, and the File closes it.
+        let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
+        file.read_to_string(&mut secret)
+            .context("reading the sandbox token from --token-fd")?;
+    } else if let Some(path) = &cli.token_file {
+        secret = std::fs::read_to_string(path).context("reading --token-file")?;
+        std::fs::remove_file(path).context("deleting --token-file")?;
+    } else {
+        bail!("the sandbox token is required: --token-fd or --token-file");
+    }
+    let secret = secret.trim_end_matches(['\n', '\r']).to_owned();
+    BearerToken::new(&secret).context("the sandbox token is invalid")?;
+    Ok(secret)
+}
+
+#[tokio::main]
+async fn run(
+    cli: Cli,
+    secret: String,
+    mut sandbox: Option<isolation::Sandbox>,
+) -> anyhow::Result<()> {
+    let token = BearerToken::new(&secret).context("the sandbox token is invalid")?;
     let workdir = std::path::absolute(&cli.workdir)
         .with_context(|| format!("--workdir {}", cli.workdir.display()))?;
     if !workdir.is_dir() {
@@ -133,7 +224,10 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         sandbox_id: cli.sandbox_id.clone(),
         instance_id,
         token,
-        exec: Arc::new(ExecSettings::new(cli.sandbox_id, workdir)),
+        exec: Arc::new(ExecSettings {
+            sandbox_init: sandbox.as_ref().map(isolation::Sandbox::init_pid),
+            ..ExecSettings::new(cli.sandbox_id, workdir)
+        }),
     };
 
     // Orphans of sandbox processes come back to us, so shutdown can end them.
@@ -145,10 +239,16 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
     let mut sigterm = signal(SignalKind::terminate()).context("install SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("install SIGINT handler")?;
     let (alive, mut all_relays_done) = mpsc::channel::<()>(1);
+    let outer_pid = sandbox.as_ref().map(isolation::Sandbox::outer_pid);
     tokio::select! {
         result = session::run(config, alive) => {
             result?;
             unreachable!("the session loop never ends");
+        }
+        _ = isolation::ended(outer_pid) => {
+            // Exec cannot enter a sandbox whose PID 1 is gone: leave, so the
+            // gateway sees the sandbox fail instead of every exec failing.
+            bail!("the sandbox init exited");
         }
         _ = sigterm.recv() => info!("SIGTERM: shutting down"),
         _ = sigint.recv() => info!("SIGINT: shutting down"),
@@ -162,6 +262,9 @@ async fn run(cli: Cli) -> anyhow::Result<()> {
         warn!("relays still running at exit");
     }
     // Whatever the sandbox left running (background jobs, daemons) ends too.
+    if let Some(sandbox) = sandbox.as_mut() {
+        sandbox.kill();
+    }
     sandbox_processes::kill_all(SHUTDOWN_GRACE).await;
     info!("supervisor stopped");
     Ok(())

@@ -39,6 +39,15 @@ pub fn spawn_tracked(command: &mut Command) -> io::Result<Child> {
     Ok(child)
 }
 
+/// Records a child spawned elsewhere that its owner waits on.
+pub fn track(pid: i32) {
+    TRACKED
+        .lock()
+        .unwrap()
+        .get_or_insert_with(HashSet::new)
+        .insert(pid);
+}
+
 /// The child was waited for; its pid may be reused from now on.
 pub fn untrack(pid: i32) {
     if let Some(set) = TRACKED.lock().unwrap().as_mut() {

@@ -363,6 +363,9 @@ impl Supervisor {
     fn start_with(gateway: &str, extra_args: &[&str]) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let log = dir.path().join("supervisor.log");
+        // The token arrives in a file the supervisor deletes once read.
+        let token_file = dir.path().join(".token");
+        std::fs::write(&token_file, TOKEN).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_openshell-supervisor"))
             .args([
                 "--gateway",
@@ -372,8 +375,9 @@ impl Supervisor {
                 "--workdir",
             ])
             .arg(dir.path())
+            .arg("--token-file")
+            .arg(&token_file)
             .args(extra_args)
-            .env("OPENSHELL_SANDBOX_TOKEN", TOKEN)
             .env("RUST_LOG", "trace")
             .stdin(Stdio::null())
             .stdout(Stdio::null())

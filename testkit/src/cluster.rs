@@ -126,6 +126,9 @@ impl TestCluster {
 pub struct Postgres {
     child: Option<Child>,
     pub port: u16,
+    /// The `postgres` role's password: TCP connections authenticate with
+    /// SCRAM, as in a real deployment (sandboxes share the host's loopback).
+    password: String,
     dir: tempfile::TempDir,
 }
 
@@ -184,10 +187,26 @@ impl Postgres {
             assert!(status.success());
         }
         let data = dir.path().join("pgdata");
+        let password = format!("pg{:032x}", crate::rand_u128());
+        let pwfile = dir.path().join("pwfile");
+        std::fs::write(&pwfile, &password).unwrap();
+        // SAFETY: getuid has no preconditions.
+        if unsafe { libc::getuid() } == 0 {
+            let status = Command::new("chown")
+                .args(["postgres:postgres"])
+                .arg(&pwfile)
+                .status()
+                .expect("chown");
+            assert!(status.success());
+        }
         let init = as_postgres(&postgres_bin("initdb"))
             .arg("-D")
             .arg(&data)
-            .args(["-A", "trust", "-U", "postgres", "--no-sync"])
+            // Only the socket in the test's own directory trusts; loopback
+            // TCP (what the gateway uses) needs the password.
+            .args(["--auth-local=trust", "--auth-host=scram-sha-256"])
+            .arg(format!("--pwfile={}", pwfile.display()))
+            .args(["-U", "postgres", "--no-sync"])
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .output()
@@ -212,9 +231,11 @@ impl Postgres {
             .stderr(log)
             .spawn()
             .expect("start postgres");
+        std::fs::remove_file(&pwfile).unwrap();
         let mut pg = Self {
             child: Some(child),
             port,
+            password,
             dir,
         };
         pg.wait_ready();
@@ -251,7 +272,10 @@ impl Postgres {
     }
 
     pub fn url(&self) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+        format!(
+            "postgres://postgres:{}@127.0.0.1:{}/postgres",
+            self.password, self.port
+        )
     }
 
     pub fn pid(&self) -> i32 {

@@ -67,6 +67,8 @@ pub struct GatewayOptions {
     /// A command the gateway is started through, for example
     /// `["faketime", "-f", "+600s"]` for a replica whose clock is off.
     pub launcher: Vec<String>,
+    /// Extra environment variables of the gateway process.
+    pub env: Vec<(String, String)>,
 }
 
 impl GatewayOptions {
@@ -159,6 +161,7 @@ impl Gateway {
             .arg(&ready)
             .arg("--supervisor-bin")
             .arg(bin("openshell-supervisor"))
+            .arg("--expose-sandbox-tokens")
             .env_remove("OPENSHELL_GATEWAY_TOKENS")
             .env_remove("OPENSHELL_DATABASE_URL")
             .env_remove("OPENSHELL_PEER_TOKEN")
@@ -191,6 +194,7 @@ impl Gateway {
         if let Some(token) = &self.options.peer_token {
             cmd.env("OPENSHELL_PEER_TOKEN", token);
         }
+        cmd.envs(self.options.env.iter().map(|(k, v)| (k, v)));
         if let Some(url) = &self.options.supervisor_url {
             cmd.arg("--supervisor-url").arg(url);
         }
@@ -371,8 +375,50 @@ pub fn wait_until(limit: Duration, mut check: impl FnMut() -> bool) -> bool {
     check()
 }
 
-/// A value from a process's environment (tests use it to read the sandbox
-/// token a supervisor was given).
+/// The token of sandbox `sandbox_id`, from a gateway started with
+/// `--expose-sandbox-tokens` (every gateway testkit starts is): tests use it
+/// to act as the sandbox's supervisor.
+pub fn sandbox_token(store_dir: &Path, sandbox_id: &str) -> Option<String> {
+    let path = store_dir.join("sandboxes").join(sandbox_id).join("token");
+    std::fs::read_to_string(path)
+        .ok()
+        .map(|t| t.trim().to_owned())
+}
+
+/// Host pids of the processes whose environment holds `key=value`: how
+/// tests find a sandbox's processes (give the exec a unique marker
+/// variable), never by a pid the sandbox reports about itself, which is a
+/// pid of its own namespace.
+pub fn pids_with_env(key: &str, value: &str) -> Vec<i32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| process_env(*pid, key).as_deref() == Some(value) && is_running(*pid))
+        .collect()
+}
+
+/// A unique value for [`pids_with_env`].
+pub fn marker() -> String {
+    format!("m{:032x}", rand_u128())
+}
+
+pub(crate) fn rand_u128() -> u128 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap_or_default()
+            .as_nanos(),
+    );
+    let high = hasher.finish();
+    hasher.write_u32(std::process::id());
+    (u128::from(high) << 64) | u128::from(hasher.finish())
+}
+
+/// A value from a process's environment.
 pub fn process_env(pid: i32, key: &str) -> Option<String> {
     let environ = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
     environ.split(|b| *b == 0).find_map(|entry| {

@@ -968,8 +968,9 @@ fn process_running(pid: i32) -> bool {
     })
 }
 
-/// Reads the sandbox token from the environment of the sandbox's supervisor
-/// (`<data-dir>/sandboxes/<id>/supervisor.pid`), then stops that supervisor
+/// Reads the sandbox token the harness's cluster keeps for tests
+/// (`<data-dir>/sandboxes/<id>/token`), then stops the sandbox's supervisor
+/// (`<data-dir>/sandboxes/<id>/supervisor.pid`)
 /// by its PID (SIGTERM; bounded wait) so the step's session is the
 /// sandbox's only one.
 async fn take_over(data_dir: &Path, sandbox_id: &str) -> anyhow::Result<String> {
@@ -990,13 +991,11 @@ async fn take_over(data_dir: &Path, sandbox_id: &str) -> anyhow::Result<String> 
     {
         bail!("process {pid} is not the supervisor of sandbox {sandbox_id}");
     }
-    let environ = std::fs::read(format!("/proc/{pid}/environ"))
-        .with_context(|| format!("reading the environment of process {pid}"))?;
-    let token = environ
-        .split(|b| *b == 0)
-        .find_map(|entry| entry.strip_prefix(b"OPENSHELL_SANDBOX_TOKEN="))
-        .map(|t| String::from_utf8_lossy(t).into_owned())
-        .ok_or_else(|| anyhow!("the supervisor has no OPENSHELL_SANDBOX_TOKEN"))?;
+    let token_file = data_dir.join("sandboxes").join(sandbox_id).join("token");
+    let token = std::fs::read_to_string(&token_file)
+        .with_context(|| format!("reading {}", token_file.display()))?
+        .trim()
+        .to_owned();
     // SAFETY: kill(2) has no memory-safety preconditions.
     unsafe {
         libc::kill(pid, libc::SIGTERM);

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use openshell_proto::sandbox::{SettingValue, setting_value};
 use openshell_proto::*;
-use openshell_testkit::{Gateway, metric_value, process_env};
+use openshell_testkit::{Gateway, metric_value};
 use serde_json::Value;
 
 use crate::common::Client;
@@ -143,17 +143,7 @@ pub async fn wait_metric(gw: &Gateway, sample: &str, at_least: f64, limit: Durat
 
 /// The sandbox token the driver gave the sandbox's supervisor.
 pub fn sandbox_token(store_dir: &Path, sandbox_id: &str) -> String {
-    let pid: i32 = std::fs::read_to_string(
-        store_dir
-            .join("sandboxes")
-            .join(sandbox_id)
-            .join("supervisor.pid"),
-    )
-    .expect("supervisor.pid")
-    .trim()
-    .parse()
-    .unwrap();
-    process_env(pid, "OPENSHELL_SANDBOX_TOKEN").expect("supervisor token")
+    openshell_testkit::sandbox_token(store_dir, sandbox_id).expect("sandbox token")
 }
 
 pub fn supervisor_log(store_dir: &Path, sandbox_id: &str) -> String {

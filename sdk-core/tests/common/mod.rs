@@ -79,8 +79,11 @@ where
     within(secs, "next exec event", stream.next()).await
 }
 
-/// Reads stdout events until a whole line arrived; returns it parsed as a pid.
-pub async fn read_pid<S>(stream: &mut S) -> i32
+/// Reads the exec's first line of stdout (it announces it started), then
+/// returns the host pids of its processes, found by `marker` in the
+/// `TEST_MARKER` variable: a pid the sandbox reports is one of its own
+/// namespace, not the host's.
+pub async fn read_started<S>(stream: &mut S, marker: &str) -> Vec<i32>
 where
     S: futures::Stream<Item = Result<ExecEvent, openshell_sdk::Error>> + Unpin,
 {
@@ -91,8 +94,10 @@ where
             Some(Ok(ExecEvent::Stderr(data))) => {
                 panic!("unexpected stderr: {}", String::from_utf8_lossy(&data))
             }
-            other => panic!("expected the pid on stdout, got {other:?}"),
+            other => panic!("expected a line on stdout, got {other:?}"),
         }
     }
-    text.trim().parse().expect("pid")
+    let pids = openshell_testkit::pids_with_env("TEST_MARKER", marker);
+    assert!(!pids.is_empty(), "no process carries the marker");
+    pids
 }

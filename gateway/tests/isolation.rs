@@ -1,0 +1,494 @@
+//! Sandbox isolation, probed from inside real sandboxes.
+//!
+//! Each probe is a command run in a sandbox that tries to reach something
+//! that is not the sandbox's own, with a positive control: the same kind of
+//! operation on something that *is* its own, which must succeed, so a probe
+//! cannot pass because its path or method was wrong. The expected outcome of
+//! every probe per isolation mode is the table in `docs/ARCHITECTURE.md`
+//! (section "Isolation probes"); this test reads that table and asserts it.
+//!
+//! The gateway runs with authentication and a peer token, its secrets in
+//! its environment, as a deployment would.
+
+mod common;
+mod config_util;
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use openshell_testkit::{Gateway, GatewayOptions, marker, metric_value, sandbox_token};
+
+const PEER_TOKEN: &str = "peer-secret-for-isolation-probes-7d41";
+const PYTHON: &str = "/usr/bin/python3";
+
+/// A probe: `attack` exits 0 when it got through; `control` must exit 0.
+/// With `secrets`, an attack that ran counts only if its output holds one
+/// of the cluster's secrets (reading a file with none in it exposes nothing).
+struct Probe {
+    name: &'static str,
+    attack: &'static str,
+    control: &'static str,
+    secrets: bool,
+}
+
+/// Python one-liners the probes share (argv[1] is the target).
+const PTRACE: &str = r#"
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+# PTRACE_SEIZE does not stop the target; our exit detaches.
+sys.exit(0 if libc.ptrace(0x4206, int(sys.argv[1]), 0, 0) == 0 else 1)
+"#;
+const UMOUNT: &str = r#"
+import ctypes, sys
+libc = ctypes.CDLL(None, use_errno=True)
+sys.exit(0 if libc.umount2(sys.argv[1].encode(), 2) == 0 else 1)
+"#;
+const MOVE: &str = r#"
+import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+os.makedirs("moved", exist_ok=True)
+MS_MOVE = 8192
+sys.exit(0 if libc.mount(sys.argv[1].encode(), b"moved", None, MS_MOVE, None) == 0 else 1)
+"#;
+const FDS: &str = r#"
+import os, sys
+extra = []
+for fd in os.listdir("/proc/self/fd"):
+    try:
+        target = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        continue  # the descriptor listdir used, closed by now
+    if int(fd) > 2:
+        extra.append(target)
+print(extra)
+sys.exit(0 if extra else 1)
+"#;
+
+const PROBES: &[Probe] = &[
+    Probe {
+        name: "supervisor-environ",
+        attack: r#"cat /proc/$SUP/environ | tr '\0' '\n'"#,
+        control: r#"cat /proc/self/environ | tr '\0' '\n' | grep -q OPENSHELL_SANDBOX_ID"#,
+        secrets: true,
+    },
+    Probe {
+        name: "gateway-environ",
+        attack: r#"cat /proc/$GW/environ | tr '\0' '\n'"#,
+        control: r#"cat /proc/self/environ | tr '\0' '\n' | grep -q OPENSHELL_SANDBOX_ID"#,
+        secrets: true,
+    },
+    Probe {
+        name: "supervisor-cmdline",
+        attack: r#"cat /proc/$SUP/cmdline | tr '\0' ' '"#,
+        control: r#"cat /proc/self/cmdline | tr '\0' ' ' | grep -q cmdline"#,
+        secrets: true,
+    },
+    Probe {
+        name: "exec-environment",
+        attack: "env",
+        control: "env | grep -q OPENSHELL_SANDBOX_ID",
+        secrets: true,
+    },
+    Probe {
+        name: "token-descriptor",
+        attack: r#"$PY -c "$FDS""#,
+        control: r#"echo mine > fd.txt; exec 7< fd.txt; $PY -c "$FDS""#,
+        secrets: false,
+    },
+    Probe {
+        name: "store-file",
+        attack: r#"head -c 15 "$DATA/store/gateway.db" | grep -q 'SQLite format'"#,
+        control: r#"printf 'SQLite format 3' > own.db; head -c 15 own.db | grep -q 'SQLite format'"#,
+        secrets: false,
+    },
+    Probe {
+        name: "other-sandbox-files",
+        attack: r#"cat "$DATA/sandboxes/$OTHER/work/secret.txt""#,
+        control: r#"echo mine > mine.txt; cat "$HOME/mine.txt""#,
+        secrets: false,
+    },
+    Probe {
+        name: "other-sandbox-processes",
+        attack: r#"grep -qs "TEST_MARKER=$OTHER_MARK" /proc/[0-9]*/environ"#,
+        control: r#"TEST_MARKER=$OWN_MARK sleep 30 & sleep 0.3; grep -qs "TEST_MARKER=$OWN_MARK" /proc/[0-9]*/environ; r=$?; kill $!; exit $r"#,
+        secrets: false,
+    },
+    Probe {
+        name: "signal-supervisor",
+        attack: "kill -0 $SUP",
+        control: "kill -0 $$",
+        secrets: false,
+    },
+    Probe {
+        name: "signal-gateway",
+        attack: "kill -0 $GW",
+        control: "kill -0 $$",
+        secrets: false,
+    },
+    Probe {
+        name: "ptrace-supervisor",
+        attack: r#"$PY -c "$PTRACE" $SUP"#,
+        control: r#"sleep 30 & $PY -c "$PTRACE" $!; r=$?; kill $!; exit $r"#,
+        secrets: false,
+    },
+    Probe {
+        name: "ptrace-gateway",
+        attack: r#"$PY -c "$PTRACE" $GW"#,
+        control: r#"sleep 30 & $PY -c "$PTRACE" $!; r=$?; kill $!; exit $r"#,
+        secrets: false,
+    },
+    Probe {
+        name: "unmount-hiding-mount",
+        attack: r#"$PY -c "$UMOUNT" "$DATA" || unshare -Urm $PY -c "$UMOUNT" "$DATA""#,
+        control: r#"mkdir -p d; unshare -Urm sh -c 'mount -t tmpfs t d && $PY -c "$UMOUNT" d'"#,
+        secrets: false,
+    },
+    Probe {
+        name: "move-hiding-mount",
+        attack: r#"unshare -Urm $PY -c "$MOVE" "$DATA""#,
+        control: r#"mkdir -p d; unshare -Urm sh -c 'mount -t tmpfs t d && $PY -c "$MOVE" d'"#,
+        secrets: false,
+    },
+];
+
+/// The expected outcome of every probe for `mode`, from the docs' table.
+fn documented(mode: &str) -> BTreeMap<String, String> {
+    let doc = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/ARCHITECTURE.md"),
+    )
+    .expect("docs/ARCHITECTURE.md");
+    let section = doc
+        .split("### Isolation probes")
+        .nth(1)
+        .expect("an \"Isolation probes\" section");
+    let mut rows = section.lines().filter(|l| l.starts_with('|'));
+    let header: Vec<String> = rows
+        .next()
+        .expect("table header")
+        .split('|')
+        .map(|c| c.trim().trim_matches('`').to_owned())
+        .collect();
+    let column = header
+        .iter()
+        .position(|c| c.starts_with(mode))
+        .unwrap_or_else(|| panic!("no column for {mode} in {header:?}"));
+    rows.skip(1)
+        .take_while(|l| l.starts_with('|'))
+        .map(|row| {
+            let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+            (
+                cells[1].trim_matches('`').to_owned(),
+                cells[column].to_owned(),
+            )
+        })
+        .collect()
+}
+
+fn gateway(isolation: &str) -> Gateway {
+    Gateway::start(GatewayOptions {
+        env: vec![("OPENSHELL_GATEWAY_TOKENS".into(), TOKEN.into())],
+        peer_token: Some(PEER_TOKEN.into()),
+        extra_args: vec!["--isolation".into(), isolation.into()],
+        ..GatewayOptions::default()
+    })
+}
+
+async fn run(client: &mut Client, sandbox: &str, script: &str, env: &[(&str, &str)]) -> ExecResult {
+    let mut request = exec_request(sandbox, &["sh", "-c", script]);
+    for (key, value) in env {
+        request
+            .environment
+            .insert((*key).to_owned(), (*value).to_owned());
+    }
+    exec(client, request).await.expect("exec")
+}
+
+async fn probe_all(isolation: &str) {
+    let gw = gateway(isolation);
+    assert_eq!(
+        gw.metric(&format!(
+            "openshell_server_sandbox_isolation{{mode=\"{isolation}\"}}"
+        )),
+        Some(1.0),
+        "{}",
+        gw.metrics()
+    );
+    let mut client = client(&gw).await;
+    let me = create_ready(&mut client, "prober").await;
+    let other = create_ready(&mut client, "neighbour").await;
+    let (my_id, other_id) = (me.metadata.unwrap().id, other.metadata.unwrap().id);
+    let store = gw.store_dir();
+    let supervisor =
+        std::fs::read_to_string(store.join("sandboxes").join(&my_id).join("supervisor.pid"))
+            .expect("supervisor.pid")
+            .trim()
+            .to_owned();
+    let gateway_pid = gw.pid().expect("gateway pid").to_string();
+
+    // The neighbour has a file and a running process of its own.
+    let other_mark = marker();
+    run(
+        &mut client,
+        "neighbour",
+        "echo neighbour-secret > secret.txt",
+        &[],
+    )
+    .await;
+    let mut hold = exec_request("neighbour", &["sleep", "300"]);
+    hold.environment
+        .insert("TEST_MARKER".into(), other_mark.clone());
+    let held = client.exec_sandbox(hold).await.expect("exec").into_inner();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while openshell_testkit::pids_with_env("TEST_MARKER", &other_mark).is_empty() {
+        assert!(
+            Instant::now() < deadline,
+            "the neighbour's process did not start"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let secrets = [
+        TOKEN.to_owned(),
+        PEER_TOKEN.to_owned(),
+        sandbox_token(&store, &my_id).expect("token"),
+        sandbox_token(&store, &other_id).expect("token"),
+        "OPENSHELL_SANDBOX_TOKEN".to_owned(),
+        "OPENSHELL_PEER_TOKEN".to_owned(),
+        "OPENSHELL_GATEWAY_TOKENS".to_owned(),
+    ];
+    let own_mark = marker();
+    let data = store.display().to_string();
+    let env = [
+        ("SUP", supervisor.as_str()),
+        ("GW", gateway_pid.as_str()),
+        ("DATA", data.as_str()),
+        ("OTHER", other_id.as_str()),
+        ("OTHER_MARK", other_mark.as_str()),
+        ("OWN_MARK", own_mark.as_str()),
+        ("PY", PYTHON),
+        ("PTRACE", PTRACE),
+        ("UMOUNT", UMOUNT),
+        ("MOVE", MOVE),
+        ("FDS", FDS),
+    ];
+
+    let expected = documented(isolation);
+    let mut measured = BTreeMap::new();
+    for probe in PROBES {
+        let control = run(&mut client, "prober", probe.control, &env).await;
+        assert_eq!(
+            control.exit_code,
+            Some(0),
+            "the control of {} failed, so the probe proves nothing: {}{}",
+            probe.name,
+            control.stdout_text(),
+            String::from_utf8_lossy(&control.stderr)
+        );
+        let attack = run(&mut client, "prober", probe.attack, &env).await;
+        let output = attack.stdout_text();
+        let got_through = attack.exit_code == Some(0)
+            && (!probe.secrets || secrets.iter().any(|s| output.contains(s.as_str())));
+        let outcome = if got_through { "exposed" } else { "blocked" };
+        measured.insert(probe.name.to_owned(), outcome.to_owned());
+    }
+    drop(held);
+
+    let mut mismatches = Vec::new();
+    for probe in PROBES {
+        let want = expected
+            .get(probe.name)
+            .unwrap_or_else(|| panic!("probe {} is not in the docs' table", probe.name));
+        let got = &measured[probe.name];
+        // "n/a": the mode has nothing of that kind to attack (no hiding
+        // mounts without namespaces); the control still ran above.
+        if want != "n/a" && want != got {
+            mismatches.push(format!("{}: documented {want}, measured {got}", probe.name));
+        }
+    }
+    assert_eq!(
+        expected.len(),
+        PROBES.len(),
+        "the docs' table and the probes differ: {:?}",
+        expected.keys().collect::<Vec<_>>()
+    );
+    assert!(
+        mismatches.is_empty(),
+        "isolation {isolation}: {mismatches:#?}"
+    );
+}
+
+#[tokio::test]
+async fn probes_with_namespaces_match_the_documented_table() {
+    probe_all("namespaces").await;
+}
+
+#[tokio::test]
+async fn probes_without_isolation_match_the_documented_table() {
+    probe_all("none").await;
+}
+
+#[tokio::test]
+async fn sandbox_processes_run_unprivileged_in_their_own_namespaces() {
+    let gw = gateway("namespaces");
+    let mut client = client(&gw).await;
+    let sandbox = create_ready(&mut client, "who").await;
+    let id = sandbox.metadata.unwrap().id;
+    let mark = marker();
+    let out = run(
+        &mut client,
+        "who",
+        "id -u; id -G; grep -E '^(CapEff|NoNewPrivs)' /proc/self/status; echo $$; ls /proc | grep -c '^[0-9]'",
+        &[("TEST_MARKER", &mark)],
+    )
+    .await;
+    let text = out.stdout_text();
+    let lines: Vec<&str> = text.lines().collect();
+    assert_eq!(lines[0], "1000", "{text}");
+    assert_eq!(lines[1], "1000", "no supplementary groups: {text}");
+    assert!(text.contains("CapEff:\t0000000000000000"), "{text}");
+    assert!(text.contains("NoNewPrivs:\t1"), "{text}");
+    // PID 1 is the sandbox's init; the shell is one of very few processes.
+    let pid: u32 = lines[4].parse().unwrap();
+    assert!(pid < 10, "{text}");
+    let processes: u32 = lines[5].parse().unwrap();
+    assert!(processes < 10, "the sandbox sees {processes} processes");
+    // On the host, the sandbox's files belong to an unprivileged uid.
+    use std::os::unix::fs::MetadataExt;
+    let workdir = gw.store_dir().join("sandboxes").join(&id).join("work");
+    let owner = std::fs::metadata(&workdir).unwrap().uid();
+    assert!(owner >= 200_000, "workdir owned by {owner}");
+    run(&mut client, "who", "echo x > made-here", &[]).await;
+    assert_eq!(
+        std::fs::metadata(workdir.join("made-here")).unwrap().uid(),
+        owner
+    );
+}
+
+#[tokio::test]
+async fn configuration_is_never_written_through_a_symlink() {
+    let gw = Gateway::start(GatewayOptions {
+        extra_args: [
+            vec!["--isolation".into(), "namespaces".into()],
+            config_util::push_args(None),
+        ]
+        .concat(),
+        ..GatewayOptions::with_token(TOKEN)
+    });
+    let mut client = client(&gw).await;
+    create_ready(&mut client, "sly").await;
+    // The sandbox owns its workdir: it points .openshell at a host
+    // directory the supervisor (root) could write to.
+    let target = tempfile::tempdir().unwrap();
+    let script = format!(
+        "mv .openshell .moved-away && ln -s {} .openshell && echo ok",
+        target.path().display()
+    );
+    assert_eq!(
+        run(&mut client, "sly", &script, &[]).await.stdout_text(),
+        "ok\n"
+    );
+    let rejected = config_util::results(&gw, "rejected");
+    config_util::set(&mut client, "sly", "k", config_util::string("v")).await;
+    config_util::wait_metric(
+        &gw,
+        r#"openshell_server_config_results_total{outcome="rejected"}"#,
+        rejected + 1.0,
+        Duration::from_secs(20),
+    )
+    .await;
+    assert!(
+        std::fs::read_dir(target.path()).unwrap().next().is_none(),
+        "the supervisor wrote through the sandbox's symlink"
+    );
+}
+
+/// Runs `openshell-gateway serve` as an unprivileged user (nobody), which
+/// cannot map sandbox users: `namespaces` must refuse to start, `auto` must
+/// fall back to `none` with a warning and say so in its metrics.
+#[test]
+fn without_privileges_namespaces_refuses_and_auto_falls_back_loudly() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(
+        dir.path(),
+        std::os::unix::fs::PermissionsExt::from_mode(0o777),
+    )
+    .unwrap();
+    let gateway_bin = openshell_testkit::bin("openshell-gateway");
+    let serve = |isolation: &str, name: &str| {
+        let data = dir.path().join(name);
+        let ready = dir.path().join(format!("{name}.ready"));
+        let mut command = Command::new("setpriv");
+        command
+            .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+            .arg(&gateway_bin)
+            .args([
+                "serve",
+                "--dev",
+                "--listen",
+                "127.0.0.1:0",
+                "--metrics-listen",
+                "127.0.0.1:0",
+            ])
+            .arg("--data-dir")
+            .arg(&data)
+            .arg("--ready-file")
+            .arg(&ready)
+            .args(["--isolation", isolation])
+            .arg("--supervisor-bin")
+            .arg(openshell_testkit::bin("openshell-supervisor"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        (command.spawn().expect("setpriv"), ready)
+    };
+
+    let (child, _) = serve("namespaces", "strict");
+    let output = child.wait_with_output().unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--isolation namespaces is not available"),
+        "{stderr}"
+    );
+
+    let (mut child, ready) = serve("auto", "lenient");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let info = loop {
+        if let Ok(text) = std::fs::read_to_string(&ready)
+            && let Ok(info) = serde_json::from_str::<serde_json::Value>(&text)
+        {
+            break info;
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            panic!("gateway exited: {status}");
+        }
+        assert!(Instant::now() < deadline, "gateway not ready");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let metrics_addr = info["metrics"].as_str().unwrap().to_owned();
+    let mut stream = std::net::TcpStream::connect(&metrics_addr).unwrap();
+    stream
+        .write_all(b"GET /metrics HTTP/1.0\r\nHost: x\r\n\r\n")
+        .unwrap();
+    let mut metrics = String::new();
+    stream.read_to_string(&mut metrics).unwrap();
+    // SAFETY: kill(2) on our own child.
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGTERM);
+    }
+    let output = child.wait_with_output().unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        metric_value(
+            &metrics,
+            "openshell_server_sandbox_isolation{mode=\"none\"}"
+        ),
+        Some(1.0),
+        "{metrics}"
+    );
+    assert!(stderr.contains("SANDBOXES ARE NOT ISOLATED"), "{stderr}");
+}

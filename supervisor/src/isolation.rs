@@ -1,0 +1,306 @@
+//! Sandbox isolation for the process driver (`--isolation namespaces`).
+//!
+//! The supervisor itself stays outside the sandbox: it holds the session,
+//! the sandbox token and the relays. Only what it spawns for the sandbox
+//! enters the sandbox's namespaces, in three steps:
+//!
+//! 1. At start the supervisor runs a copy of itself as the sandbox's *init*
+//!    ([`init`]). While it is still privileged on the host, the init takes a
+//!    private mount namespace and hides what the sandbox must not see: a
+//!    fresh tmpfs over the gateway's data directory (the store, every other
+//!    sandbox), the paths the gateway names with `--hide` (token files, TLS
+//!    keys), `/tmp`, `/var/tmp` and `/dev/shm`; the sandbox's own working
+//!    directory is bound back at its usual path. Only then does it create the
+//!    sandbox's user, mount and PID namespaces, so the hiding mounts arrive
+//!    there *locked*: no process of the sandbox can unmount them, not even as
+//!    root of a user namespace of its own. Its first child is PID 1 of the
+//!    sandbox: it mounts the namespace's own `/proc` and reaps orphans.
+//! 2. The supervisor maps one uid and one gid inside the namespace
+//!    ([`SANDBOX_ID`]) to an unprivileged host id derived from the sandbox id
+//!    ([`host_id`]) and gives the working directory to it.
+//! 3. Every exec starts as a small helper ([`enter`]) that joins the init's
+//!    namespaces, forks, drops to that uid with no supplementary groups, no
+//!    capabilities and `no_new_privs`, and runs the program. The helper stays
+//!    outside the PID namespace, waits, and exits the way the program did, so
+//!    the supervisor sees the usual exit status and kills the usual process
+//!    group.
+//!
+//! The network stays the host's (loopback services remain reachable). Every
+//! process involved is non-dumpable, so the sandbox cannot ptrace or read
+//! the memory, environment or descriptors of the init or the helpers.
+//!
+//! This needs root (or `CAP_SYS_ADMIN` with `CAP_SETUID`) on the host; the
+//! gateway checks before it starts (`--isolation auto|namespaces|none`).
+
+pub mod enter;
+pub mod init;
+
+use std::ffi::{CString, OsStr, OsString};
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+
+use anyhow::{Context, bail};
+
+/// First argument that runs the binary as a sandbox's init.
+pub const INIT_COMMAND: &str = "__sandbox-init";
+/// First argument that runs the binary as an exec helper.
+pub const ENTER_COMMAND: &str = "__sandbox-enter";
+/// First argument that checks whether namespaces are available here (the
+/// gateway asks before it starts; exit 0 or the reason on stderr).
+pub const CHECK_COMMAND: &str = "__isolation-check";
+/// The uid and gid of sandbox processes inside their user namespace.
+pub const SANDBOX_ID: u32 = 1000;
+/// Host ids of sandboxes: `HOST_ID_BASE + hash(sandbox id) % HOST_ID_SPAN`.
+const HOST_ID_BASE: u32 = 200_000;
+const HOST_ID_SPAN: u32 = 800_000;
+/// Paths every sandbox gets a private, empty copy of.
+const PRIVATE_TMP: [&str; 3] = ["/tmp", "/var/tmp", "/dev/shm"];
+
+/// How the supervisor runs sandbox processes (`--isolation`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Mode {
+    /// In the supervisor's own namespaces, as its own user.
+    None,
+    /// In the sandbox's user, PID and mount namespaces (see the module doc).
+    Namespaces,
+}
+
+/// The unprivileged host uid (and gid) of a sandbox's processes: stable for
+/// a sandbox id, away from the ids of ordinary accounts.
+pub fn host_id(sandbox_id: &str) -> u32 {
+    // FNV-1a: stable across releases, unlike std's hasher.
+    let hash = sandbox_id
+        .bytes()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |hash, byte| {
+            (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+        });
+    HOST_ID_BASE + (hash % u64::from(HOST_ID_SPAN)) as u32
+}
+
+/// A running sandbox init; exec helpers join its namespaces.
+#[derive(Debug)]
+pub struct Sandbox {
+    /// Host pid of the sandbox's PID 1.
+    init_pid: i32,
+    /// The init's parent, which created the namespaces (our child).
+    outer: Child,
+}
+
+impl Sandbox {
+    /// Starts the init for `workdir`, hiding `hide` and the private temp
+    /// directories. Blocking; call before the runtime starts.
+    pub fn start(sandbox_id: &str, workdir: &Path, hide: &[PathBuf]) -> anyhow::Result<Self> {
+        let id = host_id(sandbox_id);
+        give_to(workdir, id).with_context(|| format!("chown {}", workdir.display()))?;
+        let exe = std::env::current_exe().context("locate own executable")?;
+        let (ours, theirs) = UnixStream::pair().context("socketpair")?;
+        let mut command = Command::new(exe);
+        command
+            .arg(INIT_COMMAND)
+            .arg("--workdir")
+            .arg(workdir)
+            .env_clear()
+            .stdin(Stdio::from(std::os::fd::OwnedFd::from(theirs)))
+            .stdout(Stdio::null());
+        for path in hide
+            .iter()
+            .map(PathBuf::as_path)
+            .chain(PRIVATE_TMP.map(Path::new))
+        {
+            command.arg("--hide").arg(path);
+        }
+        let outer = command.spawn().context("start the sandbox init")?;
+        let outer_pid = outer.id();
+        crate::sandbox_processes::track(outer_pid as i32);
+        let mut sandbox = Self { init_pid: 0, outer };
+        let mut reader = BufReader::new(ours.try_clone().context("socketpair")?);
+        let mut writer = ours;
+        expect_line(&mut reader, "userns")?;
+        for (file, line) in [
+            ("uid_map", format!("{SANDBOX_ID} {id} 1\n")),
+            ("gid_map", format!("{SANDBOX_ID} {id} 1\n")),
+        ] {
+            std::fs::write(format!("/proc/{outer_pid}/{file}"), line)
+                .with_context(|| format!("write {file} of the sandbox init"))?;
+        }
+        writer.write_all(b"mapped\n").context("sandbox init")?;
+        let pid = expect_line(&mut reader, "pid")?;
+        sandbox.init_pid = pid
+            .parse()
+            .with_context(|| format!("sandbox init sent a bad pid {pid:?}"))?;
+        Ok(sandbox)
+    }
+
+    pub fn init_pid(&self) -> i32 {
+        self.init_pid
+    }
+
+    /// The host pid of the init's parent (our direct child).
+    pub fn outer_pid(&self) -> i32 {
+        self.outer.id() as i32
+    }
+
+    /// Ends every process of the sandbox: killing PID 1 of a PID namespace
+    /// kills everything in it.
+    pub fn kill(&mut self) {
+        // SAFETY: kill(2) has no memory-safety preconditions; both pids are
+        // ours (the init cannot be reaped by anyone but its parent, which we
+        // have not reaped either).
+        unsafe {
+            libc::kill(self.init_pid, libc::SIGKILL);
+            libc::kill(self.outer.id() as i32, libc::SIGKILL);
+        }
+        let _ = self.outer.wait();
+        crate::sandbox_processes::untrack(self.outer.id() as i32);
+    }
+}
+
+/// Resolves once the sandbox init (our child `outer_pid`) has exited;
+/// never for `None`.
+pub async fn ended(outer_pid: Option<i32>) {
+    let Some(pid) = outer_pid else {
+        return std::future::pending().await;
+    };
+    let mut tick = tokio::time::interval(std::time::Duration::from_secs(1));
+    loop {
+        tick.tick().await;
+        let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok();
+        let alive = state
+            .as_deref()
+            .and_then(|stat| stat.rsplit_once(')'))
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X");
+        if !alive {
+            return;
+        }
+    }
+}
+
+/// A command that runs `argv` inside the sandbox whose init is `init_pid`,
+/// in `cwd` (a path as the sandbox sees it). The caller sets environment and
+/// stdio.
+pub fn enter_command(
+    init_pid: i32,
+    argv: &[String],
+    cwd: &Path,
+) -> std::io::Result<tokio::process::Command> {
+    let exe = std::env::current_exe()?;
+    let mut command = tokio::process::Command::new(exe);
+    command
+        .arg(ENTER_COMMAND)
+        .arg(init_pid.to_string())
+        .arg(cwd)
+        .args(argv)
+        // The helper chdirs inside the sandbox; on the host it starts in a
+        // directory that always exists.
+        .current_dir("/");
+    Ok(command)
+}
+
+/// Reads one `key value` line from the init; `error ...` lines fail.
+fn expect_line(reader: &mut impl BufRead, key: &str) -> anyhow::Result<String> {
+    let mut line = String::new();
+    reader
+        .read_line(&mut line)
+        .context("reading from the sandbox init")?;
+    let line = line.trim_end();
+    if let Some(reason) = line.strip_prefix("error ") {
+        bail!("sandbox init: {reason}");
+    }
+    match line.split_once(' ') {
+        Some((k, value)) if k == key => Ok(value.to_owned()),
+        _ if line == key => Ok(String::new()),
+        _ if line.is_empty() => bail!("sandbox init exited during setup"),
+        _ => bail!("sandbox init: unexpected {line:?}"),
+    }
+}
+
+/// Gives `dir` and everything under it to `id` (not following symlinks),
+/// unless `dir` already belongs to it.
+fn give_to(dir: &Path, id: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(dir)?;
+    if meta.uid() == id && meta.gid() == id {
+        return Ok(());
+    }
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(path) = pending.pop() {
+        std::os::unix::fs::lchown(&path, Some(id), Some(id))?;
+        if std::fs::symlink_metadata(&path)?.is_dir() {
+            for entry in std::fs::read_dir(&path)? {
+                pending.push(entry?.path());
+            }
+        }
+    }
+    // The sandbox's home: nobody else on the host reads it.
+    std::fs::set_permissions(dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))
+}
+
+/// Whether this process can create sandboxes in [`Mode::Namespaces`]:
+/// privileged on the host, and allowed to make user, mount and PID
+/// namespaces. The reason when not.
+pub fn check_namespaces() -> Result<(), String> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return Err("the gateway does not run as root, so it cannot map sandbox users".into());
+    }
+    let mut probe = Command::new("/bin/true");
+    probe.env_clear();
+    // SAFETY: the hook only makes the async-signal-safe unshare call.
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut probe, || {
+            if libc::unshare(libc::CLONE_NEWNS) != 0
+                || libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWPID) != 0
+            {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    match probe.status() {
+        Ok(status) if status.success() => Ok(()),
+        Ok(status) => Err(format!("namespace probe exited with {status}")),
+        Err(err) => Err(format!(
+            "cannot create user, mount and PID namespaces: {err}"
+        )),
+    }
+}
+
+/// `path` as a C string (no interior NUL: it came from the OS).
+pub(crate) fn c_path(path: &OsStr) -> std::io::Result<CString> {
+    CString::new(path.as_bytes()).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))
+}
+
+/// Arguments as C strings, for exec.
+pub(crate) fn c_args(args: &[OsString]) -> std::io::Result<Vec<CString>> {
+    args.iter().map(|a| c_path(a)).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_ids_are_stable_and_in_range() {
+        let id = host_id("0b1c2d3e-aaaa-bbbb-cccc-000000000001");
+        assert_eq!(id, host_id("0b1c2d3e-aaaa-bbbb-cccc-000000000001"));
+        assert!((HOST_ID_BASE..HOST_ID_BASE + HOST_ID_SPAN).contains(&id));
+        assert_ne!(id, host_id("0b1c2d3e-aaaa-bbbb-cccc-000000000002"));
+    }
+
+    #[test]
+    fn init_lines_are_parsed_and_errors_reported() {
+        let mut input = &b"pid 42\n"[..];
+        assert_eq!(expect_line(&mut input, "pid").unwrap(), "42");
+        let mut input = &b"userns\n"[..];
+        assert_eq!(expect_line(&mut input, "userns").unwrap(), "");
+        let mut input = &b"error mount tmpfs on /x: Operation not permitted\n"[..];
+        let err = expect_line(&mut input, "pid").unwrap_err().to_string();
+        assert!(err.contains("Operation not permitted"), "{err}");
+        let mut input = &b""[..];
+        assert!(expect_line(&mut input, "pid").is_err());
+    }
+}

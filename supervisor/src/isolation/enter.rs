@@ -1,0 +1,225 @@
+//! The exec helper (`openshell-supervisor __sandbox-enter INIT_PID CWD ARGV...`).
+//!
+//! Started by the supervisor like any exec (its environment, stdio, process
+//! group or pty session are already the program's), it joins the user,
+//! mount and PID namespaces of the sandbox's init, forks, and the child
+//! becomes the program: working directory, sandbox uid and gid, no
+//! supplementary groups, no capabilities, `no_new_privs`, then exec. The
+//! helper itself stays outside the sandbox's PID namespace (so the sandbox
+//! cannot see or signal it), passes termination signals on, waits, and ends
+//! the way the program ended, so the supervisor reads the program's status.
+//!
+//! A program that cannot start is reported like the direct spawn does: a line
+//! on stderr and exit 127 (126 when it is there but cannot be executed).
+
+use std::ffi::{CString, OsString};
+use std::io::{self, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicI32, Ordering};
+
+use super::{SANDBOX_ID, c_args, c_path};
+
+/// The program's pid, for the signal forwarder.
+static CHILD: AtomicI32 = AtomicI32::new(0);
+
+pub fn main(args: &[OsString]) -> ExitCode {
+    super::init::non_dumpable();
+    let (Some(init_pid), Some(cwd), Some(argv0)) = (args.first(), args.get(1), args.get(2)) else {
+        return fail("", "usage: __sandbox-enter INIT_PID CWD ARGV...", 127);
+    };
+    let argv0_text = String::from_utf8_lossy(argv0.as_bytes()).into_owned();
+    let Some(init_pid) = init_pid.to_str().and_then(|p| p.parse::<i32>().ok()) else {
+        return fail(&argv0_text, "bad init pid", 127);
+    };
+    if let Err(err) = join_namespaces(init_pid) {
+        return fail(
+            &argv0_text,
+            format!("cannot enter the sandbox: {}", text(&err)),
+            127,
+        );
+    }
+    let (Ok(cwd_c), Ok(argv)) = (c_path(cwd), c_args(&args[2..])) else {
+        return fail(&argv0_text, "argument contains NUL", 127);
+    };
+    // SAFETY: this process is single-threaded (a fresh exec); the child
+    // only makes plain syscalls before exec or _exit.
+    match unsafe { libc::fork() } {
+        -1 => fail(
+            &argv0_text,
+            format!(
+                "cannot enter the sandbox: {}",
+                text(&io::Error::last_os_error())
+            ),
+            127,
+        ),
+        0 => become_program(&argv0_text, cwd, &cwd_c, &argv),
+        child => {
+            CHILD.store(child, Ordering::SeqCst);
+            forward_signals();
+            super::init::quiet_stdio();
+            end_like(child)
+        }
+    }
+}
+
+fn join_namespaces(init_pid: i32) -> io::Result<()> {
+    // Opened first: once in the sandbox's mount namespace, /proc is its own.
+    let open = |ns: &str| std::fs::File::open(format!("/proc/{init_pid}/ns/{ns}"));
+    let namespaces = [
+        (open("user")?, libc::CLONE_NEWUSER),
+        (open("mnt")?, libc::CLONE_NEWNS),
+        (open("pid")?, libc::CLONE_NEWPID),
+    ];
+    for (file, kind) in &namespaces {
+        // SAFETY: setns on an open namespace descriptor.
+        if unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(file), *kind) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// The child: PID namespace member from birth. Never returns.
+fn become_program(argv0: &str, cwd: &OsString, cwd_c: &CString, argv: &[CString]) -> ! {
+    let _ = super::init::die_with_parent();
+    // SAFETY: chdir with a NUL-terminated path.
+    if unsafe { libc::chdir(cwd_c.as_ptr()) } != 0 {
+        let err = io::Error::last_os_error();
+        let reason = format!(
+            "working directory {}: {}",
+            String::from_utf8_lossy(cwd.as_bytes()),
+            text(&err)
+        );
+        exit_with(argv0, reason, code_for(&err));
+    }
+    // Whatever the supervisor's parents left open stays out of the sandbox.
+    super::init::close_from(3);
+    if let Err(err) = drop_privileges() {
+        exit_with(
+            argv0,
+            format!("cannot drop privileges: {}", text(&err)),
+            127,
+        );
+    }
+    let mut pointers: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
+    pointers.push(std::ptr::null());
+    // SAFETY: a NULL-terminated array of NUL-terminated strings; execvp
+    // searches PATH from the environment the supervisor gave us.
+    unsafe { libc::execvp(argv[0].as_ptr(), pointers.as_ptr()) };
+    let err = io::Error::last_os_error();
+    exit_with(argv0, text(&err), code_for(&err));
+}
+
+fn drop_privileges() -> io::Result<()> {
+    let check = |rc: libc::c_int| {
+        if rc != 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            Ok(())
+        }
+    };
+    // SAFETY: plain syscalls on integers (setgroups with an empty list).
+    unsafe {
+        check(libc::setgroups(0, std::ptr::null()))?;
+        check(libc::setresgid(SANDBOX_ID, SANDBOX_ID, SANDBOX_ID))?;
+        check(libc::setresuid(SANDBOX_ID, SANDBOX_ID, SANDBOX_ID))?;
+        check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
+    }
+    Ok(())
+}
+
+extern "C" fn pass_on(signal: libc::c_int) {
+    let child = CHILD.load(Ordering::SeqCst);
+    if child > 0 {
+        // SAFETY: kill is async-signal-safe.
+        unsafe {
+            libc::kill(child, signal);
+        }
+    }
+}
+
+/// Termination signals go on to the program; terminal signals reach it
+/// directly through the process group, so the helper ignores them.
+fn forward_signals() {
+    // SAFETY: installing handlers and dispositions; `pass_on` is
+    // async-signal-safe.
+    unsafe {
+        for signal in [libc::SIGTERM, libc::SIGHUP, libc::SIGUSR1, libc::SIGUSR2] {
+            libc::signal(signal, pass_on as *const () as libc::sighandler_t);
+        }
+        for signal in [
+            libc::SIGINT,
+            libc::SIGQUIT,
+            libc::SIGTSTP,
+            libc::SIGTTIN,
+            libc::SIGTTOU,
+            libc::SIGPIPE,
+        ] {
+            libc::signal(signal, libc::SIG_IGN);
+        }
+    }
+}
+
+/// Waits for the program and ends the same way: its exit code, or its
+/// signal (without a core dump).
+fn end_like(child: libc::pid_t) -> ExitCode {
+    let status = loop {
+        let mut status = 0;
+        // SAFETY: waitpid writes one int to a valid pointer.
+        let rc = unsafe { libc::waitpid(child, &mut status, 0) };
+        if rc == child {
+            break status;
+        }
+        if rc < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return ExitCode::from(1);
+        }
+    };
+    if libc::WIFEXITED(status) {
+        return ExitCode::from(libc::WEXITSTATUS(status) as u8);
+    }
+    let signal = libc::WTERMSIG(status);
+    // SAFETY: restore the default action and raise the same signal.
+    unsafe {
+        let no_core = libc::rlimit {
+            rlim_cur: 0,
+            rlim_max: 0,
+        };
+        libc::setrlimit(libc::RLIMIT_CORE, &no_core);
+        libc::signal(signal, libc::SIG_DFL);
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, signal);
+        libc::sigprocmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+        libc::kill(libc::getpid(), signal);
+    }
+    ExitCode::from((128 + signal) as u8)
+}
+
+/// The same exit code a direct spawn gives.
+fn code_for(err: &io::Error) -> i32 {
+    match err.raw_os_error() {
+        Some(libc::EACCES | libc::EPERM | libc::ENOEXEC | libc::EISDIR) => 126,
+        _ => 127,
+    }
+}
+
+fn text(err: &io::Error) -> String {
+    crate::relay::error_text(err)
+}
+
+fn message(argv0: &str, reason: impl std::fmt::Display) -> String {
+    format!("openshell-supervisor: cannot run `{argv0}`: {reason}\n")
+}
+
+fn fail(argv0: &str, reason: impl std::fmt::Display, code: u8) -> ExitCode {
+    let _ = io::stderr().write_all(message(argv0, reason).as_bytes());
+    ExitCode::from(code)
+}
+
+fn exit_with(argv0: &str, reason: impl std::fmt::Display, code: i32) -> ! {
+    let _ = io::stderr().write_all(message(argv0, reason).as_bytes());
+    // SAFETY: _exit ends the forked child without running the parent's
+    // destructors or atexit handlers.
+    unsafe { libc::_exit(code) }
+}

@@ -1,0 +1,294 @@
+//! The sandbox init (`openshell-supervisor __sandbox-init`).
+//!
+//! Runs single-threaded, before any runtime. Its standard input is a socket
+//! to the supervisor, on which it reports progress one line at a time
+//! (`userns`, then `pid <N>` once PID 1 exists, or `error <reason>`) and
+//! waits for `mapped` after the supervisor wrote the id maps.
+//!
+//! Two processes result: this one (outside the PID namespace; it only waits
+//! for PID 1 and goes when it goes) and PID 1 of the sandbox. Both die with
+//! their parent (`PR_SET_PDEATHSIG`), so a supervisor killed outright takes
+//! the whole sandbox with it.
+
+use std::ffi::OsString;
+use std::io::{self, BufRead, BufReader, Write};
+use std::os::fd::{AsRawFd, FromRawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use super::c_path;
+
+struct Args {
+    workdir: PathBuf,
+    hide: Vec<PathBuf>,
+}
+
+fn parse(args: &[OsString]) -> Result<Args, String> {
+    let mut workdir = None;
+    let mut hide = Vec::new();
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        let value = args.next().ok_or("missing value")?;
+        match arg.as_bytes() {
+            b"--workdir" => workdir = Some(PathBuf::from(value)),
+            b"--hide" => hide.push(PathBuf::from(value)),
+            _ => return Err("unknown argument".into()),
+        }
+    }
+    let workdir = workdir.ok_or("--workdir is required")?;
+    if !workdir.is_absolute() || hide.iter().any(|p| !p.is_absolute()) {
+        return Err("paths must be absolute".into());
+    }
+    Ok(Args { workdir, hide })
+}
+
+pub fn main(args: &[OsString]) -> ExitCode {
+    // SAFETY: fd 0 is the socket the supervisor passed; nothing else owns it.
+    let socket = unsafe { UnixStream::from_raw_fd(0) };
+    let mut report = match socket.try_clone() {
+        Ok(report) => report,
+        Err(_) => return ExitCode::FAILURE,
+    };
+    let mut replies = BufReader::new(socket);
+    match run(args, &mut report, &mut replies) {
+        Ok(code) => code,
+        Err(reason) => {
+            let _ = writeln!(report, "error {}", reason.replace('\n', " "));
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(
+    args: &[OsString],
+    report: &mut UnixStream,
+    replies: &mut impl BufRead,
+) -> Result<ExitCode, String> {
+    let args = parse(args)?;
+    die_with_parent().map_err(|e| format!("prctl: {e}"))?;
+    non_dumpable();
+    chdir(Path::new("/"))?;
+    hide_paths(&args)?;
+    // From here on, the mounts above are locked for the sandbox.
+    // SAFETY: unshare has no memory-safety preconditions; this process is
+    // single-threaded, as CLONE_NEWUSER requires.
+    if unsafe { libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWPID) } != 0 {
+        return Err(format!(
+            "unshare user, mount and pid namespaces: {}",
+            io::Error::last_os_error()
+        ));
+    }
+    writeln!(report, "userns").map_err(|e| e.to_string())?;
+    let mut line = String::new();
+    replies.read_line(&mut line).map_err(|e| e.to_string())?;
+    if line.trim_end() != "mapped" {
+        return Err("the supervisor did not map the sandbox ids".into());
+    }
+    // SAFETY: single-threaded; the child only makes async-signal-safe calls
+    // and simple syscalls before it settles into its reap loop.
+    match unsafe { libc::fork() } {
+        -1 => Err(format!("fork: {}", io::Error::last_os_error())),
+        0 => pid_one(),
+        child => {
+            writeln!(report, "pid {child}").map_err(|e| e.to_string())?;
+            quiet_stdio();
+            Ok(wait_for(child))
+        }
+    }
+}
+
+/// PID 1 of the sandbox: its own `/proc`, then reap orphans forever.
+fn pid_one() -> ! {
+    let _ = die_with_parent();
+    let proc_mounted = mount(
+        Some("proc"),
+        Path::new("/proc"),
+        Some("proc"),
+        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+        None,
+    );
+    if let Err(err) = proc_mounted {
+        // The exec helper would see the host's processes: refuse to run.
+        eprintln!("openshell-supervisor: sandbox init: {err}");
+        // SAFETY: _exit ends this process at once.
+        unsafe { libc::_exit(1) };
+    }
+    quiet_stdio();
+    close_from(3);
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid writes one int to a valid pointer.
+        let pid = unsafe { libc::waitpid(-1, &mut status, 0) };
+        if pid < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD) {
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+}
+
+/// Mounts an empty tmpfs over every path to hide (outermost first; a path
+/// under one already hidden is gone anyway), a read-only empty file over
+/// files, and binds the working directory back at its own path.
+fn hide_paths(args: &Args) -> Result<(), String> {
+    // A mount namespace of our own first: nothing below may touch the host's.
+    // SAFETY: unshare has no memory-safety preconditions.
+    if unsafe { libc::unshare(libc::CLONE_NEWNS) } != 0 {
+        return Err(format!(
+            "unshare mount namespace: {}",
+            io::Error::last_os_error()
+        ));
+    }
+    mount(
+        None,
+        Path::new("/"),
+        None,
+        libc::MS_REC | libc::MS_PRIVATE,
+        None,
+    )?;
+    // Held open across the hiding, so it can be bound back from here.
+    let workdir = std::fs::File::open(&args.workdir)
+        .map_err(|e| format!("open {}: {e}", args.workdir.display()))?;
+    let mut hide = args.hide.clone();
+    hide.sort_by_key(|p| p.components().count());
+    let mut hidden: Vec<PathBuf> = Vec::new();
+    let mut workdir_hidden = false;
+    for path in hide {
+        if path == Path::new("/") || hidden.iter().any(|h| path.starts_with(h)) {
+            continue;
+        }
+        let Ok(meta) = std::fs::metadata(&path) else {
+            continue;
+        };
+        if meta.is_dir() {
+            let mode = if super::PRIVATE_TMP.iter().any(|t| path == Path::new(t)) {
+                "mode=1777"
+            } else {
+                "mode=0755"
+            };
+            mount(
+                Some("openshell"),
+                &path,
+                Some("tmpfs"),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                Some(&format!("{mode},size=64m")),
+            )?;
+            workdir_hidden |= args.workdir.starts_with(&path);
+        } else {
+            mount(Some("/dev/null"), &path, None, libc::MS_BIND, None)?;
+        }
+        hidden.push(path);
+    }
+    if workdir_hidden {
+        std::fs::create_dir_all(&args.workdir)
+            .map_err(|e| format!("mkdir {}: {e}", args.workdir.display()))?;
+        let source = format!("/proc/self/fd/{}", workdir.as_raw_fd());
+        mount(
+            Some(&source),
+            &args.workdir,
+            None,
+            libc::MS_BIND | libc::MS_REC,
+            None,
+        )?;
+    }
+    Ok(())
+}
+
+fn mount(
+    source: Option<&str>,
+    target: &Path,
+    fstype: Option<&str>,
+    flags: libc::c_ulong,
+    data: Option<&str>,
+) -> Result<(), String> {
+    let describe = |err: io::Error| format!("mount {}: {err}", target.display());
+    let cstr = |s: Option<&str>| {
+        s.map(|s| std::ffi::CString::new(s).map_err(|_| "NUL in mount argument".to_owned()))
+            .transpose()
+    };
+    let source = cstr(source)?;
+    let fstype = cstr(fstype)?;
+    let data = cstr(data)?;
+    let target = c_path(target.as_os_str()).map_err(describe)?;
+    let ptr = |s: &Option<std::ffi::CString>| s.as_ref().map_or(std::ptr::null(), |s| s.as_ptr());
+    // SAFETY: every pointer is null or a NUL-terminated string that
+    // outlives the call.
+    let rc = unsafe {
+        libc::mount(
+            ptr(&source),
+            target.as_ptr(),
+            ptr(&fstype),
+            flags,
+            ptr(&data).cast(),
+        )
+    };
+    if rc != 0 {
+        return Err(describe(io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+fn chdir(path: &Path) -> Result<(), String> {
+    std::env::set_current_dir(path).map_err(|e| format!("chdir {}: {e}", path.display()))
+}
+
+/// Exits the way `child` did.
+fn wait_for(child: libc::pid_t) -> ExitCode {
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid writes one int to a valid pointer.
+        let rc = unsafe { libc::waitpid(child, &mut status, 0) };
+        if rc == child {
+            return if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            };
+        }
+        if rc < 0 && io::Error::last_os_error().raw_os_error() != Some(libc::EINTR) {
+            return ExitCode::FAILURE;
+        }
+    }
+}
+
+pub(super) fn die_with_parent() -> io::Result<()> {
+    // SAFETY: prctl with PR_SET_PDEATHSIG takes plain integers.
+    if unsafe { libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// No ptrace, no `/proc/<pid>/mem`, `environ` or `fd` for other processes
+/// of the same user.
+pub fn non_dumpable() {
+    // SAFETY: prctl with PR_SET_DUMPABLE takes plain integers.
+    unsafe {
+        libc::prctl(libc::PR_SET_DUMPABLE, 0);
+    }
+}
+
+/// Points stdin, stdout and stderr at `/dev/null`.
+pub(super) fn quiet_stdio() {
+    // SAFETY: open and dup2 on plain descriptors.
+    unsafe {
+        let null = libc::open(c"/dev/null".as_ptr(), libc::O_RDWR);
+        if null >= 0 {
+            for fd in 0..3 {
+                libc::dup2(null, fd);
+            }
+            if null > 2 {
+                libc::close(null);
+            }
+        }
+    }
+}
+
+/// Closes every descriptor from `first` up.
+pub(crate) fn close_from(first: libc::c_uint) {
+    // SAFETY: close_range only closes descriptors.
+    unsafe {
+        libc::syscall(libc::SYS_close_range, first, libc::c_uint::MAX, 0);
+    }
+}
