@@ -1,0 +1,109 @@
+//! Boundaries found in review, each checked against the real gateway binary:
+//! metric labels callers cannot invent, create-time inputs the gateway does
+//! not model, bounded echoes of input, and command-line flags that are only
+//! safe in some settings.
+
+mod common;
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use common::*;
+use http_body_util::Full;
+use openshell_testkit::Gateway;
+
+/// One unary gRPC call with an empty message to any path; the answer's
+/// grpc-status (headers of a trailers-only answer, else trailers).
+async fn raw_call(gw: &Gateway, path: &str, token: Option<&str>) -> Option<String> {
+    use http_body_util::BodyExt;
+    let stream = tokio::net::TcpStream::connect(gw.grpc_addr)
+        .await
+        .expect("connect");
+    let (mut sender, conn) = hyper::client::conn::http2::handshake(
+        hyper_util::rt::TokioExecutor::new(),
+        hyper_util::rt::TokioIo::new(stream),
+    )
+    .await
+    .expect("HTTP/2 handshake");
+    tokio::spawn(conn);
+    let mut request = http::Request::post(format!("{}{path}", gw.url))
+        .header("content-type", "application/grpc")
+        .header("te", "trailers");
+    if let Some(token) = token {
+        request = request.header("authorization", format!("Bearer {token}"));
+    }
+    let request = request
+        .body(Full::new(Bytes::from_static(&[0, 0, 0, 0, 0])))
+        .unwrap();
+    let response = tokio::time::timeout(Duration::from_secs(20), sender.send_request(request))
+        .await
+        .expect("answered within 20 s")
+        .expect("an HTTP/2 answer");
+    if let Some(code) = response.headers().get("grpc-status") {
+        return Some(code.to_str().unwrap().to_owned());
+    }
+    let collected = response.into_body().collect().await.expect("body");
+    collected
+        .trailers()
+        .and_then(|t| t.get("grpc-status"))
+        .map(|v| v.to_str().unwrap().to_owned())
+}
+
+// ------------------------------------------------------------ metric labels
+
+#[tokio::test]
+async fn unknown_paths_are_counted_as_unknown_and_create_no_series() {
+    let gw = start();
+    let invented = [
+        "/openshell.v1.OpenShell/NoSuchMethod-7f3a",
+        "/random.Service/Health",
+        "/x9q2/y8w1",
+        "/openshell.peer.v1.Peer/Invented-4c1d",
+    ];
+    for path in invented {
+        for token in [None, Some(TOKEN)] {
+            let code = raw_call(&gw, path, token).await;
+            assert!(
+                code.as_deref().is_some_and(|c| c != "0"),
+                "{path}: {code:?}"
+            );
+        }
+    }
+    // A real method keeps its own label.
+    assert_eq!(
+        raw_call(&gw, "/openshell.v1.OpenShell/Health", None)
+            .await
+            .as_deref(),
+        Some("0")
+    );
+
+    let text = gw.metrics();
+    let mut unknown = 0.0;
+    for line in text
+        .lines()
+        .filter(|l| l.starts_with("openshell_server_requests_total{"))
+    {
+        let method = line
+            .split("method=\"")
+            .nth(1)
+            .and_then(|rest| rest.split('"').next())
+            .unwrap_or_else(|| panic!("no method label: {line}"));
+        let known = openshell_proto::METHODS.iter().any(|m| m.name == method);
+        assert!(known || method == "unknown", "unexpected series: {line}");
+        if method == "unknown" {
+            unknown += line
+                .rsplit(' ')
+                .next()
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or_default();
+        }
+    }
+    for part in ["NoSuchMethod", "random.Service", "x9q2", "y8w1", "Invented"] {
+        assert!(!text.contains(part), "{part} in metrics:\n{text}");
+    }
+    assert_eq!(unknown, (invented.len() * 2) as f64, "{text}");
+    assert_eq!(
+        gw.metric("openshell_server_requests_total{method=\"Health\",code=\"ok\"}"),
+        Some(1.0)
+    );
+}
