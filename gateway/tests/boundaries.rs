@@ -107,3 +107,39 @@ async fn unknown_paths_are_counted_as_unknown_and_create_no_series() {
         Some(1.0)
     );
 }
+
+// ------------------------------------------------------------ edge listen
+
+#[test]
+fn edge_refuses_a_public_listen_address_without_allow_public() {
+    let bin = openshell_testkit::bin("openshell-gateway");
+    let out = std::process::Command::new(&bin)
+        .args(["edge", "--listen", "0.0.0.0:0"])
+        .args(["--replica", "gw-0=http://127.0.0.1:9"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("not a loopback address"), "{stderr}");
+    assert!(stderr.contains("--allow-public"), "{stderr}");
+
+    // With --allow-public it serves until SIGTERM and exits cleanly.
+    let dir = tempfile::tempdir().unwrap();
+    let ready = dir.path().join("ready.json");
+    let mut child = std::process::Command::new(&bin)
+        .args(["edge", "--listen", "0.0.0.0:0", "--allow-public"])
+        .args(["--replica", "gw-0=http://127.0.0.1:9"])
+        .arg("--ready-file")
+        .arg(&ready)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let served = openshell_testkit::wait_until(Duration::from_secs(20), || {
+        ready.exists() || child.try_wait().ok().flatten().is_some()
+    });
+    assert!(served && ready.exists(), "edge did not start");
+    openshell_testkit::signal(child.id() as i32, libc::SIGTERM);
+    let status = child.wait().unwrap();
+    assert!(status.success(), "{status}");
+}
