@@ -112,6 +112,11 @@ impl Sandboxes {
         let mut spec = req.spec.unwrap_or_default();
         // Gateway-owned: AttachProvider / DetachProvider set it.
         spec.provider_attachment_epoch.clear();
+        if !spec.providers.is_empty() {
+            return Err(Status::invalid_argument(
+                "spec.providers cannot be set at create: attach providers with AttachProvider",
+            ));
+        }
         validate::environment("spec.environment", &spec.environment)?;
         if let Some(template) = &spec.template {
             validate::environment("spec.template.environment", &template.environment)?;

@@ -10,7 +10,9 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::*;
 use http_body_util::Full;
+use openshell_proto::*;
 use openshell_testkit::Gateway;
+use tonic::Code;
 
 /// One unary gRPC call with an empty message to any path; the answer's
 /// grpc-status (headers of a trailers-only answer, else trailers).
@@ -142,4 +144,60 @@ fn edge_refuses_a_public_listen_address_without_allow_public() {
     openshell_testkit::signal(child.id() as i32, libc::SIGTERM);
     let status = child.wait().unwrap();
     assert!(status.success(), "{status}");
+}
+
+// ------------------------------------------------------------ create inputs
+
+async fn sandbox_count(client: &mut Client) -> usize {
+    client
+        .list_sandboxes(ListSandboxesRequest::default())
+        .await
+        .unwrap()
+        .into_inner()
+        .sandboxes
+        .len()
+}
+
+/// A create the gateway must refuse: INVALID_ARGUMENT naming `field`, and
+/// no sandbox record or supervisor afterwards.
+async fn assert_create_refused(
+    gw: &Gateway,
+    client: &mut Client,
+    request: CreateSandboxRequest,
+    field: &str,
+) {
+    let before = sandbox_count(client).await;
+    let err = client.create_sandbox(request).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{field}: {err:?}");
+    assert!(err.message().contains(field), "{field}: {}", err.message());
+    assert_eq!(sandbox_count(client).await, before, "{field}");
+    assert_eq!(gw.supervisor_pids().len(), before, "{field}");
+}
+
+#[tokio::test]
+async fn create_refuses_client_set_providers() {
+    let gw = start();
+    let mut client = client(&gw).await;
+    assert_create_refused(
+        &gw,
+        &mut client,
+        CreateSandboxRequest {
+            name: "with-providers".into(),
+            spec: Some(SandboxSpec {
+                providers: vec!["github".into()],
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+        "spec.providers",
+    )
+    .await;
+    let err = client
+        .get_sandbox(GetSandboxRequest {
+            name: "with-providers".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
 }
