@@ -44,7 +44,7 @@ use sqlx::{AssertSqlSafe, Row};
 use tonic::Status;
 
 use crate::sandboxes::{id_of, phase_of, store_status};
-use crate::store::{Store, StoreError};
+use crate::store::{PolicySeed, Store, StoreError};
 use crate::validate;
 
 /// The global scope's owner key.
@@ -58,6 +58,7 @@ const MAX_SETTING_STRING: usize = 16 * 1024;
 const MAX_SETTING_BYTES: usize = 64 * 1024;
 const MAX_ENV_VALUE: usize = 32 * 1024;
 const MAX_KEY_LEN: usize = 128;
+const MAX_POLICY_BYTES: usize = 1024 * 1024;
 const PROTOCOLS: [&str; 6] = ["", "tcp", "rest", "http", "https", "grpc"];
 
 /// Deadline of loading inputs and building the sandbox configuration.
@@ -235,6 +236,29 @@ pub fn validate_policy(policy: &SandboxPolicy) -> Result<SandboxPolicy, Status> 
         );
     }
     Ok(out)
+}
+
+/// [`validate_policy`] plus the size limit of a stored policy.
+fn checked_policy(policy: &SandboxPolicy) -> Result<SandboxPolicy, Status> {
+    let policy = validate_policy(policy)?;
+    if policy.encoded_len() > MAX_POLICY_BYTES {
+        return Err(Status::invalid_argument("policy is larger than 1 MiB"));
+    }
+    Ok(policy)
+}
+
+/// The policy scope row of a sandbox created with `spec.policy`: the row
+/// `UpdateConfig` would write for that policy on a new sandbox (version 1),
+/// so `GetSandboxConfig` returns it and an identical `UpdateConfig` later
+/// changes nothing.
+pub fn policy_seed(policy: &SandboxPolicy) -> Result<PolicySeed, Status> {
+    let mut policy = checked_policy(policy)?;
+    policy.version = 1;
+    Ok(PolicySeed {
+        version: 1,
+        hash: policy_hash(&policy),
+        encoded: policy.encode_to_vec(),
+    })
 }
 
 fn validate_setting(key: &str, value: Option<&SettingValue>, delete: bool) -> Result<(), Status> {
@@ -503,16 +527,7 @@ impl ConfigModel {
             }
             _ => {}
         }
-        let policy = match &req.policy {
-            Some(policy) => {
-                let policy = validate_policy(policy)?;
-                if policy.encoded_len() > 1024 * 1024 {
-                    return Err(Status::invalid_argument("policy is larger than 1 MiB"));
-                }
-                Some(policy)
-            }
-            None => None,
-        };
+        let policy = req.policy.as_ref().map(checked_policy).transpose()?;
         if setting {
             validate_setting(
                 &req.setting_key,

@@ -6,6 +6,7 @@ use std::collections::HashMap;
 use std::net::IpAddr;
 
 use openshell_proto::datamodel::{WorkspaceSelector, workspace_selector::Selection};
+use openshell_proto::{CreateSandboxRequest, SandboxRestartPolicy};
 use tonic::Status;
 
 pub const MAX_NAME_LEN: usize = 63;
@@ -108,6 +109,46 @@ pub fn command(field: &str, argv: &[String], required: bool) -> Result<(), Statu
         )));
     }
     Ok(())
+}
+
+/// Public create-time inputs the reference gateway does not model: refused,
+/// naming the field, rather than dropped (a caller relying on one must
+/// learn it had no effect). `spec.policy` and `spec.template.image` are
+/// handled by the caller; `spec.providers` is refused separately.
+pub fn unmodeled_create_inputs(req: &CreateSandboxRequest) -> Result<(), Status> {
+    let unsupported = |field: &str, why: &str| {
+        Err(Status::invalid_argument(format!(
+            "{field} is not supported by this gateway: {why}"
+        )))
+    };
+    if req.await_main_process_attachment {
+        return unsupported(
+            "await_main_process_attachment",
+            "create answers once the sandbox record exists; watch the sandbox for READY",
+        );
+    }
+    if !req.workload_template.is_empty() {
+        return unsupported("workload_template", "it has no workload templates");
+    }
+    if !req.service_exposures.is_empty() {
+        return unsupported("service_exposures", "it exposes no sandbox services");
+    }
+    let Some(spec) = &req.spec else {
+        return Ok(());
+    };
+    if spec.resource_requirements.is_some() {
+        return unsupported(
+            "spec.resource_requirements",
+            "the process driver sets no resource limits and has no GPUs",
+        );
+    }
+    match SandboxRestartPolicy::try_from(spec.restart_policy) {
+        Ok(SandboxRestartPolicy::Unspecified | SandboxRestartPolicy::Never) => Ok(()),
+        _ => unsupported(
+            "spec.restart_policy",
+            "the main process is never restarted (only NEVER is accepted)",
+        ),
+    }
 }
 
 /// Only the default workspace exists in the reference gateway.

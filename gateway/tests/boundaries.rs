@@ -10,6 +10,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use common::*;
 use http_body_util::Full;
+use openshell_proto::sandbox::{NetworkBinary, NetworkEndpoint, NetworkPolicyRule, SandboxPolicy};
 use openshell_proto::*;
 use openshell_testkit::Gateway;
 use tonic::Code;
@@ -200,4 +201,238 @@ async fn create_refuses_client_set_providers() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::NotFound);
+}
+
+fn network_policy(host: &str) -> SandboxPolicy {
+    SandboxPolicy {
+        version: 0,
+        network_policies: [(
+            "api".to_owned(),
+            NetworkPolicyRule {
+                name: String::new(),
+                endpoints: vec![NetworkEndpoint {
+                    host: host.into(),
+                    port: 443,
+                    protocol: "https".into(),
+                }],
+                binaries: vec![NetworkBinary {
+                    path: "/usr/bin/curl".into(),
+                }],
+            },
+        )]
+        .into(),
+    }
+}
+
+fn create(name: &str, spec: SandboxSpec) -> CreateSandboxRequest {
+    CreateSandboxRequest {
+        name: name.into(),
+        spec: Some(spec),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn create_refuses_inputs_the_gateway_does_not_model_and_changes_nothing() {
+    let gw = start();
+    let mut client = client(&gw).await;
+    create_ready(&mut client, "existing").await;
+    let rows: Vec<(&str, CreateSandboxRequest)> = vec![
+        (
+            "await_main_process_attachment",
+            CreateSandboxRequest {
+                name: "await".into(),
+                await_main_process_attachment: true,
+                ..Default::default()
+            },
+        ),
+        (
+            "workload_template",
+            CreateSandboxRequest {
+                name: "templated".into(),
+                workload_template: "python-dev".into(),
+                ..Default::default()
+            },
+        ),
+        (
+            "service_exposures",
+            CreateSandboxRequest {
+                name: "exposed".into(),
+                service_exposures: vec![SandboxServiceExposure {
+                    service: "web".into(),
+                    target_port: 8080,
+                    ..Default::default()
+                }],
+                ..Default::default()
+            },
+        ),
+        (
+            "spec.resource_requirements",
+            create(
+                "gpu",
+                SandboxSpec {
+                    resource_requirements: Some(ResourceRequirements {
+                        gpu: Some(GpuResourceRequirements { count: Some(1) }),
+                    }),
+                    ..Default::default()
+                },
+            ),
+        ),
+        (
+            "spec.restart_policy",
+            create(
+                "on-failure",
+                SandboxSpec {
+                    restart_policy: SandboxRestartPolicy::OnFailure as i32,
+                    ..Default::default()
+                },
+            ),
+        ),
+        (
+            "spec.restart_policy",
+            create(
+                "always",
+                SandboxSpec {
+                    restart_policy: SandboxRestartPolicy::Always as i32,
+                    ..Default::default()
+                },
+            ),
+        ),
+        (
+            "spec.restart_policy",
+            create(
+                "unknown-policy",
+                SandboxSpec {
+                    restart_policy: 42,
+                    ..Default::default()
+                },
+            ),
+        ),
+    ];
+    for (field, request) in rows {
+        assert_create_refused(&gw, &mut client, request, field).await;
+    }
+    // An invalid create-time policy is refused like an invalid UpdateConfig.
+    let err = client
+        .create_sandbox(create(
+            "bad-policy",
+            SandboxSpec {
+                policy: Some(network_policy("not a host")),
+                ..Default::default()
+            },
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert_eq!(sandbox_count(&mut client).await, 1);
+    assert_eq!(gw.supervisor_pids().len(), 1);
+
+    // NEVER (and UNSPECIFIED, which means NEVER) are what the gateway does.
+    client
+        .create_sandbox(create(
+            "never",
+            SandboxSpec {
+                restart_policy: SandboxRestartPolicy::Never as i32,
+                ..Default::default()
+            },
+        ))
+        .await
+        .expect("restart_policy NEVER is accepted");
+    wait_phase(&mut client, "never", SandboxPhase::Ready).await;
+}
+
+#[tokio::test]
+async fn a_create_time_policy_becomes_the_sandboxes_policy() {
+    let gw = start();
+    let mut client = client(&gw).await;
+    let created = client
+        .create_sandbox(create(
+            "with-policy",
+            SandboxSpec {
+                policy: Some(network_policy("api.example.com")),
+                ..Default::default()
+            },
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .sandbox
+        .unwrap();
+    // The spec keeps no copy that a later UpdateConfig would leave stale.
+    assert_eq!(created.spec.as_ref().unwrap().policy, None);
+    let id = created.metadata.as_ref().unwrap().id.clone();
+    let config = client
+        .get_sandbox_config(sandbox::GetSandboxConfigRequest {
+            sandbox_id: id.clone(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let policy = config.policy.clone().expect("policy");
+    assert_eq!(config.version, 1);
+    assert_eq!(policy.version, 1);
+    assert_eq!(config.policy_source(), sandbox::PolicySource::Sandbox);
+    let rule = &policy.network_policies["api"];
+    assert_eq!(rule.name, "api", "normalised like UpdateConfig");
+    assert_eq!(rule.endpoints[0].host, "api.example.com");
+    assert!(!config.policy_hash.is_empty());
+
+    // The same policy through UpdateConfig changes nothing: it is already set.
+    let update = client
+        .update_config(UpdateConfigRequest {
+            sandbox: "with-policy".into(),
+            policy: Some(network_policy("api.example.com")),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(update.version, 1);
+    assert_eq!(update.policy_hash, config.policy_hash);
+    wait_phase(&mut client, "with-policy", SandboxPhase::Ready).await;
+}
+
+#[tokio::test]
+async fn a_template_image_is_accepted_and_marked_ignored() {
+    let gw = start();
+    let mut client = client(&gw).await;
+    let created = client
+        .create_sandbox(create(
+            "with-image",
+            SandboxSpec {
+                template: Some(SandboxTemplate {
+                    image: "ghcr.io/example/dev:latest".into(),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+        ))
+        .await
+        .unwrap()
+        .into_inner()
+        .sandbox
+        .unwrap();
+    let ignored = |sandbox: &Sandbox| {
+        sandbox
+            .status
+            .as_ref()
+            .unwrap()
+            .conditions
+            .iter()
+            .find(|c| c.r#type == "ImageIgnored")
+            .cloned()
+    };
+    let condition = ignored(&created).expect("ImageIgnored condition at create");
+    assert_eq!(condition.status, "True");
+    assert!(condition.message.contains("spec.template.image"), "{condition:?}");
+    // It stays through the phase changes; the image stays in the spec.
+    let ready = wait_phase(&mut client, "with-image", SandboxPhase::Ready).await;
+    assert!(ignored(&ready).is_some(), "{ready:?}");
+    assert_eq!(
+        ready.spec.unwrap().template.unwrap().image,
+        "ghcr.io/example/dev:latest"
+    );
+    // Without an image there is no such condition.
+    let plain = create_ready(&mut client, "no-image").await;
+    assert!(ignored(&plain).is_none());
 }
