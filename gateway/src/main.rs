@@ -18,6 +18,7 @@ mod relay_routing;
 mod request_layer;
 mod ring;
 mod sandboxes;
+mod secret;
 mod service;
 mod sessions;
 mod store;
@@ -49,6 +50,7 @@ use crate::peer_service::PeerService;
 use crate::relay_routing::RelayRouter;
 use crate::request_layer::GatewayLayer;
 use crate::sandboxes::Sandboxes;
+use crate::secret::Secret;
 use crate::service::GatewayService;
 use crate::sessions::Sessions;
 use crate::store::Store;
@@ -83,6 +85,7 @@ enum Command {
     Edge(edge::EdgeArgs),
 }
 
+// Secrets are `Secret`s: `Debug` redacts them.
 #[derive(Args, Debug)]
 struct ServeArgs {
     /// gRPC listen address.
@@ -98,11 +101,11 @@ struct ServeArgs {
     /// Store URL: `sqlite://PATH` (default `<data-dir>/gateway.db`) or
     /// `postgres://...` for replicas on several hosts.
     #[arg(long, env = "OPENSHELL_DATABASE_URL", hide_env_values = true)]
-    database_url: Option<String>,
+    database_url: Option<Secret>,
     /// Shared secret of the cluster's peer service. Setting it makes this
     /// replica a cluster member.
     #[arg(long, env = "OPENSHELL_PEER_TOKEN", hide_env_values = true)]
-    peer_token: Option<String>,
+    peer_token: Option<Secret>,
     /// URL other replicas and redirected supervisors use to reach this
     /// replica (default: its listen address).
     #[arg(long)]
@@ -127,7 +130,7 @@ struct ServeArgs {
         value_delimiter = ',',
         hide_env_values = true
     )]
-    tokens: Vec<String>,
+    tokens: Vec<Secret>,
     /// File with one user token per line.
     #[arg(long)]
     tokens_file: Option<PathBuf>,
@@ -203,7 +206,7 @@ fn user_tokens(args: &ServeArgs) -> anyhow::Result<Vec<String>> {
     let mut tokens: Vec<String> = args
         .tokens
         .iter()
-        .map(|t| t.trim().to_owned())
+        .map(|t| t.expose().trim().to_owned())
         .filter(|t| !t.is_empty())
         .collect();
     if let Some(path) = &args.tokens_file {
@@ -237,13 +240,17 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let data_dir = args.data_dir.canonicalize()?;
     let database_url = args
         .database_url
-        .clone()
+        .as_ref()
+        .map(|url| url.expose().to_owned())
         .unwrap_or_else(|| format!("sqlite://{}", data_dir.join("gateway.db").display()));
     // The URL may hold a password: never print it.
     let store = Store::open(&database_url).await.map_err(|err| {
         anyhow::anyhow!("opening the store ({:?}): {err}", store_kind(&database_url))
     })?;
-    let peer_token = args.peer_token.clone().filter(|t| !t.trim().is_empty());
+    let peer_token = args
+        .peer_token
+        .clone()
+        .filter(|t| !t.expose().trim().is_empty());
 
     let listener = TcpListener::bind(args.listen)
         .await
@@ -380,7 +387,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         replica_id: replica_header,
         auth: Arc::new(Authenticator::new(
             &tokens,
-            peer_token.as_deref(),
+            peer_token.as_ref().map(Secret::expose),
             args.dev,
             store.clone(),
         )),
@@ -559,5 +566,36 @@ async fn wait_for_signal() {
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::{Cli, Command};
+
+    #[test]
+    fn serve_args_debug_redacts_secrets() {
+        let cli = Cli::try_parse_from([
+            "openshell-gateway",
+            "serve",
+            "--token",
+            "user-token-aaa,user-token-bbb",
+            "--peer-token",
+            "peer-token-ccc",
+            "--database-url",
+            "postgres://gw:db-password-ddd@db.example/openshell",
+        ])
+        .unwrap();
+        let Command::Serve(args) = cli.command else {
+            panic!("serve");
+        };
+        assert_eq!(args.tokens.len(), 2);
+        let shown = format!("{args:?}");
+        for secret in ["user-token", "peer-token-ccc", "db-password", "db.example"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        assert!(shown.contains("<redacted>"), "{shown}");
     }
 }
