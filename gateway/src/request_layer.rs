@@ -195,8 +195,17 @@ mod tests {
     #[test]
     fn only_contract_paths_name_a_method() {
         assert_eq!(method_label("/openshell.v1.OpenShell/Health"), "Health");
-        assert_eq!(method_label("/openshell.peer.v1.Peer/PeerRelay"), "PeerRelay");
-        for path in ["/x.Y/Health", "/openshell.v1.OpenShell/Nope", "/", "", "/a/b/c"] {
+        assert_eq!(
+            method_label("/openshell.peer.v1.Peer/PeerRelay"),
+            "PeerRelay"
+        );
+        for path in [
+            "/x.Y/Health",
+            "/openshell.v1.OpenShell/Nope",
+            "/",
+            "",
+            "/a/b/c",
+        ] {
             assert_eq!(method_label(path), "unknown", "{path}");
         }
     }

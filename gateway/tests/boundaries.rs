@@ -424,7 +424,10 @@ async fn a_template_image_is_accepted_and_marked_ignored() {
     };
     let condition = ignored(&created).expect("ImageIgnored condition at create");
     assert_eq!(condition.status, "True");
-    assert!(condition.message.contains("spec.template.image"), "{condition:?}");
+    assert!(
+        condition.message.contains("spec.template.image"),
+        "{condition:?}"
+    );
     // It stays through the phase changes; the image stays in the spec.
     let ready = wait_phase(&mut client, "with-image", SandboxPhase::Ready).await;
     assert!(ignored(&ready).is_some(), "{ready:?}");
