@@ -12,6 +12,7 @@ mod config_delivery;
 mod config_model;
 mod driver;
 mod edge;
+mod flag_policy;
 mod metrics;
 mod peer_service;
 mod relay_routing;
@@ -33,7 +34,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use openshell_proto::open_shell_server::OpenShellServer;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -137,6 +138,11 @@ struct ServeArgs {
     /// No user authentication. Only allowed on a loopback listen address.
     #[arg(long)]
     dev: bool,
+    /// Allow the hidden test and benchmark flags (`--driver none`, the
+    /// `--*-ms` tuning knobs); without it they are refused. Never in
+    /// production.
+    #[arg(long)]
+    allow_test_flags: bool,
     /// PEM certificate chain; serve TLS with --tls-key.
     #[arg(long, requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -195,8 +201,20 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    match Cli::parse().command {
-        Command::Serve(args) => serve(args).await,
+    let mut cli = Cli::command();
+    let matches = cli.get_matches_mut();
+    let parsed = Cli::from_arg_matches(&matches).unwrap_or_else(|err| err.format(&mut cli).exit());
+    match parsed.command {
+        Command::Serve(args) => {
+            flag_policy::check_serve(
+                cli.find_subcommand("serve").expect("serve is a subcommand"),
+                matches
+                    .subcommand_matches("serve")
+                    .expect("serve was parsed"),
+                args.allow_test_flags,
+            )?;
+            serve(args).await
+        }
         Command::Up(args) => up::run(args).await,
         Command::Edge(args) => edge::run(args).await,
     }

@@ -439,3 +439,75 @@ async fn a_template_image_is_accepted_and_marked_ignored() {
     let plain = create_ready(&mut client, "no-image").await;
     assert!(ignored(&plain).is_none());
 }
+
+// ------------------------------------------------------------ command line
+
+/// `serve` with `args` on loopback and a fresh data directory, expected to
+/// exit on its own (a refusal); its exit status and stderr.
+fn serve_refusal(args: &[&str]) -> (std::process::ExitStatus, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = std::process::Command::new(openshell_testkit::bin("openshell-gateway"))
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .args(["--metrics-listen", "127.0.0.1:0"])
+        .arg("--data-dir")
+        .arg(dir.path())
+        .args(args)
+        .env_remove("OPENSHELL_GATEWAY_TOKENS")
+        .env_remove("OPENSHELL_DATABASE_URL")
+        .env_remove("OPENSHELL_PEER_TOKEN")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let exited = openshell_testkit::wait_until(Duration::from_secs(20), || {
+        child.try_wait().ok().flatten().is_some()
+    });
+    if !exited {
+        let _ = child.kill();
+    }
+    let out = child.wait_with_output().unwrap();
+    assert!(exited, "serve {args:?} kept running");
+    (
+        out.status,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn test_flags_need_allow_test_flags() {
+    for args in [
+        &["--dev", "--driver", "none"][..],
+        &["--dev", "--config-build-delay-ms", "5"],
+        &["--dev", "--config-reconcile-ms", "100"],
+        &["--dev", "--heartbeat-ms", "1000"],
+        &[
+            "--token",
+            "t",
+            "--member-refresh-ms",
+            "300",
+            "--member-ttl-ms",
+            "3000",
+        ],
+    ] {
+        let (status, stderr) = serve_refusal(args);
+        assert!(!status.success(), "{args:?}");
+        assert!(stderr.contains("for tests and benchmarks only"), "{stderr}");
+        assert!(stderr.contains("--allow-test-flags"), "{stderr}");
+        assert!(stderr.contains(args[args.len() - 2]), "{stderr}");
+    }
+    // --dev alone still means "no authentication", nothing more.
+    let gw = Gateway::start(openshell_testkit::GatewayOptions::dev());
+    assert!(!gw.log().contains("--allow-test-flags"));
+}
+
+#[tokio::test]
+async fn test_flags_run_with_allow_test_flags() {
+    let gw = Gateway::start(openshell_testkit::GatewayOptions {
+        extra_args: ["--allow-test-flags", "--config-reconcile-ms", "100"]
+            .map(String::from)
+            .to_vec(),
+        ..openshell_testkit::GatewayOptions::with_token(TOKEN)
+    });
+    let mut client = client(&gw).await;
+    create_ready(&mut client, "allowed").await;
+}
