@@ -511,3 +511,57 @@ async fn test_flags_run_with_allow_test_flags() {
     let mut client = client(&gw).await;
     create_ready(&mut client, "allowed").await;
 }
+
+#[test]
+fn secrets_on_the_command_line_are_warned_about_without_their_value() {
+    let gw = Gateway::start(openshell_testkit::GatewayOptions {
+        extra_args: ["--peer-token", "peer-secret-91d2"]
+            .map(String::from)
+            .to_vec(),
+        ..openshell_testkit::GatewayOptions::with_token(TOKEN)
+    });
+    let log = gw.log();
+    for flag in ["--token", "--peer-token"] {
+        assert!(
+            log.contains(&format!(
+                "{flag} was given on the command line, which every local user can read"
+            )),
+            "{log}"
+        );
+    }
+    assert!(
+        log.contains("--tokens-file or OPENSHELL_GATEWAY_TOKENS"),
+        "{log}"
+    );
+    assert!(!log.contains(TOKEN), "{log}");
+    assert!(!log.contains("peer-secret-91d2"), "{log}");
+    drop(gw);
+
+    // A database URL with a password is a secret too (the store is
+    // unreachable, so serve stops after the warning).
+    let (status, stderr) = serve_refusal(&[
+        "--dev",
+        "--database-url",
+        "postgres://gw:db-secret-5a0c@127.0.0.1:1/openshell",
+    ]);
+    assert!(!status.success());
+    assert!(
+        stderr.contains("--database-url was given on the command line"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("db-secret-5a0c"), "{stderr}");
+
+    // Tokens from a file draw no warning.
+    let dir = tempfile::tempdir().unwrap();
+    let tokens = dir.path().join("tokens");
+    std::fs::write(&tokens, format!("{TOKEN}\n")).unwrap();
+    let gw = Gateway::start(openshell_testkit::GatewayOptions {
+        extra_args: vec!["--tokens-file".into(), tokens.display().to_string()],
+        ..Default::default()
+    });
+    assert!(
+        !gw.log().contains("was given on the command line"),
+        "{}",
+        gw.log()
+    );
+}
