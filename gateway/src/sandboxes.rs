@@ -222,9 +222,10 @@ impl Sandboxes {
     pub async fn by_name(&self, name: &str) -> Result<Sandbox, Status> {
         match self.store.get_by_name(name).await {
             Ok(stored) => Ok(stored.sandbox),
-            Err(StoreError::NotFound) => {
-                Err(Status::not_found(format!("sandbox {name:?} not found")))
-            }
+            Err(StoreError::NotFound) => Err(Status::not_found(format!(
+                "sandbox {} not found",
+                validate::quote(name)
+            ))),
             Err(err) => Err(store_status(err)),
         }
     }
@@ -297,8 +298,8 @@ impl Sandboxes {
             }
             Err(StoreError::NotFound) => {
                 return Err(Status::not_found(format!(
-                    "sandbox {:?} not found",
-                    req.name
+                    "sandbox {} not found",
+                    validate::quote(&req.name)
                 )));
             }
             Err(err) => return Err(store_status(err)),
@@ -375,7 +376,8 @@ impl Sandboxes {
                     Ok(Change::Deleted { .. }) => {
                         let _ = tx
                             .send(Err(Status::not_found(format!(
-                                "sandbox {name:?} was deleted"
+                                "sandbox {} was deleted",
+                                validate::quote(&name)
                             ))))
                             .await;
                         return;
@@ -398,7 +400,8 @@ impl Sandboxes {
                             Err(StoreError::NotFound) => {
                                 let _ = tx
                                     .send(Err(Status::not_found(format!(
-                                        "sandbox {name:?} was deleted"
+                                        "sandbox {} was deleted",
+                                        validate::quote(&name)
                                     ))))
                                     .await;
                                 return;

@@ -565,3 +565,126 @@ fn secrets_on_the_command_line_are_warned_about_without_their_value() {
         gw.log()
     );
 }
+
+// ------------------------------------------------------------ echoed input
+
+/// An error that shows at most 64 characters of a 10,000-character input.
+fn assert_short_echo(row: &str, err: &tonic::Status, filler: char) {
+    let message = err.message();
+    assert!(message.chars().count() < 300, "{row}: {message}");
+    let run: String = std::iter::repeat_n(filler, 65).collect();
+    assert!(!message.contains(&run), "{row}: {message}");
+}
+
+#[tokio::test]
+async fn errors_quote_at_most_64_characters_of_any_input() {
+    let gw = start();
+    let mut client = client(&gw).await;
+    create_ready(&mut client, "box").await;
+    let x = "x".repeat(10_000);
+    let long_workspace = Some(datamodel::WorkspaceSelector {
+        selection: Some(datamodel::workspace_selector::Selection::Workspace(
+            "w".repeat(10_000),
+        )),
+    });
+
+    for (row, selector, filler) in [
+        ("selector", x.clone(), 'x'),
+        ("second term", format!("a=1,{x}"), 'x'),
+        ("multibyte", "é".repeat(10_000), 'é'),
+    ] {
+        let err = client
+            .list_sandboxes(ListSandboxesRequest {
+                label_selector: selector,
+                ..Default::default()
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::InvalidArgument, "{row}");
+        assert!(err.message().contains("..."), "{row}: {}", err.message());
+        assert_short_echo(row, &err, filler);
+    }
+
+    let err = client
+        .get_sandbox(GetSandboxRequest {
+            name: x.clone(),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert_short_echo("get name", &err, 'x');
+
+    let err = client
+        .get_sandbox(GetSandboxRequest {
+            name: "box".into(),
+            workspace_scope: long_workspace.clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    assert_short_echo("get workspace", &err, 'w');
+
+    let err = client
+        .create_sandbox(CreateSandboxRequest {
+            name: "other".into(),
+            workspace_scope: long_workspace,
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound);
+    assert_short_echo("create workspace", &err, 'w');
+
+    let err = client
+        .create_sandbox(create(
+            "env",
+            SandboxSpec {
+                environment: [("K".repeat(10_000), "v".into())].into(),
+                ..Default::default()
+            },
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert_short_echo("environment key", &err, 'K');
+
+    let err = client
+        .update_config(UpdateConfigRequest {
+            sandbox: "box".into(),
+            setting_key: "s".repeat(10_000),
+            setting_value: Some(sandbox::SettingValue {
+                value: Some(sandbox::setting_value::Value::BoolValue(true)),
+            }),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert_short_echo("setting key", &err, 's');
+
+    let mut policy = network_policy("api.example.com");
+    let rule = policy.network_policies.remove("api").unwrap();
+    policy.network_policies.insert("r".repeat(10_000), rule);
+    let err = client
+        .update_config(UpdateConfigRequest {
+            sandbox: "box".into(),
+            policy: Some(policy),
+            ..Default::default()
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert_short_echo("rule key", &err, 'r');
+
+    let err = client
+        .attach_provider(AttachProviderRequest {
+            sandbox: "box".into(),
+            provider: x.clone(),
+        })
+        .await
+        .unwrap_err();
+    assert_short_echo("provider name", &err, 'x');
+
+    assert_eq!(sandbox_count(&mut client).await, 1);
+}
