@@ -71,12 +71,58 @@ fn flag_name(arg: &clap::Arg) -> String {
 
 /// `scheme://user:password@host/...`: userinfo with a password.
 fn url_has_password(matches: &ArgMatches, id: &str) -> bool {
-    let Ok(Some(url)) = matches.try_get_one::<crate::secret::Secret>(id) else {
-        return false;
-    };
-    let rest = url.expose().split_once("://").map_or("", |(_, rest)| rest);
+    matches
+        .try_get_one::<crate::secret::Secret>(id)
+        .ok()
+        .flatten()
+        .is_some_and(|url| has_password(url.expose()))
+}
+
+fn has_password(url: &str) -> bool {
+    let rest = url.split_once("://").map_or("", |(_, rest)| rest);
     let authority = rest.split(['/', '?']).next().unwrap_or_default();
     authority
         .rsplit_once('@')
         .is_some_and(|(userinfo, _)| userinfo.contains(':'))
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    use super::{check_serve, has_password};
+    use crate::Cli;
+
+    fn check(args: &[&str], allow: bool) -> anyhow::Result<()> {
+        let mut cli = Cli::command();
+        let matches = cli
+            .try_get_matches_from_mut(["openshell-gateway", "serve"].iter().chain(args))
+            .unwrap();
+        check_serve(
+            cli.find_subcommand("serve").unwrap(),
+            matches.subcommand_matches("serve").unwrap(),
+            allow,
+        )
+    }
+
+    #[test]
+    fn hidden_flags_are_test_flags() {
+        let err = check(&["--driver", "none", "--member-ttl-ms", "9"], false).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "--member-ttl-ms, --driver are for tests and benchmarks only: \
+             pass --allow-test-flags as well to use them"
+        );
+        assert!(check(&["--driver", "none"], true).is_ok());
+        assert!(check(&["--dev", "--token", "t"], false).is_ok());
+    }
+
+    #[test]
+    fn passwords_in_urls() {
+        assert!(has_password("postgres://gw:pw@db/openshell"));
+        assert!(has_password("postgres://gw:p@ss@db"));
+        assert!(!has_password("postgres://gw@db/openshell"));
+        assert!(!has_password("postgres://db/x?user=a:b@c"));
+        assert!(!has_password("sqlite:///tmp/gateway.db"));
+    }
 }
