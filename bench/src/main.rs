@@ -399,7 +399,9 @@ async fn routing_bench() {
     let cluster = TestCluster::start(ClusterOptions {
         replicas: 3,
         supervisor_url: Some(edge.url.clone()),
-        extra_args: vec!["--dev".into(), "--member-refresh-ms".into(), "300".into()],
+        extra_args: ["--dev", "--allow-test-flags", "--member-refresh-ms", "300"]
+            .map(String::from)
+            .to_vec(),
         ..ClusterOptions::default()
     });
     let ids = cluster.ids();
@@ -623,6 +625,7 @@ async fn config_bench() {
     let mut extra_args: Vec<String> = [
         "--config-delivery-mode",
         "push",
+        "--allow-test-flags",
         "--driver",
         "none",
         // No reconcile pass during the run: every build is a mark's.

@@ -31,11 +31,16 @@ pub enum Access {
     Peer,
 }
 
+/// Paths outside the generated method table need a user token (tonic then
+/// answers UNIMPLEMENTED): `/any.Service/Health` is not public.
 pub fn access_for(path: &str) -> Access {
     if path.starts_with("/openshell.peer.v1.") {
         return Access::Peer;
     }
-    match path.rsplit('/').next().unwrap_or_default() {
+    let Some(method) = openshell_proto::method(path) else {
+        return Access::User;
+    };
+    match method.name {
         "Health" => Access::Public,
         "ConnectSupervisor" | "RelayStream" | "GetSandboxProviderEnvironment" => Access::Sandbox,
         "GetSandboxConfig" => Access::Dual,
@@ -188,6 +193,7 @@ mod tests {
     #[test]
     fn access_classes() {
         assert_eq!(access_for("/openshell.v1.OpenShell/Health"), Access::Public);
+        assert_eq!(access_for("/made.Up/Health"), Access::User);
         assert_eq!(
             access_for("/openshell.v1.OpenShell/RelayStream"),
             Access::Sandbox

@@ -16,6 +16,7 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::metrics::Metrics;
 use crate::ring::Ring;
+use crate::secret::Secret;
 use crate::store::{Member, Store, StoreError};
 
 #[derive(Debug, Clone)]
@@ -24,14 +25,14 @@ pub struct ClusterConfig {
     /// URL other replicas and redirected supervisors use to reach this one.
     pub peer_endpoint: String,
     /// Shared secret replicas present to each other's peer service.
-    pub peer_token: String,
+    pub peer_token: Secret,
     pub member_ttl: Duration,
     pub refresh_every: Duration,
     pub store_timeout: Duration,
 }
 
 impl ClusterConfig {
-    pub fn new(replica_id: String, peer_endpoint: String, peer_token: String) -> Self {
+    pub fn new(replica_id: String, peer_endpoint: String, peer_token: Secret) -> Self {
         Self {
             replica_id,
             peer_endpoint,
@@ -218,5 +219,23 @@ impl Cluster {
             .connect_lazy();
         peers.insert(endpoint.to_owned(), channel.clone());
         Ok(channel)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ClusterConfig;
+    use crate::secret::Secret;
+
+    #[test]
+    fn debug_redacts_the_peer_token() {
+        let config = ClusterConfig::new(
+            "gw-0".into(),
+            "http://127.0.0.1:1".into(),
+            Secret::new("peer-secret-0b7e"),
+        );
+        let shown = format!("{config:?}");
+        assert!(!shown.contains("peer-secret"), "{shown}");
+        assert!(shown.contains("gw-0"), "{shown}");
     }
 }

@@ -1256,7 +1256,7 @@ impl ConfigDelivery {
             provider_environment: true,
         });
         request.set_timeout(PEER_NOTIFY_TIMEOUT);
-        let bearer: MetadataValue<_> = format!("Bearer {}", cluster.config.peer_token)
+        let bearer: MetadataValue<_> = format!("Bearer {}", cluster.config.peer_token.expose())
             .parse()
             .map_err(|_| "error")?;
         request.metadata_mut().insert("authorization", bearer);

@@ -44,8 +44,8 @@ use sqlx::{AssertSqlSafe, Row};
 use tonic::Status;
 
 use crate::sandboxes::{id_of, phase_of, store_status};
-use crate::store::{Store, StoreError};
-use crate::validate;
+use crate::store::{PolicySeed, Store, StoreError};
+use crate::validate::{self, quote};
 
 /// The global scope's owner key.
 const GLOBAL: &str = "";
@@ -58,6 +58,7 @@ const MAX_SETTING_STRING: usize = 16 * 1024;
 const MAX_SETTING_BYTES: usize = 64 * 1024;
 const MAX_ENV_VALUE: usize = 32 * 1024;
 const MAX_KEY_LEN: usize = 128;
+const MAX_POLICY_BYTES: usize = 1024 * 1024;
 const PROTOCOLS: [&str; 6] = ["", "tcp", "rest", "http", "https", "grpc"];
 
 /// Deadline of loading inputs and building the sandbox configuration.
@@ -173,44 +174,46 @@ pub fn validate_policy(policy: &SandboxPolicy) -> Result<SandboxPolicy, Status> 
     let mut out = SandboxPolicy::default();
     for (key, rule) in &policy.network_policies {
         if !key_ok(key) {
-            let shown: String = key.chars().take(64).collect();
             return Err(Status::invalid_argument(format!(
-                "network rule name {shown:?} is invalid: 1..{MAX_KEY_LEN} of [A-Za-z0-9_.-], \
-                 starting with a letter or digit"
+                "network rule name {} is invalid: 1..{MAX_KEY_LEN} of [A-Za-z0-9_.-], \
+                 starting with a letter or digit",
+                quote(key)
             )));
         }
+        // Valid keys are short, but every echo goes through quote().
+        let shown = quote(key);
         if !rule.name.is_empty() && rule.name != *key {
             return Err(Status::invalid_argument(format!(
-                "network_policies[{key:?}].name must be empty or equal its key"
+                "network_policies[{shown}].name must be empty or equal its key"
             )));
         }
         if rule.endpoints.is_empty() {
             return Err(Status::invalid_argument(format!(
-                "network_policies[{key:?}] needs at least one endpoint"
+                "network_policies[{shown}] needs at least one endpoint"
             )));
         }
         if rule.endpoints.len() > MAX_ENDPOINTS || rule.binaries.len() > MAX_BINARIES {
             return Err(Status::invalid_argument(format!(
-                "network_policies[{key:?}]: at most {MAX_ENDPOINTS} endpoints and \
+                "network_policies[{shown}]: at most {MAX_ENDPOINTS} endpoints and \
                  {MAX_BINARIES} binaries"
             )));
         }
         for (i, endpoint) in rule.endpoints.iter().enumerate() {
             if !host_ok(&endpoint.host) {
                 return Err(Status::invalid_argument(format!(
-                    "network_policies[{key:?}].endpoints[{i}].host must be a host name, \
+                    "network_policies[{shown}].endpoints[{i}].host must be a host name, \
                      address or wildcard (1..253 of [A-Za-z0-9.-_*:])"
                 )));
             }
             if endpoint.port == 0 || endpoint.port > 65535 {
                 return Err(Status::invalid_argument(format!(
-                    "network_policies[{key:?}].endpoints[{i}].port {} is out of range (1..65535)",
+                    "network_policies[{shown}].endpoints[{i}].port {} is out of range (1..65535)",
                     endpoint.port
                 )));
             }
             if !PROTOCOLS.contains(&endpoint.protocol.as_str()) {
                 return Err(Status::invalid_argument(format!(
-                    "network_policies[{key:?}].endpoints[{i}].protocol must be one of \
+                    "network_policies[{shown}].endpoints[{i}].protocol must be one of \
                      tcp, rest, http, https, grpc (or empty)"
                 )));
             }
@@ -221,7 +224,7 @@ pub fn validate_policy(policy: &SandboxPolicy) -> Result<SandboxPolicy, Status> 
                 || binary.path.contains('\0')
             {
                 return Err(Status::invalid_argument(format!(
-                    "network_policies[{key:?}].binaries[{i}].path must be an absolute path"
+                    "network_policies[{shown}].binaries[{i}].path must be an absolute path"
                 )));
             }
         }
@@ -237,12 +240,35 @@ pub fn validate_policy(policy: &SandboxPolicy) -> Result<SandboxPolicy, Status> 
     Ok(out)
 }
 
+/// [`validate_policy`] plus the size limit of a stored policy.
+fn checked_policy(policy: &SandboxPolicy) -> Result<SandboxPolicy, Status> {
+    let policy = validate_policy(policy)?;
+    if policy.encoded_len() > MAX_POLICY_BYTES {
+        return Err(Status::invalid_argument("policy is larger than 1 MiB"));
+    }
+    Ok(policy)
+}
+
+/// The policy scope row of a sandbox created with `spec.policy`: the row
+/// `UpdateConfig` would write for that policy on a new sandbox (version 1),
+/// so `GetSandboxConfig` returns it and an identical `UpdateConfig` later
+/// changes nothing.
+pub fn policy_seed(policy: &SandboxPolicy) -> Result<PolicySeed, Status> {
+    let mut policy = checked_policy(policy)?;
+    policy.version = 1;
+    Ok(PolicySeed {
+        version: 1,
+        hash: policy_hash(&policy),
+        encoded: policy.encode_to_vec(),
+    })
+}
+
 fn validate_setting(key: &str, value: Option<&SettingValue>, delete: bool) -> Result<(), Status> {
     if !key_ok(key) {
-        let shown: String = key.chars().take(64).collect();
         return Err(Status::invalid_argument(format!(
-            "setting_key {shown:?} is invalid: 1..{MAX_KEY_LEN} of [A-Za-z0-9_.-], starting \
-             with a letter or digit"
+            "setting_key {} is invalid: 1..{MAX_KEY_LEN} of [A-Za-z0-9_.-], starting \
+             with a letter or digit",
+            quote(key)
         )));
     }
     if delete {
@@ -284,8 +310,9 @@ fn validate_provider(provider: Option<&Provider>) -> Result<&Provider, Status> {
         .find(|(_, v)| v.len() > MAX_ENV_VALUE || v.contains('\0'))
     {
         return Err(Status::invalid_argument(format!(
-            "provider.environment[{key:?}]: values must be at most {MAX_ENV_VALUE} bytes \
-             without NUL"
+            "provider.environment[{}]: values must be at most {MAX_ENV_VALUE} bytes \
+             without NUL",
+            quote(key)
         )));
     }
     Ok(provider)
@@ -452,9 +479,10 @@ impl ConfigModel {
         validate::sandbox_name(name)?;
         match self.store.get_by_name(name).await {
             Ok(stored) => Ok(id_of(&stored.sandbox).to_owned()),
-            Err(StoreError::NotFound) => {
-                Err(Status::not_found(format!("sandbox {name:?} not found")))
-            }
+            Err(StoreError::NotFound) => Err(Status::not_found(format!(
+                "sandbox {} not found",
+                quote(name)
+            ))),
             Err(err) => Err(store_status(err)),
         }
     }
@@ -503,16 +531,7 @@ impl ConfigModel {
             }
             _ => {}
         }
-        let policy = match &req.policy {
-            Some(policy) => {
-                let policy = validate_policy(policy)?;
-                if policy.encoded_len() > 1024 * 1024 {
-                    return Err(Status::invalid_argument("policy is larger than 1 MiB"));
-                }
-                Some(policy)
-            }
-            None => None,
-        };
+        let policy = req.policy.as_ref().map(checked_policy).transpose()?;
         if setting {
             validate_setting(
                 &req.setting_key,
@@ -536,8 +555,8 @@ impl ConfigModel {
                 Some(sandbox) => ensure_not_deleting(&sandbox)?,
                 None => {
                     return Err(Status::not_found(format!(
-                        "sandbox {:?} not found",
-                        req.sandbox
+                        "sandbox {} not found",
+                        quote(&req.sandbox)
                     )));
                 }
             }
@@ -661,8 +680,8 @@ impl ConfigModel {
             .map_err(|e| store_status(e.into()))?;
         if exists.is_some() {
             return Err(Status::already_exists(format!(
-                "provider {:?} already exists",
-                provider.name
+                "provider {} already exists",
+                quote(&provider.name)
             )));
         }
         let revision = self
@@ -683,7 +702,10 @@ impl ConfigModel {
             .await
             .map_err(|e| match StoreError::from(e) {
                 StoreError::Db(sqlx::Error::Database(d)) if d.is_unique_violation() => {
-                    Status::already_exists(format!("provider {:?} already exists", record.name))
+                    Status::already_exists(format!(
+                        "provider {} already exists",
+                        quote(&record.name)
+                    ))
                 }
                 other => store_status(other),
             })?;
@@ -708,7 +730,9 @@ impl ConfigModel {
             .fetch_optional(&mut *tx)
             .await
             .map_err(|e| store_status(e.into()))?
-            .ok_or_else(|| Status::not_found(format!("provider {:?} not found", provider.name)))?;
+            .ok_or_else(|| {
+                Status::not_found(format!("provider {} not found", quote(&provider.name)))
+            })?;
         let existing = Provider::decode(existing.get::<Vec<u8>, _>(0).as_slice())
             .map_err(|e| store_status(e.into()))?;
         if existing.environment == provider.environment {
@@ -754,7 +778,7 @@ impl ConfigModel {
             .locked_sandbox(&mut tx, &id)
             .await
             .map_err(store_status)?
-            .ok_or_else(|| Status::not_found(format!("sandbox {sandbox:?} not found")))?;
+            .ok_or_else(|| Status::not_found(format!("sandbox {} not found", quote(sandbox))))?;
         ensure_not_deleting(&record)?;
         let exists = sqlx::query("SELECT name FROM providers WHERE name = $1")
             .bind(provider)
@@ -767,12 +791,15 @@ impl ConfigModel {
         if attach {
             if !exists {
                 return Err(Status::not_found(format!(
-                    "provider {provider:?} not found"
+                    "provider {} not found",
+                    quote(provider)
                 )));
             }
             if attached {
                 return Err(Status::already_exists(format!(
-                    "provider {provider:?} is already attached to sandbox {sandbox:?}"
+                    "provider {} is already attached to sandbox {}",
+                    quote(provider),
+                    quote(sandbox)
                 )));
             }
             if spec.providers.len() >= MAX_PROVIDERS_PER_SANDBOX {
@@ -784,7 +811,9 @@ impl ConfigModel {
         } else {
             if !attached {
                 return Err(Status::not_found(format!(
-                    "provider {provider:?} is not attached to sandbox {sandbox:?}"
+                    "provider {} is not attached to sandbox {}",
+                    quote(provider),
+                    quote(sandbox)
                 )));
             }
             spec.providers.retain(|p| p != provider);

@@ -67,9 +67,13 @@ type ClientBuilder = hyper::client::conn::http2::Builder<TokioExecutor>;
 
 #[derive(Args, Debug)]
 pub struct EdgeArgs {
-    /// gRPC (h2c) listen address.
+    /// gRPC (h2c) listen address. Loopback only, unless --allow-public.
     #[arg(long, default_value = "127.0.0.1:17670")]
     listen: SocketAddr,
+    /// Allow a non-loopback --listen. The edge authenticates nobody: every
+    /// replica behind it must require authentication (no --dev).
+    #[arg(long)]
+    allow_public: bool,
     /// A replica route `ID=URL`, e.g. `gw-0=http://127.0.0.1:50061` (repeatable).
     #[arg(long = "replica", value_name = "ID=URL")]
     replicas: Vec<String>,
@@ -93,6 +97,14 @@ pub struct EdgeArgs {
 }
 
 pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
+    if !args.listen.ip().is_loopback() && !args.allow_public {
+        bail!(
+            "--listen {} is not a loopback address: the edge does no authentication of its own, \
+             so pass --allow-public only when every replica behind it requires authentication \
+             (none runs with --dev)",
+            args.listen
+        );
+    }
     let cli_routes = args
         .replicas
         .iter()

@@ -12,6 +12,7 @@ mod config_delivery;
 mod config_model;
 mod driver;
 mod edge;
+mod flag_policy;
 mod layout;
 mod metrics;
 mod peer_service;
@@ -19,6 +20,7 @@ mod relay_routing;
 mod request_layer;
 mod ring;
 mod sandboxes;
+mod secret;
 mod service;
 mod sessions;
 mod store;
@@ -33,7 +35,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::{Context, bail};
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
 use openshell_proto::open_shell_server::OpenShellServer;
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
@@ -50,6 +52,7 @@ use crate::peer_service::PeerService;
 use crate::relay_routing::RelayRouter;
 use crate::request_layer::GatewayLayer;
 use crate::sandboxes::Sandboxes;
+use crate::secret::Secret;
 use crate::service::GatewayService;
 use crate::sessions::Sessions;
 use crate::store::Store;
@@ -84,6 +87,7 @@ enum Command {
     Edge(edge::EdgeArgs),
 }
 
+// Secrets are `Secret`s: `Debug` redacts them.
 #[derive(Args, Debug)]
 struct ServeArgs {
     /// gRPC listen address.
@@ -99,11 +103,11 @@ struct ServeArgs {
     /// Store URL: `sqlite://PATH` (default `<data-dir>/gateway.db`) or
     /// `postgres://...` for replicas on several hosts.
     #[arg(long, env = "OPENSHELL_DATABASE_URL", hide_env_values = true)]
-    database_url: Option<String>,
+    database_url: Option<Secret>,
     /// Shared secret of the cluster's peer service. Setting it makes this
     /// replica a cluster member.
     #[arg(long, env = "OPENSHELL_PEER_TOKEN", hide_env_values = true)]
-    peer_token: Option<String>,
+    peer_token: Option<Secret>,
     /// URL other replicas and redirected supervisors use to reach this
     /// replica (default: its listen address).
     #[arg(long)]
@@ -128,13 +132,18 @@ struct ServeArgs {
         value_delimiter = ',',
         hide_env_values = true
     )]
-    tokens: Vec<String>,
+    tokens: Vec<Secret>,
     /// File with one user token per line.
     #[arg(long)]
     tokens_file: Option<PathBuf>,
     /// No user authentication. Only allowed on a loopback listen address.
     #[arg(long)]
     dev: bool,
+    /// Allow the hidden test and benchmark flags (`--driver none`, the
+    /// `--*-ms` tuning knobs); without it they are refused. Never in
+    /// production.
+    #[arg(long)]
+    allow_test_flags: bool,
     /// PEM certificate chain; serve TLS with --tls-key.
     #[arg(long, requires = "tls_key")]
     tls_cert: Option<PathBuf>,
@@ -204,8 +213,20 @@ async fn main() -> anyhow::Result<()> {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
-    match Cli::parse().command {
-        Command::Serve(args) => serve(args).await,
+    let mut cli = Cli::command();
+    let matches = cli.get_matches_mut();
+    let parsed = Cli::from_arg_matches(&matches).unwrap_or_else(|err| err.format(&mut cli).exit());
+    match parsed.command {
+        Command::Serve(args) => {
+            flag_policy::check_serve(
+                cli.find_subcommand("serve").expect("serve is a subcommand"),
+                matches
+                    .subcommand_matches("serve")
+                    .expect("serve was parsed"),
+                args.allow_test_flags,
+            )?;
+            serve(args).await
+        }
         Command::Up(args) => up::run(args).await,
         Command::Edge(args) => edge::run(args).await,
     }
@@ -217,8 +238,8 @@ fn hidden_paths(args: &ServeArgs, data_dir: &Path) -> Vec<PathBuf> {
     let mut hide = Vec::new();
     if let Some(path) = args
         .database_url
-        .as_deref()
-        .and_then(|url| url.strip_prefix("sqlite://"))
+        .as_ref()
+        .and_then(|url| url.expose().strip_prefix("sqlite://"))
         .map(|rest| rest.split('?').next().unwrap_or(rest))
         .and_then(|path| std::path::absolute(path).ok())
         .filter(|path| !path.starts_with(data_dir))
@@ -236,7 +257,7 @@ fn user_tokens(args: &ServeArgs) -> anyhow::Result<Vec<String>> {
     let mut tokens: Vec<String> = args
         .tokens
         .iter()
-        .map(|t| t.trim().to_owned())
+        .map(|t| t.expose().trim().to_owned())
         .filter(|t| !t.is_empty())
         .collect();
     if let Some(path) = &args.tokens_file {
@@ -276,7 +297,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .with_context(|| format!("creating data directory {}", args.data_dir.display()))?;
     let data_dir = args.data_dir.canonicalize()?;
     let database_url = match &args.database_url {
-        Some(url) => url.clone(),
+        Some(url) => url.expose().to_owned(),
         None => {
             let path = layout::prepare(&data_dir).context("preparing the data directory")?;
             format!("sqlite://{}", path.display())
@@ -286,7 +307,10 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let store = Store::open(&database_url).await.map_err(|err| {
         anyhow::anyhow!("opening the store ({:?}): {err}", store_kind(&database_url))
     })?;
-    let peer_token = args.peer_token.clone().filter(|t| !t.trim().is_empty());
+    let peer_token = args
+        .peer_token
+        .clone()
+        .filter(|t| !t.expose().trim().is_empty());
 
     let listener = TcpListener::bind(args.listen)
         .await
@@ -446,7 +470,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         replica_id: replica_header,
         auth: Arc::new(Authenticator::new(
             &tokens,
-            peer_token.as_deref(),
+            peer_token.as_ref().map(Secret::expose),
             args.dev,
             store.clone(),
         )),
@@ -625,5 +649,36 @@ async fn wait_for_signal() {
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::{Cli, Command};
+
+    #[test]
+    fn serve_args_debug_redacts_secrets() {
+        let cli = Cli::try_parse_from([
+            "openshell-gateway",
+            "serve",
+            "--token",
+            "user-token-aaa,user-token-bbb",
+            "--peer-token",
+            "peer-token-ccc",
+            "--database-url",
+            "postgres://gw:db-password-ddd@db.example/openshell",
+        ])
+        .unwrap();
+        let Command::Serve(args) = cli.command else {
+            panic!("serve");
+        };
+        assert_eq!(args.tokens.len(), 2);
+        let shown = format!("{args:?}");
+        for secret in ["user-token", "peer-token-ccc", "db-password", "db.example"] {
+            assert!(!shown.contains(secret), "{secret} in {shown}");
+        }
+        assert!(shown.contains("<redacted>"), "{shown}");
     }
 }

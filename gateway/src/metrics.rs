@@ -18,7 +18,8 @@ use tokio_util::sync::CancellationToken;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RequestLabels {
-    pub method: String,
+    /// RPC name from the generated method table, or `unknown`.
+    pub method: &'static str,
     /// snake_case gRPC code name, or "cancelled" for a call the client dropped.
     pub code: String,
 }
@@ -187,10 +188,10 @@ impl Metrics {
         }
     }
 
-    pub fn record_request(&self, method: &str, code: &str) {
+    pub fn record_request(&self, method: &'static str, code: &str) {
         self.requests
             .get_or_create(&RequestLabels {
-                method: method.to_owned(),
+                method,
                 code: code.to_owned(),
             })
             .inc();

@@ -147,7 +147,7 @@ impl RelayRouter {
             });
         let outbound = futures::stream::once(async { init }).chain(frames);
         let mut request = tonic::Request::new(outbound);
-        let bearer: MetadataValue<_> = format!("Bearer {}", cluster.config.peer_token)
+        let bearer: MetadataValue<_> = format!("Bearer {}", cluster.config.peer_token.expose())
             .parse()
             .map_err(|_| Status::internal("peer token is not a valid header value"))?;
         request.metadata_mut().insert("authorization", bearer);

@@ -1,6 +1,9 @@
 //! A tower layer around every gRPC call: it authenticates the caller (and
 //! answers UNAUTHENTICATED itself), stamps `x-openshell-served-by` on every
 //! response, errors included, and counts requests by method and final status.
+//! The method label comes from the generated method table: any path outside
+//! the contract counts as `unknown`, so callers (authenticated or not)
+//! cannot create metric series by inventing paths.
 //!
 //! The final status of a streaming call is only known from its trailers, so
 //! the response body is wrapped and observed until it ends or is dropped.
@@ -67,7 +70,7 @@ where
         let layer = self.layer.clone();
         Box::pin(async move {
             let path = req.uri().path().to_owned();
-            let method = path.rsplit('/').next().unwrap_or_default().to_owned();
+            let method = method_label(&path);
             let authorization = req
                 .headers()
                 .get(http::header::AUTHORIZATION)
@@ -103,7 +106,7 @@ where
             if let Some(code) = early {
                 layer
                     .metrics
-                    .record_request(&method, code_name(tonic::Code::from_i32(code)));
+                    .record_request(method, code_name(tonic::Code::from_i32(code)));
                 return Ok(response);
             }
             let (parts, body) = response.into_parts();
@@ -120,18 +123,24 @@ where
     }
 }
 
+/// The `method` label of a path: the RPC's name from the generated method
+/// table, or `unknown`.
+pub fn method_label(path: &str) -> &'static str {
+    openshell_proto::method(path).map_or("unknown", |m| m.name)
+}
+
 /// Records the call's grpc-status from its trailers; a body dropped before
 /// trailers is a call the client cancelled.
 struct ObservedBody {
     inner: tonic::body::Body,
-    method: Option<String>,
+    method: Option<&'static str>,
     metrics: Arc<Metrics>,
 }
 
 impl ObservedBody {
     fn finish(&mut self, code: &str) {
         if let Some(method) = self.method.take() {
-            self.metrics.record_request(&method, code);
+            self.metrics.record_request(method, code);
         }
     }
 }
@@ -176,5 +185,28 @@ impl Body for ObservedBody {
 impl Drop for ObservedBody {
     fn drop(&mut self) {
         self.finish("cancelled");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::method_label;
+
+    #[test]
+    fn only_contract_paths_name_a_method() {
+        assert_eq!(method_label("/openshell.v1.OpenShell/Health"), "Health");
+        assert_eq!(
+            method_label("/openshell.peer.v1.Peer/PeerRelay"),
+            "PeerRelay"
+        );
+        for path in [
+            "/x.Y/Health",
+            "/openshell.v1.OpenShell/Nope",
+            "/",
+            "",
+            "/a/b/c",
+        ] {
+            assert_eq!(method_label(path), "unknown", "{path}");
+        }
     }
 }

@@ -21,11 +21,13 @@ use crate::cluster::Cluster;
 use crate::driver::{ProcessDriver, SupervisorExit};
 use crate::relay_routing::OWNER_TTL;
 use crate::sessions::{SessionEnd, SessionHooks, Sessions};
-use crate::store::{Store, StoreError};
+use crate::store::{PolicySeed, Store, StoreError};
 use crate::validate;
 use crate::watch_hub::{Change, WatchHub};
 
 const DEFAULT_PAGE: i32 = 100;
+/// Condition type on a sandbox created with `spec.template.image`.
+pub const IMAGE_IGNORED: &str = "ImageIgnored";
 const MAX_PAGE: i32 = 1000;
 
 pub struct Sandboxes {
@@ -96,8 +98,16 @@ fn is_terminal(phase: SandboxPhase) -> bool {
 }
 
 impl Sandboxes {
-    pub async fn create(self: &Arc<Self>, req: CreateSandboxRequest) -> Result<Sandbox, Status> {
+    /// Creates a sandbox and starts its supervisor. `policy` is the
+    /// create-time policy, already validated and taken out of the spec by
+    /// the caller; it is stored with the record.
+    pub async fn create(
+        self: &Arc<Self>,
+        req: CreateSandboxRequest,
+        policy: Option<PolicySeed>,
+    ) -> Result<Sandbox, Status> {
         validate::workspace(req.workspace_scope.as_ref())?;
+        validate::unmodeled_create_inputs(&req)?;
         let name = if req.name.is_empty() {
             format!(
                 "sandbox-{}",
@@ -112,11 +122,18 @@ impl Sandboxes {
         let mut spec = req.spec.unwrap_or_default();
         // Gateway-owned: AttachProvider / DetachProvider set it.
         spec.provider_attachment_epoch.clear();
+        if !spec.providers.is_empty() {
+            return Err(Status::invalid_argument(
+                "spec.providers cannot be set at create: attach providers with AttachProvider",
+            ));
+        }
         validate::environment("spec.environment", &spec.environment)?;
         if let Some(template) = &spec.template {
             validate::environment("spec.template.environment", &template.environment)?;
         }
         validate::command("spec.command", &spec.command, false)?;
+        // Kept in the spec, but the process driver has no use for it.
+        let image_given = spec.template.as_ref().is_some_and(|t| !t.image.is_empty());
 
         let id = uuid::Uuid::new_v4().to_string();
         let mut sandbox = Sandbox {
@@ -139,9 +156,21 @@ impl Sandboxes {
             "Starting",
             "starting the supervisor",
         );
+        if image_given {
+            let status = sandbox.status.get_or_insert_with(SandboxStatus::default);
+            status.conditions.push(SandboxCondition {
+                r#type: IMAGE_IGNORED.into(),
+                status: "True".into(),
+                reason: "ProcessDriver".into(),
+                message: "the process driver runs the sandbox on the gateway's host; \
+                          spec.template.image is not used"
+                    .into(),
+                transition_time: Some(now()),
+            });
+        }
         let (token, token_hash) = auth::new_sandbox_token();
         self.store
-            .insert(&sandbox, &token_hash, &self.host)
+            .insert(&sandbox, &token_hash, &self.host, policy.as_ref())
             .await
             .map_err(store_status)?;
         self.hub.publish(Change::Updated(Box::new(sandbox.clone())));
@@ -193,9 +222,10 @@ impl Sandboxes {
     pub async fn by_name(&self, name: &str) -> Result<Sandbox, Status> {
         match self.store.get_by_name(name).await {
             Ok(stored) => Ok(stored.sandbox),
-            Err(StoreError::NotFound) => {
-                Err(Status::not_found(format!("sandbox {name:?} not found")))
-            }
+            Err(StoreError::NotFound) => Err(Status::not_found(format!(
+                "sandbox {} not found",
+                validate::quote(name)
+            ))),
             Err(err) => Err(store_status(err)),
         }
     }
@@ -268,8 +298,8 @@ impl Sandboxes {
             }
             Err(StoreError::NotFound) => {
                 return Err(Status::not_found(format!(
-                    "sandbox {:?} not found",
-                    req.name
+                    "sandbox {} not found",
+                    validate::quote(&req.name)
                 )));
             }
             Err(err) => return Err(store_status(err)),
@@ -346,7 +376,8 @@ impl Sandboxes {
                     Ok(Change::Deleted { .. }) => {
                         let _ = tx
                             .send(Err(Status::not_found(format!(
-                                "sandbox {name:?} was deleted"
+                                "sandbox {} was deleted",
+                                validate::quote(&name)
                             ))))
                             .await;
                         return;
@@ -369,7 +400,8 @@ impl Sandboxes {
                             Err(StoreError::NotFound) => {
                                 let _ = tx
                                     .send(Err(Status::not_found(format!(
-                                        "sandbox {name:?} was deleted"
+                                        "sandbox {} was deleted",
+                                        validate::quote(&name)
                                     ))))
                                     .await;
                                 return;

@@ -13,7 +13,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::auth::Principal;
 use crate::cluster::Cluster;
 use crate::config_delivery::ConfigDelivery;
-use crate::config_model::ConfigModel;
+use crate::config_model::{self, ConfigModel};
 use crate::relay_routing::{OWNER_TTL, RelayRouter};
 use crate::sandboxes::{Sandboxes, id_of, store_status};
 use crate::sessions::{ConfigSink, PushSetup, Sessions};
@@ -144,7 +144,17 @@ impl OpenShell for GatewayService {
         &self,
         request: Request<CreateSandboxRequest>,
     ) -> Result<Response<SandboxResponse>, Status> {
-        let sandbox = self.sandboxes.create(request.into_inner()).await?;
+        let mut request = request.into_inner();
+        // A create-time policy becomes the sandbox's policy scope, as if
+        // UpdateConfig had set it; the spec does not keep a copy that later
+        // updates would leave stale.
+        let policy = request
+            .spec
+            .as_mut()
+            .and_then(|spec| spec.policy.take())
+            .map(|policy| config_model::policy_seed(&policy))
+            .transpose()?;
+        let sandbox = self.sandboxes.create(request, policy).await?;
         Ok(Response::new(SandboxResponse {
             sandbox: Some(sandbox),
             service_urls: Default::default(),

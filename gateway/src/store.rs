@@ -177,6 +177,15 @@ pub enum StoreError {
 }
 
 /// A stored sandbox with the driver's bookkeeping.
+/// A sandbox's policy scope row as the configuration model builds it
+/// (config_model.rs): prost-encoded, versioned `SandboxPolicy` and its hash.
+#[derive(Debug, Clone)]
+pub struct PolicySeed {
+    pub version: i64,
+    pub encoded: Vec<u8>,
+    pub hash: String,
+}
+
 #[derive(Debug, Clone)]
 pub struct StoredSandbox {
     pub sandbox: Sandbox,
@@ -347,11 +356,15 @@ impl Store {
 
     // ------------------------------------------------------------ sandboxes
 
+    /// Inserts a new sandbox record and, when given, its create-time policy
+    /// as the sandbox's policy scope (one transaction: a sandbox never exists
+    /// without the policy it was created with).
     pub async fn insert(
         &self,
         sandbox: &Sandbox,
         token_hash: &str,
         driver_host: &str,
+        policy: Option<&PolicySeed>,
     ) -> Result<(), StoreError> {
         let meta = sandbox.metadata.as_ref().expect("metadata");
         let created_ms = meta
@@ -379,6 +392,18 @@ impl Store {
                 return Err(StoreError::AlreadyExists);
             }
             Err(e) => return Err(e.into()),
+        }
+        if let Some(seed) = policy {
+            sqlx::query(
+                "INSERT INTO config_scopes (owner, policy_version, policy, policy_hash, settings_revision)
+                 VALUES ($1, $2, $3, $4, 0)",
+            )
+            .bind(&meta.id)
+            .bind(seed.version)
+            .bind(seed.encoded.clone())
+            .bind(&seed.hash)
+            .execute(&mut *tx)
+            .await?;
         }
         self.record_event(&mut tx, &meta.id, false).await?;
         tx.commit().await?;

@@ -192,8 +192,8 @@ impl Streams {
         validate::sandbox_name(&init.sandbox)?;
         if !(init.workspace.is_empty() || init.workspace == "default") {
             return Err(Status::not_found(format!(
-                "workspace {:?} not found",
-                init.workspace
+                "workspace {} not found",
+                crate::validate::quote(&init.workspace)
             )));
         }
         let target = match init.target {

@@ -1,11 +1,14 @@
 //! Input checks for client requests. Every failure is INVALID_ARGUMENT with a
 //! message that names the field and never echoes a value that could be secret
-//! (environment values, tokens).
+//! (environment values, tokens). Any input an error message does show goes
+//! through [`quote`], so no request can make an error (or the log line that
+//! repeats it) longer than a few lines.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
 
 use openshell_proto::datamodel::{WorkspaceSelector, workspace_selector::Selection};
+use openshell_proto::{CreateSandboxRequest, SandboxRestartPolicy};
 use tonic::Status;
 
 pub const MAX_NAME_LEN: usize = 63;
@@ -14,6 +17,19 @@ pub const MAX_FRAME_BYTES: usize = 1024 * 1024;
 const MAX_LABELS: usize = 64;
 const MAX_ENV: usize = 256;
 const MAX_ARGV: usize = 4096;
+
+/// Most characters of one input an error message shows.
+pub const MAX_QUOTED_CHARS: usize = 64;
+
+/// How an error message shows a client's input: Debug-quoted, at most
+/// [`MAX_QUOTED_CHARS`] characters of it (cut on a character boundary),
+/// followed by `...` when it was cut.
+pub fn quote(input: &str) -> String {
+    match input.char_indices().nth(MAX_QUOTED_CHARS) {
+        None => format!("{input:?}"),
+        Some((cut, _)) => format!("{:?}...", &input[..cut]),
+    }
+}
 
 /// DNS-label-like: 1..=63 of `[a-z0-9-]`, starting and ending alphanumeric.
 pub fn sandbox_name(name: &str) -> Result<(), Status> {
@@ -32,8 +48,9 @@ pub fn sandbox_name(name: &str) -> Result<(), Status> {
     let ends_ok = |b: Option<u8>| b.is_some_and(|b| b.is_ascii_lowercase() || b.is_ascii_digit());
     if !ok_chars || !ends_ok(name.bytes().next()) || !ends_ok(name.bytes().last()) {
         return Err(Status::invalid_argument(format!(
-            "sandbox name {name:?} is not a DNS label: use lowercase letters, digits and '-', \
-             starting and ending with a letter or digit"
+            "sandbox name {} is not a DNS label: use lowercase letters, digits and '-', \
+             starting and ending with a letter or digit",
+            quote(name)
         )));
     }
     Ok(())
@@ -53,9 +70,9 @@ pub fn environment(field: &str, env: &HashMap<String, String>) -> Result<(), Sta
             .next()
             .is_some_and(|b| b.is_ascii_alphabetic() || b == b'_');
         if !first_ok || !bytes.all(|b| b.is_ascii_alphanumeric() || b == b'_') || key.len() > 256 {
-            let shown: String = key.chars().take(64).collect();
             return Err(Status::invalid_argument(format!(
-                "{field} key {shown:?} is not an identifier ([A-Za-z_][A-Za-z0-9_]*)"
+                "{field} key {} is not an identifier ([A-Za-z_][A-Za-z0-9_]*)",
+                quote(key)
             )));
         }
     }
@@ -110,14 +127,55 @@ pub fn command(field: &str, argv: &[String], required: bool) -> Result<(), Statu
     Ok(())
 }
 
+/// Public create-time inputs the reference gateway does not model: refused,
+/// naming the field, rather than dropped (a caller relying on one must
+/// learn it had no effect). `spec.policy` and `spec.template.image` are
+/// handled by the caller; `spec.providers` is refused separately.
+pub fn unmodeled_create_inputs(req: &CreateSandboxRequest) -> Result<(), Status> {
+    let unsupported = |field: &str, why: &str| {
+        Err(Status::invalid_argument(format!(
+            "{field} is not supported by this gateway: {why}"
+        )))
+    };
+    if req.await_main_process_attachment {
+        return unsupported(
+            "await_main_process_attachment",
+            "create answers once the sandbox record exists; watch the sandbox for READY",
+        );
+    }
+    if !req.workload_template.is_empty() {
+        return unsupported("workload_template", "it has no workload templates");
+    }
+    if !req.service_exposures.is_empty() {
+        return unsupported("service_exposures", "it exposes no sandbox services");
+    }
+    let Some(spec) = &req.spec else {
+        return Ok(());
+    };
+    if spec.resource_requirements.is_some() {
+        return unsupported(
+            "spec.resource_requirements",
+            "the process driver sets no resource limits and has no GPUs",
+        );
+    }
+    match SandboxRestartPolicy::try_from(spec.restart_policy) {
+        Ok(SandboxRestartPolicy::Unspecified | SandboxRestartPolicy::Never) => Ok(()),
+        _ => unsupported(
+            "spec.restart_policy",
+            "the main process is never restarted (only NEVER is accepted)",
+        ),
+    }
+}
+
 /// Only the default workspace exists in the reference gateway.
 pub fn workspace(selector: Option<&WorkspaceSelector>) -> Result<(), Status> {
     match selector.and_then(|s| s.selection.as_ref()) {
         None => Ok(()),
         Some(Selection::Workspace(name)) if name.is_empty() || name == "default" => Ok(()),
-        Some(Selection::Workspace(name)) => {
-            Err(Status::not_found(format!("workspace {name:?} not found")))
-        }
+        Some(Selection::Workspace(name)) => Err(Status::not_found(format!(
+            "workspace {} not found",
+            quote(name)
+        ))),
         Some(Selection::AllWorkspaces(_)) => Ok(()),
     }
 }
@@ -127,7 +185,10 @@ pub fn label_selector(selector: &str) -> Result<Vec<(String, String)>, Status> {
     let mut pairs = Vec::new();
     for part in selector.split(',').map(str::trim).filter(|p| !p.is_empty()) {
         let (k, v) = part.split_once('=').ok_or_else(|| {
-            Status::invalid_argument(format!("label_selector term {part:?} is not key=value"))
+            Status::invalid_argument(format!(
+                "label_selector term {} is not key=value",
+                quote(part)
+            ))
         })?;
         pairs.push((k.trim().to_owned(), v.trim().to_owned()));
     }
@@ -198,6 +259,18 @@ mod tests {
         assert!(forward_target("example.com", 80).is_err());
         assert!(forward_target("127.0.0.1", 0).is_err());
         assert!(forward_target("127.0.0.1", 65536).is_err());
+    }
+
+    #[test]
+    fn quotes_are_bounded_and_cut_on_a_character_boundary() {
+        assert_eq!(quote("box"), "\"box\"");
+        let exact = "a".repeat(MAX_QUOTED_CHARS);
+        assert_eq!(quote(&exact), format!("{exact:?}"));
+        let long = "é".repeat(10_000);
+        let shown = quote(&long);
+        assert_eq!(shown, format!("{:?}...", "é".repeat(MAX_QUOTED_CHARS)));
+        let err = label_selector(&"x".repeat(10_000)).unwrap_err();
+        assert!(err.message().len() < 200, "{}", err.message());
     }
 
     #[test]

@@ -18,9 +18,15 @@ fn options(replicas: usize, database_url: Option<String>) -> ClusterOptions {
         replicas,
         database_url,
         tokens: vec![TOKEN.into()],
-        extra_args: ["--member-refresh-ms", "300", "--member-ttl-ms", "3000"]
-            .map(String::from)
-            .to_vec(),
+        extra_args: [
+            "--allow-test-flags",
+            "--member-refresh-ms",
+            "300",
+            "--member-ttl-ms",
+            "3000",
+        ]
+        .map(String::from)
+        .to_vec(),
         ..ClusterOptions::default()
     }
 }

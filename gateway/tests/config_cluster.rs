@@ -16,7 +16,13 @@ use openshell_proto::*;
 use openshell_testkit::Gateway;
 use openshell_testkit::cluster::{ClusterOptions, Postgres, TestCluster, ring_owner};
 
-const MEMBERSHIP: [&str; 4] = ["--member-refresh-ms", "300", "--member-ttl-ms", "3000"];
+const MEMBERSHIP: [&str; 5] = [
+    "--allow-test-flags",
+    "--member-refresh-ms",
+    "300",
+    "--member-ttl-ms",
+    "3000",
+];
 
 fn options(replicas: usize, database_url: Option<String>, extra: &[&str]) -> ClusterOptions {
     let mut extra_args: Vec<String> = MEMBERSHIP.map(String::from).to_vec();

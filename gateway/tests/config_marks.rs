@@ -26,6 +26,7 @@ const NO_RECONCILE_MS: u64 = 600_000;
 
 fn gateway(reconcile_ms: u64, build_delay_ms: u64) -> Gateway {
     let mut extra_args = push_args(Some(reconcile_ms));
+    // push_args(Some(..)) already allows the test flags.
     if build_delay_ms > 0 {
         extra_args.push("--config-build-delay-ms".into());
         extra_args.push(build_delay_ms.to_string());

@@ -15,7 +15,9 @@ use openshell_testkit::{Gateway, GatewayOptions};
 #[tokio::test]
 async fn driver_none_writes_a_private_token_and_starts_no_supervisor() {
     let gw = Gateway::start(GatewayOptions {
-        extra_args: vec!["--driver".into(), "none".into()],
+        extra_args: ["--allow-test-flags", "--driver", "none"]
+            .map(String::from)
+            .to_vec(),
         ..GatewayOptions::with_token(TOKEN)
     });
     let mut client = client(&gw).await;

@@ -38,9 +38,15 @@ impl Setup {
             replicas: 3,
             database_url: None,
             tokens: vec![TOKEN.into()],
-            extra_args: ["--member-refresh-ms", "300", "--member-ttl-ms", "3000"]
-                .map(String::from)
-                .to_vec(),
+            extra_args: [
+                "--allow-test-flags",
+                "--member-refresh-ms",
+                "300",
+                "--member-ttl-ms",
+                "3000",
+            ]
+            .map(String::from)
+            .to_vec(),
             supervisor_url: Some(supervisor_edge.url.clone()),
             ..ClusterOptions::default()
         });

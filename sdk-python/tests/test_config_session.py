@@ -1,10 +1,11 @@
 """ConfigSession against real gateways in push and in poll mode.
 
-Each gateway is ``openshell-gateway serve --dev --driver none``: sandboxes get
-a record and a token file (``<data-dir>/sandboxes/<id>/token``, the hidden
-test driver) and no supervisor, so the session under test is the sandbox's
-only one. Configuration is written with ``UpdateConfig`` through the raw
-stubs of a normal client; the gateway's own metrics confirm what it saw.
+Each gateway is ``openshell-gateway serve --dev --allow-test-flags --driver
+none``: sandboxes get a record and a token file
+(``<data-dir>/sandboxes/<id>/token``, the hidden test driver) and no
+supervisor, so the session under test is the sandbox's only one.
+Configuration is written with ``UpdateConfig`` through the raw stubs of a
+normal client; the gateway's own metrics confirm what it saw.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ def start_gateway(mode: str) -> Iterator[ConfigGateway]:
                 str(ready_file),
                 "--config-delivery-mode",
                 mode,
+                "--allow-test-flags",
                 "--driver",
                 "none",
             ],

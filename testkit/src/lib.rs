@@ -161,6 +161,7 @@ impl Gateway {
             .arg(&ready)
             .arg("--supervisor-bin")
             .arg(bin("openshell-supervisor"))
+            // Tests act as supervisors with these tokens (a test-only flag).
             .arg("--expose-sandbox-tokens")
             .env_remove("OPENSHELL_GATEWAY_TOKENS")
             .env_remove("OPENSHELL_DATABASE_URL")
@@ -197,6 +198,14 @@ impl Gateway {
         cmd.envs(self.options.env.iter().map(|(k, v)| (k, v)));
         if let Some(url) = &self.options.supervisor_url {
             cmd.arg("--supervisor-url").arg(url);
+        }
+        if !self
+            .options
+            .extra_args
+            .iter()
+            .any(|a| a == "--allow-test-flags")
+        {
+            cmd.arg("--allow-test-flags");
         }
         cmd.args(&self.options.extra_args);
         let mut child = cmd.spawn().expect("start openshell-gateway");

@@ -16,6 +16,7 @@ use crate::common::Client;
 pub fn push_args(reconcile_ms: Option<u64>) -> Vec<String> {
     let mut args = vec!["--config-delivery-mode".to_owned(), "push".to_owned()];
     if let Some(ms) = reconcile_ms {
+        args.push("--allow-test-flags".into());
         args.push("--config-reconcile-ms".into());
         args.push(ms.to_string());
     }

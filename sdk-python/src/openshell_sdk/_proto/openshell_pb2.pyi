@@ -22,6 +22,13 @@ class ServiceStatus(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SERVICE_STATUS_DEGRADED: _ClassVar[ServiceStatus]
     SERVICE_STATUS_UNHEALTHY: _ClassVar[ServiceStatus]
 
+class SandboxRestartPolicy(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SANDBOX_RESTART_POLICY_UNSPECIFIED: _ClassVar[SandboxRestartPolicy]
+    SANDBOX_RESTART_POLICY_NEVER: _ClassVar[SandboxRestartPolicy]
+    SANDBOX_RESTART_POLICY_ON_FAILURE: _ClassVar[SandboxRestartPolicy]
+    SANDBOX_RESTART_POLICY_ALWAYS: _ClassVar[SandboxRestartPolicy]
+
 class SandboxPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
     SANDBOX_PHASE_UNSPECIFIED: _ClassVar[SandboxPhase]
@@ -34,6 +41,12 @@ class SandboxPhase(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     SANDBOX_PHASE_STOPPED: _ClassVar[SandboxPhase]
     SANDBOX_PHASE_STARTING: _ClassVar[SandboxPhase]
     SANDBOX_PHASE_COMPLETED: _ClassVar[SandboxPhase]
+
+class ServiceAuthorizationMode(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    SERVICE_AUTHORIZATION_MODE_UNSPECIFIED: _ClassVar[ServiceAuthorizationMode]
+    SERVICE_AUTHORIZATION_MODE_STRIP: _ClassVar[ServiceAuthorizationMode]
+    SERVICE_AUTHORIZATION_MODE_BEARER_PASSTHROUGH: _ClassVar[ServiceAuthorizationMode]
 
 class DeletionOutcome(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     __slots__ = ()
@@ -60,6 +73,10 @@ SERVICE_STATUS_UNSPECIFIED: ServiceStatus
 SERVICE_STATUS_HEALTHY: ServiceStatus
 SERVICE_STATUS_DEGRADED: ServiceStatus
 SERVICE_STATUS_UNHEALTHY: ServiceStatus
+SANDBOX_RESTART_POLICY_UNSPECIFIED: SandboxRestartPolicy
+SANDBOX_RESTART_POLICY_NEVER: SandboxRestartPolicy
+SANDBOX_RESTART_POLICY_ON_FAILURE: SandboxRestartPolicy
+SANDBOX_RESTART_POLICY_ALWAYS: SandboxRestartPolicy
 SANDBOX_PHASE_UNSPECIFIED: SandboxPhase
 SANDBOX_PHASE_PROVISIONING: SandboxPhase
 SANDBOX_PHASE_READY: SandboxPhase
@@ -70,6 +87,9 @@ SANDBOX_PHASE_STOPPING: SandboxPhase
 SANDBOX_PHASE_STOPPED: SandboxPhase
 SANDBOX_PHASE_STARTING: SandboxPhase
 SANDBOX_PHASE_COMPLETED: SandboxPhase
+SERVICE_AUTHORIZATION_MODE_UNSPECIFIED: ServiceAuthorizationMode
+SERVICE_AUTHORIZATION_MODE_STRIP: ServiceAuthorizationMode
+SERVICE_AUTHORIZATION_MODE_BEARER_PASSTHROUGH: ServiceAuthorizationMode
 DELETION_OUTCOME_UNSPECIFIED: DeletionOutcome
 DELETION_OUTCOME_COMPLETED: DeletionOutcome
 DELETION_OUTCOME_ACCEPTED: DeletionOutcome
@@ -107,7 +127,7 @@ class Sandbox(_message.Message):
     def __init__(self, metadata: _Optional[_Union[_datamodel_pb2.ObjectMeta, _Mapping]] = ..., spec: _Optional[_Union[SandboxSpec, _Mapping]] = ..., status: _Optional[_Union[SandboxStatus, _Mapping]] = ...) -> None: ...
 
 class SandboxSpec(_message.Message):
-    __slots__ = ("log_level", "environment", "template", "providers", "command", "tty", "provider_attachment_epoch")
+    __slots__ = ("log_level", "environment", "template", "policy", "providers", "resource_requirements", "command", "tty", "provider_attachment_epoch", "restart_policy")
     class EnvironmentEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -118,18 +138,36 @@ class SandboxSpec(_message.Message):
     LOG_LEVEL_FIELD_NUMBER: _ClassVar[int]
     ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
     TEMPLATE_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
     PROVIDERS_FIELD_NUMBER: _ClassVar[int]
+    RESOURCE_REQUIREMENTS_FIELD_NUMBER: _ClassVar[int]
     COMMAND_FIELD_NUMBER: _ClassVar[int]
     TTY_FIELD_NUMBER: _ClassVar[int]
     PROVIDER_ATTACHMENT_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    RESTART_POLICY_FIELD_NUMBER: _ClassVar[int]
     log_level: str
     environment: _containers.ScalarMap[str, str]
     template: SandboxTemplate
+    policy: _sandbox_pb2.SandboxPolicy
     providers: _containers.RepeatedScalarFieldContainer[str]
+    resource_requirements: ResourceRequirements
     command: _containers.RepeatedScalarFieldContainer[str]
     tty: bool
     provider_attachment_epoch: str
-    def __init__(self, log_level: _Optional[str] = ..., environment: _Optional[_Mapping[str, str]] = ..., template: _Optional[_Union[SandboxTemplate, _Mapping]] = ..., providers: _Optional[_Iterable[str]] = ..., command: _Optional[_Iterable[str]] = ..., tty: _Optional[bool] = ..., provider_attachment_epoch: _Optional[str] = ...) -> None: ...
+    restart_policy: SandboxRestartPolicy
+    def __init__(self, log_level: _Optional[str] = ..., environment: _Optional[_Mapping[str, str]] = ..., template: _Optional[_Union[SandboxTemplate, _Mapping]] = ..., policy: _Optional[_Union[_sandbox_pb2.SandboxPolicy, _Mapping]] = ..., providers: _Optional[_Iterable[str]] = ..., resource_requirements: _Optional[_Union[ResourceRequirements, _Mapping]] = ..., command: _Optional[_Iterable[str]] = ..., tty: _Optional[bool] = ..., provider_attachment_epoch: _Optional[str] = ..., restart_policy: _Optional[_Union[SandboxRestartPolicy, str]] = ...) -> None: ...
+
+class ResourceRequirements(_message.Message):
+    __slots__ = ("gpu",)
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    gpu: GpuResourceRequirements
+    def __init__(self, gpu: _Optional[_Union[GpuResourceRequirements, _Mapping]] = ...) -> None: ...
+
+class GpuResourceRequirements(_message.Message):
+    __slots__ = ("count",)
+    COUNT_FIELD_NUMBER: _ClassVar[int]
+    count: int
+    def __init__(self, count: _Optional[int] = ...) -> None: ...
 
 class SandboxTemplate(_message.Message):
     __slots__ = ("image", "labels", "environment")
@@ -180,7 +218,7 @@ class SandboxStatus(_message.Message):
     def __init__(self, conditions: _Optional[_Iterable[_Union[SandboxCondition, _Mapping]]] = ..., phase: _Optional[_Union[SandboxPhase, str]] = ..., exit_code: _Optional[int] = ...) -> None: ...
 
 class CreateSandboxRequest(_message.Message):
-    __slots__ = ("spec", "name", "labels", "annotations", "workspace_scope", "request_id")
+    __slots__ = ("spec", "name", "labels", "annotations", "await_main_process_attachment", "workload_template", "workspace_scope", "request_id", "service_exposures")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -199,15 +237,31 @@ class CreateSandboxRequest(_message.Message):
     NAME_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     ANNOTATIONS_FIELD_NUMBER: _ClassVar[int]
+    AWAIT_MAIN_PROCESS_ATTACHMENT_FIELD_NUMBER: _ClassVar[int]
+    WORKLOAD_TEMPLATE_FIELD_NUMBER: _ClassVar[int]
     WORKSPACE_SCOPE_FIELD_NUMBER: _ClassVar[int]
     REQUEST_ID_FIELD_NUMBER: _ClassVar[int]
+    SERVICE_EXPOSURES_FIELD_NUMBER: _ClassVar[int]
     spec: SandboxSpec
     name: str
     labels: _containers.ScalarMap[str, str]
     annotations: _containers.ScalarMap[str, str]
+    await_main_process_attachment: bool
+    workload_template: str
     workspace_scope: _datamodel_pb2.WorkspaceSelector
     request_id: str
-    def __init__(self, spec: _Optional[_Union[SandboxSpec, _Mapping]] = ..., name: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., annotations: _Optional[_Mapping[str, str]] = ..., workspace_scope: _Optional[_Union[_datamodel_pb2.WorkspaceSelector, _Mapping]] = ..., request_id: _Optional[str] = ...) -> None: ...
+    service_exposures: _containers.RepeatedCompositeFieldContainer[SandboxServiceExposure]
+    def __init__(self, spec: _Optional[_Union[SandboxSpec, _Mapping]] = ..., name: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., annotations: _Optional[_Mapping[str, str]] = ..., await_main_process_attachment: _Optional[bool] = ..., workload_template: _Optional[str] = ..., workspace_scope: _Optional[_Union[_datamodel_pb2.WorkspaceSelector, _Mapping]] = ..., request_id: _Optional[str] = ..., service_exposures: _Optional[_Iterable[_Union[SandboxServiceExposure, _Mapping]]] = ...) -> None: ...
+
+class SandboxServiceExposure(_message.Message):
+    __slots__ = ("service", "target_port", "authorization_mode")
+    SERVICE_FIELD_NUMBER: _ClassVar[int]
+    TARGET_PORT_FIELD_NUMBER: _ClassVar[int]
+    AUTHORIZATION_MODE_FIELD_NUMBER: _ClassVar[int]
+    service: str
+    target_port: int
+    authorization_mode: ServiceAuthorizationMode
+    def __init__(self, service: _Optional[str] = ..., target_port: _Optional[int] = ..., authorization_mode: _Optional[_Union[ServiceAuthorizationMode, str]] = ...) -> None: ...
 
 class SandboxResponse(_message.Message):
     __slots__ = ("sandbox", "service_urls")
