@@ -384,6 +384,62 @@ async fn exec_latencies(
     latencies
 }
 
+/// `openshell-bench isolation`: what `--isolation namespaces` costs an exec.
+/// Two gateways, one isolated and one not, each with one sandbox; `true`
+/// execs through the SDK, interleaved in batches so both see the same
+/// machine load. Prints both and their ratio.
+async fn isolation_bench() {
+    use openshell_sdk::{CallOptions, Client, ClientConfig, CreateSandbox};
+
+    let mut clients = Vec::new();
+    let mut gateways = Vec::new();
+    for mode in ["namespaces", "none"] {
+        let gw = Gateway::start(GatewayOptions {
+            extra_args: vec!["--isolation".into(), mode.into()],
+            ..GatewayOptions::dev()
+        });
+        let client = Client::connect(ClientConfig::builder(gw.url.clone()).build().unwrap())
+            .await
+            .unwrap();
+        client
+            .sandboxes()
+            .create(CreateSandbox::new().name("bench"), CallOptions::new())
+            .await
+            .unwrap();
+        client
+            .sandboxes()
+            .wait_ready("bench", CallOptions::new())
+            .await
+            .unwrap();
+        exec_latencies(&client, "bench", 20).await;
+        clients.push(client);
+        gateways.push(gw);
+    }
+    let (mut isolated, mut plain) = (Vec::new(), Vec::new());
+    for _ in 0..EXEC_ROUNDS / 20 {
+        isolated.extend(exec_latencies(&clients[0], "bench", 20).await);
+        plain.extend(exec_latencies(&clients[1], "bench", 20).await);
+    }
+    isolated.sort();
+    plain.sort();
+    let (iso50, plain50) = (percentile(&isolated, 0.50), percentile(&plain, 0.50));
+    println!("isolation benchmark ({EXEC_ROUNDS} `true` execs each, interleaved)");
+    println!(
+        "  --isolation namespaces: p50 {:.2} ms, p99 {:.2} ms",
+        ms(iso50),
+        ms(percentile(&isolated, 0.99))
+    );
+    println!(
+        "  --isolation none:       p50 {:.2} ms, p99 {:.2} ms",
+        ms(plain50),
+        ms(percentile(&plain, 0.99))
+    );
+    println!(
+        "  ratio namespaces / none (p50): {:.2}",
+        iso50.as_secs_f64() / plain50.as_secs_f64()
+    );
+}
+
 /// `openshell-bench routing`: a 3-replica cluster behind the built-in edge.
 /// Hinted (routing on, so the edge sends every stream to the owner) vs
 /// unhinted (routing off, through a second edge whose default route holds
@@ -999,14 +1055,18 @@ async fn main() {
         Some("sdk") => sdk_bench().await,
         Some("routing") => routing_bench().await,
         Some("config") => config_bench().await,
+        Some("isolation") => isolation_bench().await,
         Some("all") => {
             gateway_bench().await;
             sdk_bench().await;
             routing_bench().await;
             config_bench().await;
+            isolation_bench().await;
         }
         Some(other) => {
-            eprintln!("unknown benchmark {other:?}; try: gateway, sdk, routing, config, all");
+            eprintln!(
+                "unknown benchmark {other:?}; try: gateway, sdk, routing, config, isolation, all"
+            );
             std::process::exit(2);
         }
     }

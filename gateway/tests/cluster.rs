@@ -541,12 +541,17 @@ async fn a_killed_owner_s_sandboxes_come_back_on_the_survivors() {
     let ring = ["gw-0", "gw-1", "gw-2"];
     let mut gw0 = client(&cluster.replicas[0]).await;
     // Sandboxes owned by gw-2 (the supervisors' address is gw-0's).
+    // Random ids: create until gw-2 owns a few (bounded; a third of the
+    // ring is gw-2's, so 40 creates leave it none with odds below 1e-7).
     let mut victims = Vec::new();
-    for i in 0..12 {
+    for i in 0..40 {
         let name = format!("orphan-{i}");
         let id = create_ready(&mut gw0, &name).await.metadata.unwrap().id;
         if ring_owner(&ring, &id) == "gw-2" {
             victims.push((name, id));
+        }
+        if i >= 11 && victims.len() >= 2 {
+            break;
         }
     }
     assert!(!victims.is_empty());

@@ -218,7 +218,7 @@ async fn write_without_mark(store_dir: &Path, sandbox_id: &str, key: &str, value
     use sqlx::Row;
     use sqlx::sqlite::{SqliteConnectOptions, SqlitePoolOptions};
     let options = SqliteConnectOptions::new()
-        .filename(store_dir.join("gateway.db"))
+        .filename(store_dir.join("store").join("gateway.db"))
         .busy_timeout(Duration::from_secs(10));
     let pool = SqlitePoolOptions::new()
         .max_connections(1)

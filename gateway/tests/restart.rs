@@ -74,3 +74,65 @@ async fn a_crashed_gateway_recovers_its_sandboxes() {
         );
     }
 }
+
+/// A data directory of an earlier release (the store as `gateway.db` at the
+/// top, beside `sandboxes/<id>` with its pid file) is moved into place on
+/// start with nothing lost; a supervisor started without isolation is
+/// replaced by an isolated one when the gateway now isolates.
+#[tokio::test]
+async fn an_earlier_data_layout_is_migrated_and_supervisors_come_back_isolated() {
+    let mut gw = openshell_testkit::Gateway::start(openshell_testkit::GatewayOptions {
+        extra_args: vec!["--isolation".into(), "none".into()],
+        ..openshell_testkit::GatewayOptions::with_token(TOKEN)
+    });
+    let mut client = client(&gw).await;
+    create_ready(&mut client, "mover").await;
+    sh(&mut client, "mover", "echo kept > state.txt").await;
+    let before = gw.supervisor_pids();
+    assert_eq!(before.len(), 1);
+    drop(client);
+    gw.stop();
+
+    // Lay out the earlier release's data directory by hand.
+    let data = gw.store_dir();
+    for suffix in ["", "-wal", "-shm"] {
+        let from = data.join(format!("store/gateway.db{suffix}"));
+        if from.exists() {
+            std::fs::rename(&from, data.join(format!("gateway.db{suffix}"))).unwrap();
+        }
+    }
+    std::fs::remove_dir(data.join("store")).unwrap();
+    assert!(data.join("gateway.db").exists());
+
+    gw.set_extra_args(vec!["--isolation".into(), "namespaces".into()]);
+    gw.restart();
+    assert!(data.join("store/gateway.db").exists(), "{}", gw.log());
+    assert!(!data.join("gateway.db").exists());
+    let mut client = common::client(&gw).await;
+    wait_phase(&mut client, "mover", SandboxPhase::Ready).await;
+    let after = gw.supervisor_pids();
+    assert_eq!(after.len(), 1);
+    assert_ne!(after, before, "the unisolated supervisor was kept");
+    assert!(!is_running(before[0]));
+    let out = sh(&mut client, "mover", "cat state.txt; id -u").await;
+    assert_eq!(out.stdout_text(), "kept\n1000\n");
+}
+
+/// An explicit `--database-url sqlite://PATH` is the operator's choice: it
+/// is never moved, even when it names the old place.
+#[tokio::test]
+async fn an_explicit_sqlite_path_is_never_moved() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data");
+    std::fs::create_dir_all(&data).unwrap();
+    let db = data.join("gateway.db");
+    let gw = openshell_testkit::Gateway::start(openshell_testkit::GatewayOptions {
+        data_dir: Some(data.clone()),
+        database_url: Some(format!("sqlite://{}", db.display())),
+        ..openshell_testkit::GatewayOptions::with_token(TOKEN)
+    });
+    let mut client = client(&gw).await;
+    create_ready(&mut client, "stays").await;
+    assert!(db.exists());
+    assert!(!data.join("store/gateway.db").exists());
+}
