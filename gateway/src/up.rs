@@ -14,7 +14,7 @@ use anyhow::{Context, bail};
 use clap::Args;
 use tokio::process::{Child, Command};
 
-use crate::config_delivery::DeliveryMode;
+use crate::config::delivery::DeliveryMode;
 
 #[derive(Args, Debug)]
 pub struct UpArgs {
@@ -38,7 +38,7 @@ pub struct UpArgs {
     config_delivery_mode: DeliveryMode,
     /// Passed to every replica (see `serve --isolation`).
     #[arg(long, value_enum, env = "OPENSHELL_ISOLATION", default_value = "auto")]
-    isolation: crate::driver::IsolationArg,
+    isolation: crate::sandboxes::driver::IsolationArg,
     /// Tests only: passed to every replica (see `serve`).
     #[arg(long, hide = true)]
     expose_sandbox_tokens: bool,
@@ -89,9 +89,9 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     };
 
     let isolation = match args.isolation {
-        crate::driver::IsolationArg::Auto => "auto",
-        crate::driver::IsolationArg::Namespaces => "namespaces",
-        crate::driver::IsolationArg::None => "none",
+        crate::sandboxes::driver::IsolationArg::Auto => "auto",
+        crate::sandboxes::driver::IsolationArg::Namespaces => "namespaces",
+        crate::sandboxes::driver::IsolationArg::None => "none",
     };
     let mut running: Vec<Running> = Vec::new();
     let mut routes = Vec::new();

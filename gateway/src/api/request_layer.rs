@@ -77,7 +77,7 @@ where
                 .map(|v| v.as_bytes().to_vec());
             let peer_replica = req
                 .headers()
-                .get(crate::relay_routing::PEER_REPLICA_HEADER)
+                .get(crate::sessions::routing::PEER_REPLICA_HEADER)
                 .map(|v| v.as_bytes().to_vec());
             let principal = layer
                 .auth

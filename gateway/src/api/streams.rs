@@ -16,9 +16,9 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Status, Streaming};
 
-use crate::relay_routing::RelayRouter;
 use crate::sandboxes::{Sandboxes, id_of, merged_environment, phase_of};
 use crate::sessions::Relay;
+use crate::sessions::routing::RelayRouter;
 use crate::validate;
 use futures::StreamExt;
 

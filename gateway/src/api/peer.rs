@@ -18,7 +18,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::Principal;
-use crate::config_delivery::ConfigDelivery;
+use crate::config::delivery::ConfigDelivery;
 use crate::sessions::Sessions;
 
 /// How long the owner waits for its own session (it may be reconnecting).

@@ -1,5 +1,14 @@
 //! Sandbox lifecycle: create, get, list, delete and watch, plus the phase
 //! changes driven by supervisor sessions and the driver.
+//!
+//! Folder: this module (lifecycle: create, delete, recover, phases),
+//! `driver` (the process driver: directories, supervisors, isolation) and
+//! `watch` (the in-process hub WatchSandbox streams follow). May import
+//! `auth`, `cluster`, `sessions`, `store` and `validate`; never `config`,
+//! `api` or `serve`.
+
+pub mod driver;
+pub mod watch;
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -18,12 +27,12 @@ use tonic::Status;
 
 use crate::auth;
 use crate::cluster::Cluster;
-use crate::driver::{ProcessDriver, SupervisorExit};
-use crate::relay_routing::OWNER_TTL;
+use crate::sandboxes::driver::{ProcessDriver, SupervisorExit};
+use crate::sandboxes::watch::{Change, WatchHub};
+use crate::sessions::routing::OWNER_TTL;
 use crate::sessions::{SessionEnd, SessionHooks, Sessions};
 use crate::store::{PolicySeed, Store, StoreError};
 use crate::validate;
-use crate::watch_hub::{Change, WatchHub};
 
 const DEFAULT_PAGE: i32 = 100;
 /// Condition type on a sandbox created with `spec.template.image`.
@@ -568,7 +577,7 @@ impl Sandboxes {
                 .ok();
             }
             let mut alive = i32::try_from(stored.supervisor_pid)
-                .is_ok_and(|pid| crate::driver::is_our_supervisor(pid, &id));
+                .is_ok_and(|pid| crate::sandboxes::driver::is_our_supervisor(pid, &id));
             if alive && !self.driver.runs_as_configured(stored.supervisor_pid as i32) {
                 // Started under another isolation mode (or by a release that
                 // passed the token in its environment): replace it.

@@ -1,5 +1,10 @@
 //! Prometheus metrics (text format on `/metrics` of the metrics listener).
 //! Label values are bounded enums or method names, never sandbox ids.
+//!
+//! The lowest layer beside `store`: imports no other module. `config` holds
+//! the push config delivery families.
+
+pub mod config;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -68,7 +73,7 @@ pub struct Metrics {
     pub relays_active: Family<RelayLabels, Gauge>,
     pub relays_opened: Family<RelayLabels, Counter>,
     /// Push config delivery (config_delivery.rs).
-    pub config: crate::config_delivery::ConfigMetrics,
+    pub config: config::ConfigMetrics,
 }
 
 impl Metrics {
@@ -146,7 +151,7 @@ impl Metrics {
             let _ = relays_active.get_or_create(&RelayLabels { kind });
             let _ = relays_opened.get_or_create(&RelayLabels { kind });
         }
-        let config = crate::config_delivery::ConfigMetrics::register(&mut registry);
+        let config = config::ConfigMetrics::register(&mut registry);
         Arc::new(Self {
             registry,
             isolation,

@@ -7,6 +7,14 @@
 //! sandbox whose session another replica holds has the same shape, built on
 //! the peer service instead (see `relay_routing`). Pending channels are
 //! removed when the waiter gives up, so a late claim finds nothing.
+//!
+//! Folder: this module (the sessions a replica holds and their relays) and
+//! `routing` (whether a relay is served here or by the owner replica through
+//! the peer service). May import `cluster`, `metrics` and `store`; never
+//! `sandboxes`, `config`, `api` or `serve` (they are told of session events
+//! through `ConfigSink` and channels).
+
+pub mod routing;
 
 use std::collections::HashMap;
 use std::pin::Pin;

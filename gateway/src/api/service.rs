@@ -10,16 +10,16 @@ use openshell_proto::open_shell_server::OpenShell;
 use openshell_proto::*;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::api::streams::Streams;
 use crate::auth::Principal;
 use crate::cluster::Cluster;
-use crate::config_delivery::ConfigDelivery;
-use crate::config_model::{self, ConfigModel};
-use crate::relay_routing::{OWNER_TTL, RelayRouter};
+use crate::config::delivery::ConfigDelivery;
+use crate::config::model::{self, ConfigModel};
+use crate::sandboxes::watch::Change;
 use crate::sandboxes::{Sandboxes, id_of, store_status};
+use crate::sessions::routing::{OWNER_TTL, RelayRouter};
 use crate::sessions::{ConfigSink, PushSetup, Sessions};
 use crate::store::OwnerRecord;
-use crate::streams::Streams;
-use crate::watch_hub::Change;
 
 pub const WANT_OWNER: &str = "x-openshell-want-owner";
 pub const OWNER: &str = "x-openshell-owner";
@@ -152,7 +152,7 @@ impl OpenShell for GatewayService {
             .spec
             .as_mut()
             .and_then(|spec| spec.policy.take())
-            .map(|policy| config_model::policy_seed(&policy))
+            .map(|policy| model::policy_seed(&policy))
             .transpose()?;
         let sandbox = self.sandboxes.create(request, policy).await?;
         Ok(Response::new(SandboxResponse {

@@ -6,6 +6,11 @@
 //! membership worker has a timeout, so a hung database cannot keep a stale
 //! ring: if the ring could not be refreshed for longer than the TTL it is
 //! cleared, and an empty ring means "serve everything locally".
+//!
+//! Folder: this module (membership) and `ring` (consistent-hash placement).
+//! May import `metrics`, `secret` and `store` only.
+
+pub mod ring;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -14,8 +19,8 @@ use std::time::{Duration, Instant};
 
 use tonic::transport::{Channel, Endpoint};
 
+use crate::cluster::ring::Ring;
 use crate::metrics::Metrics;
-use crate::ring::Ring;
 use crate::secret::Secret;
 use crate::store::{Member, Store, StoreError};
 

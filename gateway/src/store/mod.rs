@@ -12,6 +12,11 @@
 //! columns we query by. Every sandbox write appends to `sandbox_events`, which
 //! replicas poll to feed their watchers changes made elsewhere. Supervisor
 //! credentials are stored only as SHA-256 hashes.
+//!
+//! Folder: this module (every SQL statement of the gateway) and `layout`
+//! (the data directory). The lowest layer: imports no other module.
+
+pub mod layout;
 
 use std::time::Duration;
 

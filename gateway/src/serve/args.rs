@@ -1,0 +1,170 @@
+//! The `serve` command line: every flag of one replica, and what follows
+//! from them alone (user tokens, the paths sandboxes must not see).
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use anyhow::Context;
+use clap::Args;
+
+use crate::config::delivery::{self, DeliveryMode};
+use crate::sandboxes::driver::{DriverKind, IsolationArg};
+use crate::secret::Secret;
+
+// Secrets are `Secret`s: `Debug` redacts them.
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// gRPC listen address.
+    #[arg(long, default_value = "127.0.0.1:17670")]
+    pub listen: SocketAddr,
+    /// Prometheus `/metrics` listen address.
+    #[arg(long, default_value = "127.0.0.1:9090")]
+    pub metrics_listen: SocketAddr,
+    /// Directory for the SQLite store and sandbox directories. Replicas on
+    /// one host may share it.
+    #[arg(long, default_value = "openshell-data")]
+    pub data_dir: PathBuf,
+    /// Store URL: `sqlite://PATH` (default `<data-dir>/gateway.db`) or
+    /// `postgres://...` for replicas on several hosts.
+    #[arg(long, env = "OPENSHELL_DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<Secret>,
+    /// Shared secret of the cluster's peer service. Setting it makes this
+    /// replica a cluster member.
+    #[arg(long, env = "OPENSHELL_PEER_TOKEN", hide_env_values = true)]
+    pub peer_token: Option<Secret>,
+    /// URL other replicas and redirected supervisors use to reach this
+    /// replica (default: its listen address).
+    #[arg(long)]
+    pub peer_endpoint: Option<String>,
+    /// Heartbeat period advertised to supervisors; a session silent for
+    /// three periods (at least 15 s) is closed.
+    #[arg(long, default_value_t = 15_000, hide = true)]
+    pub heartbeat_ms: u64,
+    /// How often membership is refreshed.
+    #[arg(long, default_value_t = 10_000, hide = true)]
+    pub member_refresh_ms: u64,
+    /// How long a member stays live without a refresh (database time).
+    #[arg(long, default_value_t = 30_000, hide = true)]
+    pub member_ttl_ms: u64,
+    /// This replica's id, sent as `x-openshell-served-by`.
+    #[arg(long, default_value = "gw-0")]
+    pub replica_id: String,
+    /// A user bearer token (repeatable).
+    #[arg(
+        long = "token",
+        env = "OPENSHELL_GATEWAY_TOKENS",
+        value_delimiter = ',',
+        hide_env_values = true
+    )]
+    pub tokens: Vec<Secret>,
+    /// File with one user token per line.
+    #[arg(long)]
+    pub tokens_file: Option<PathBuf>,
+    /// No user authentication. Only allowed on a loopback listen address.
+    #[arg(long)]
+    pub dev: bool,
+    /// Allow the hidden test and benchmark flags (`--driver none`, the
+    /// `--*-ms` tuning knobs); without it they are refused. Never in
+    /// production.
+    #[arg(long)]
+    pub allow_test_flags: bool,
+    /// PEM certificate chain; serve TLS with --tls-key.
+    #[arg(long, requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// PEM private key for --tls-cert.
+    #[arg(long, requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+    /// The supervisor binary (default: next to this binary).
+    #[arg(long)]
+    pub supervisor_bin: Option<PathBuf>,
+    /// URL supervisors dial (default: this replica's listen address).
+    #[arg(long)]
+    pub supervisor_url: Option<String>,
+    /// CA file supervisors trust for an https supervisor URL (default: --tls-cert).
+    #[arg(long)]
+    pub supervisor_ca: Option<PathBuf>,
+    /// Stop every supervisor when the gateway exits (they restart with it).
+    #[arg(long)]
+    pub stop_sandboxes_on_exit: bool,
+    /// Write `{"grpc":..,"metrics":..,"replica_id":..,"pid":..}` here once serving.
+    #[arg(long)]
+    pub ready_file: Option<PathBuf>,
+    /// How supervisors get configuration changes: `poll` (they ask every
+    /// 10 s) or `push` (this replica pushes each change over the session to
+    /// supervisors that support it). Setting poll and restarting rolls back.
+    #[arg(
+        long,
+        value_enum,
+        env = "OPENSHELL_CONFIG_DELIVERY_MODE",
+        default_value = "poll"
+    )]
+    pub config_delivery_mode: DeliveryMode,
+    /// Interval of the per-session config reconcile (push mode).
+    #[arg(long, default_value_t = delivery::RECONCILE_INTERVAL.as_millis() as u64, hide = true)]
+    pub config_reconcile_ms: u64,
+    /// How long owner lookups for config notifications are cached.
+    #[arg(long, default_value_t = delivery::OWNER_CACHE_TTL.as_millis() as u64, hide = true)]
+    pub config_owner_cache_ms: u64,
+    /// Tests and benchmarks only: every push build waits this long (holding
+    /// its build permit) before reading the store, as a slow store would.
+    #[arg(long, default_value_t = 0, hide = true)]
+    pub config_build_delay_ms: u64,
+    /// Tests and benchmarks only: `none` creates sandbox records and
+    /// directories but starts no supervisor, and writes each sandbox's
+    /// token to `<data-dir>/sandboxes/<id>/token` (mode 0600) so that a
+    /// test can run the supervisor side itself. Default `process`.
+    #[arg(long, value_enum, default_value = "process", hide = true)]
+    pub driver: DriverKind,
+    /// How sandbox processes are isolated: `namespaces` (their own user, PID
+    /// and mount namespaces as an unprivileged uid, the data directory and
+    /// the gateway's secret files hidden; needs root), `none`, or `auto`
+    /// (namespaces where available, else none with a warning).
+    #[arg(long, value_enum, env = "OPENSHELL_ISOLATION", default_value = "auto")]
+    pub isolation: IsolationArg,
+    /// Tests only: keep a copy of each sandbox token in
+    /// `<data-dir>/sandboxes/<id>/token` (mode 0600, hidden from sandboxes)
+    /// so a test can act as the sandbox's supervisor.
+    #[arg(long, hide = true)]
+    pub expose_sandbox_tokens: bool,
+}
+
+/// What sandbox processes must not see besides the data directory: the
+/// store when it lives elsewhere, the tokens file, the TLS key.
+pub fn hidden_paths(args: &ServeArgs, data_dir: &Path) -> Vec<PathBuf> {
+    let mut hide = Vec::new();
+    if let Some(path) = args
+        .database_url
+        .as_ref()
+        .and_then(|url| url.expose().strip_prefix("sqlite://"))
+        .map(|rest| rest.split('?').next().unwrap_or(rest))
+        .and_then(|path| std::path::absolute(path).ok())
+        .filter(|path| !path.starts_with(data_dir))
+    {
+        // The database and its -wal and -shm companions.
+        hide.extend(path.parent().map(Path::to_path_buf));
+    }
+    for file in [&args.tokens_file, &args.tls_key].into_iter().flatten() {
+        hide.extend(std::path::absolute(file).ok());
+    }
+    hide
+}
+
+pub fn user_tokens(args: &ServeArgs) -> anyhow::Result<Vec<String>> {
+    let mut tokens: Vec<String> = args
+        .tokens
+        .iter()
+        .map(|t| t.expose().trim().to_owned())
+        .filter(|t| !t.is_empty())
+        .collect();
+    if let Some(path) = &args.tokens_file {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("reading tokens file {}", path.display()))?;
+        tokens.extend(
+            text.lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty() && !l.starts_with('#'))
+                .map(str::to_owned),
+        );
+    }
+    Ok(tokens)
+}

@@ -1,0 +1,425 @@
+//! `openshell-gateway serve`: one replica, wired together. Builds the store,
+//! metrics, sessions, cluster membership, the sandbox driver, config
+//! delivery and the API, serves them until SIGTERM or Ctrl-C, then leaves
+//! the ring and hands its sessions to the remaining replicas.
+//!
+//! This is the top of the replica: it may import every other module.
+
+pub mod args;
+pub mod flag_policy;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context, bail};
+use openshell_proto::open_shell_server::OpenShellServer;
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+use tokio_util::sync::CancellationToken;
+use tonic::transport::{Identity, Server, ServerTlsConfig};
+
+use crate::api::peer::PeerService;
+use crate::api::request_layer::GatewayLayer;
+use crate::api::service::GatewayService;
+use crate::api::streams::Streams;
+use crate::auth::Authenticator;
+use crate::cluster::{Cluster, ClusterConfig};
+use crate::config::delivery::{ConfigDelivery, DeliveryConfig};
+use crate::config::model::ConfigModel;
+use crate::metrics::Metrics;
+use crate::sandboxes::Sandboxes;
+use crate::sandboxes::driver::{DriverKind, ProcessDriver};
+use crate::sandboxes::watch::WatchHub;
+use crate::secret::Secret;
+use crate::sessions::Sessions;
+use crate::sessions::routing::RelayRouter;
+use crate::store::Store;
+use openshell_proto::SessionRedirect;
+use openshell_proto::peer::peer_server::PeerServer;
+
+pub use args::ServeArgs;
+use args::{hidden_paths, user_tokens};
+
+/// Largest request message the gateway decodes (exec stdin travels inline).
+const MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
+
+pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    // Other processes of this user (sandbox code among them, without
+    // isolation) cannot read this process's memory, environment or
+    // descriptors.
+    // SAFETY: prctl with PR_SET_DUMPABLE takes plain integers.
+    unsafe {
+        libc::prctl(libc::PR_SET_DUMPABLE, 0);
+    }
+    let tokens = user_tokens(&args)?;
+    if args.dev && !args.listen.ip().is_loopback() {
+        bail!("--dev (no authentication) is only allowed on a loopback listen address");
+    }
+    if !args.dev && tokens.is_empty() {
+        bail!(
+            "no user tokens configured: pass --token, OPENSHELL_GATEWAY_TOKENS or --tokens-file \
+             (or --dev on a loopback address)"
+        );
+    }
+    let replica_header = http::HeaderValue::from_str(&args.replica_id)
+        .context("--replica-id must be a valid header value")?;
+    std::fs::create_dir_all(&args.data_dir)
+        .with_context(|| format!("creating data directory {}", args.data_dir.display()))?;
+    let data_dir = args.data_dir.canonicalize()?;
+    let database_url = match &args.database_url {
+        Some(url) => url.expose().to_owned(),
+        None => {
+            let path =
+                crate::store::layout::prepare(&data_dir).context("preparing the data directory")?;
+            format!("sqlite://{}", path.display())
+        }
+    };
+    // The URL may hold a password: never print it.
+    let store = Store::open(&database_url).await.map_err(|err| {
+        anyhow::anyhow!("opening the store ({:?}): {err}", store_kind(&database_url))
+    })?;
+    let peer_token = args
+        .peer_token
+        .clone()
+        .filter(|t| !t.expose().trim().is_empty());
+
+    let listener = TcpListener::bind(args.listen)
+        .await
+        .with_context(|| format!("binding {}", args.listen))?;
+    let grpc_addr = listener.local_addr()?;
+    let metrics_listener = TcpListener::bind(args.metrics_listen)
+        .await
+        .with_context(|| format!("binding {}", args.metrics_listen))?;
+    let metrics_addr = metrics_listener.local_addr()?;
+
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(Identity::from_pem(
+            std::fs::read(cert).with_context(|| format!("reading {}", cert.display()))?,
+            std::fs::read(key).with_context(|| format!("reading {}", key.display()))?,
+        )),
+        _ => None,
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let supervisor_url = args
+        .supervisor_url
+        .clone()
+        .unwrap_or_else(|| format!("{scheme}://{grpc_addr}"));
+    let supervisor_bin = match &args.supervisor_bin {
+        Some(bin) => bin.clone(),
+        None => std::env::current_exe()?
+            .parent()
+            .context("binary has no directory")?
+            .join("openshell-supervisor"),
+    };
+    let supervisor_ca = args.supervisor_ca.clone().or_else(|| args.tls_cert.clone());
+
+    let metrics = Metrics::new();
+    let sessions = Sessions::new(
+        metrics.clone(),
+        Duration::from_millis(args.heartbeat_ms.max(100)),
+    );
+    let cluster = match &peer_token {
+        Some(token) => {
+            let peer_endpoint = args
+                .peer_endpoint
+                .clone()
+                .unwrap_or_else(|| format!("{scheme}://{grpc_addr}"));
+            let mut config =
+                ClusterConfig::new(args.replica_id.clone(), peer_endpoint, token.clone());
+            config.refresh_every = Duration::from_millis(args.member_refresh_ms.max(100));
+            config.member_ttl = Duration::from_millis(args.member_ttl_ms.max(500));
+            config.store_timeout = config.store_timeout.min(config.member_ttl / 2);
+            Some(Cluster::start(config, store.clone(), metrics.clone()).await)
+        }
+        None => None,
+    };
+    let (isolation, fallback) =
+        crate::sandboxes::driver::resolve_isolation(args.isolation, &supervisor_bin)
+            .map_err(anyhow::Error::msg)?;
+    if args.driver == DriverKind::Process {
+        match &fallback {
+            Some(reason) => tracing::warn!(
+                reason = reason.as_str(),
+                "SANDBOXES ARE NOT ISOLATED: --isolation auto fell back to none; sandbox code \
+                 runs as the supervisor's user and can read this gateway's data directory"
+            ),
+            None => tracing::info!(isolation = isolation.as_str(), "sandbox isolation"),
+        }
+    }
+    metrics.set_isolation(isolation.as_str());
+    let (driver, mut exits) = ProcessDriver::new(
+        data_dir.clone(),
+        supervisor_bin,
+        supervisor_url,
+        supervisor_ca,
+    );
+    let driver = driver.with_isolation(isolation, hidden_paths(&args, &data_dir));
+    let driver = if args.expose_sandbox_tokens {
+        tracing::warn!(
+            "--expose-sandbox-tokens: sandbox tokens are kept in <data-dir>/sandboxes/<id>/token \
+             (tests only)"
+        );
+        driver.exposing_tokens()
+    } else {
+        driver
+    };
+    let driver = match args.driver {
+        DriverKind::Process => driver,
+        DriverKind::None => {
+            tracing::warn!(
+                "--driver none: no supervisors are started and sandbox tokens are written \
+                 to <data-dir>/sandboxes/<id>/token (tests and benchmarks only)"
+            );
+            driver.without_processes()
+        }
+    };
+    let sandboxes = Arc::new(Sandboxes {
+        store: store.clone(),
+        hub: WatchHub::new(),
+        driver,
+        sessions: sessions.clone(),
+        cluster: cluster.clone(),
+        host: host_name(),
+    });
+    sandboxes.recover().await.context("recovering sandboxes")?;
+    tokio::spawn(sandboxes.clone().follow_events());
+    if let Some(cluster) = &cluster {
+        tokio::spawn(send_sessions_home(
+            cluster.clone(),
+            sessions.clone(),
+            metrics.clone(),
+        ));
+    }
+    let config_model = ConfigModel::new(store.clone());
+    let delivery = ConfigDelivery::new(
+        DeliveryConfig {
+            mode: args.config_delivery_mode,
+            reconcile_interval: Duration::from_millis(args.config_reconcile_ms),
+            owner_cache_ttl: Duration::from_millis(args.config_owner_cache_ms),
+            pool_size: crate::store::POOL_SIZE,
+            build_delay: Duration::from_millis(args.config_build_delay_ms),
+        },
+        config_model.clone(),
+        sessions.clone(),
+        cluster.clone(),
+        metrics.clone(),
+    );
+    tracing::info!(
+        mode = ?args.config_delivery_mode,
+        build_permits = delivery.permits.size(),
+        "config delivery"
+    );
+    let router = Arc::new(RelayRouter {
+        sessions: sessions.clone(),
+        cluster: cluster.clone(),
+        store: store.clone(),
+        metrics: metrics.clone(),
+    });
+    {
+        let sandboxes = sandboxes.clone();
+        tokio::spawn(async move {
+            while let Some(exit) = exits.recv().await {
+                sandboxes.on_supervisor_exit(exit).await;
+            }
+        });
+    }
+
+    let shutdown = CancellationToken::new();
+    let service = GatewayService {
+        sandboxes: sandboxes.clone(),
+        sessions: sessions.clone(),
+        streams: Streams {
+            sandboxes: sandboxes.clone(),
+            router: router.clone(),
+            shutdown: shutdown.clone(),
+        },
+        router: router.clone(),
+        cluster: cluster.clone(),
+        config: config_model,
+        delivery: delivery.clone(),
+    };
+    let layer = GatewayLayer {
+        replica_id: replica_header,
+        auth: Arc::new(Authenticator::new(
+            &tokens,
+            peer_token.as_ref().map(Secret::expose),
+            args.dev,
+            store.clone(),
+        )),
+        metrics: metrics.clone(),
+    };
+    // Relays carry bulk data: the HTTP/2 default window (64 KiB) throttles them.
+    let mut builder = Server::builder()
+        .initial_stream_window_size(Some(2 << 20))
+        .initial_connection_window_size(Some(16 << 20))
+        .http2_keepalive_interval(Some(Duration::from_secs(20)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)));
+    if let Some(identity) = tls {
+        builder = builder
+            .tls_config(ServerTlsConfig::new().identity(identity))
+            .context("TLS configuration")?;
+    }
+    let server_stop = CancellationToken::new();
+    let router = builder
+        .layer(layer)
+        .add_service(
+            OpenShellServer::new(service)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .add_service(
+            PeerServer::new(PeerService {
+                sessions: sessions.clone(),
+                delivery: delivery.clone(),
+            })
+            .max_decoding_message_size(MAX_MESSAGE_BYTES)
+            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        );
+    let stop = server_stop.clone();
+    let server = tokio::spawn(async move {
+        router
+            .serve_with_incoming_shutdown(accept_nodelay(listener), stop.cancelled_owned())
+            .await
+    });
+    let metrics_stop = CancellationToken::new();
+    tokio::spawn(crate::metrics::serve(
+        metrics_listener,
+        metrics.clone(),
+        metrics_stop.clone(),
+    ));
+
+    let ready = serde_json::json!({
+        "grpc": grpc_addr.to_string(),
+        "url": format!("{scheme}://{grpc_addr}"),
+        "metrics": metrics_addr.to_string(),
+        "replica_id": args.replica_id,
+        "pid": std::process::id(),
+    });
+    if let Some(path) = &args.ready_file {
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, ready.to_string())?;
+        std::fs::rename(&tmp, path)?;
+    }
+    println!(
+        "openshell-gateway {} serving {scheme}://{grpc_addr} (metrics http://{metrics_addr}/metrics, data {})",
+        args.replica_id,
+        data_dir.display()
+    );
+
+    wait_for_signal().await;
+    tracing::info!("shutting down");
+    // Leave the ring first, so the redirects below point at the replicas
+    // that stay; then streams end with UNAVAILABLE, sessions are redirected
+    // and closed, and the server drains.
+    let redirects = match &cluster {
+        Some(cluster) => {
+            let ring = cluster.leave().await;
+            sessions.shutdown(|sandbox_id| {
+                cluster
+                    .placement(&ring, sandbox_id)
+                    .map(|(owner, endpoint)| SessionRedirect {
+                        peer_endpoint: endpoint,
+                        owner_replica_id: owner,
+                    })
+            })
+        }
+        None => sessions.shutdown(|_| None),
+    };
+    metrics
+        .session_redirects
+        .get_or_create(&crate::metrics::RedirectLabels { reason: "shutdown" })
+        .inc_by(redirects as u64);
+    if redirects > 0 {
+        tracing::info!(
+            redirects,
+            "redirected supervisors to the remaining replicas"
+        );
+    }
+    shutdown.cancel();
+    if args.stop_sandboxes_on_exit {
+        sandboxes.stop_all_supervisors().await;
+    }
+    server_stop.cancel();
+    match tokio::time::timeout(Duration::from_secs(5), server).await {
+        Ok(Ok(Ok(()))) => {}
+        Ok(Ok(Err(err))) => tracing::warn!(%err, "server ended with an error"),
+        Ok(Err(err)) => tracing::warn!(%err, "server task failed"),
+        Err(_) => tracing::warn!("connections still open after 5 s; exiting anyway"),
+    }
+    metrics_stop.cancel();
+    store.close().await;
+    Ok(())
+}
+
+/// Accepted connections with Nagle off: small frames (exec events, acks)
+/// must not wait for delayed ACKs. (`Server::tcp_nodelay` only applies to
+/// listeners tonic binds itself.)
+fn accept_nodelay(
+    listener: TcpListener,
+) -> impl futures::Stream<Item = std::io::Result<tokio::net::TcpStream>> {
+    use futures::StreamExt;
+    TcpListenerStream::new(listener).map(|accepted| {
+        let stream = accepted?;
+        stream.set_nodelay(true)?;
+        Ok(stream)
+    })
+}
+
+/// Every refresh interval, sends idle sessions whose live ring owner is
+/// another replica back to it (after shutdowns and outages moved them), so
+/// placement converges on the ring without cutting running streams.
+async fn send_sessions_home(cluster: Arc<Cluster>, sessions: Arc<Sessions>, metrics: Arc<Metrics>) {
+    let every = cluster.config.refresh_every;
+    let mut tick = tokio::time::interval(every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        if sessions.is_shutting_down() {
+            return;
+        }
+        let ring = cluster.ring();
+        let me = cluster.replica_id().to_owned();
+        // Young sessions stay: the replicas' views of the ring may still differ.
+        let sent = sessions.send_home(every * 2, |sandbox_id| {
+            let (owner, endpoint) = cluster.placement(&ring, sandbox_id)?;
+            (owner != me).then_some(SessionRedirect {
+                peer_endpoint: endpoint,
+                owner_replica_id: owner,
+            })
+        });
+        if sent > 0 {
+            tracing::info!(sent, "sent idle sessions home to their ring owners");
+            metrics
+                .session_redirects
+                .get_or_create(&crate::metrics::RedirectLabels {
+                    reason: "rebalance",
+                })
+                .inc_by(sent as u64);
+        }
+    }
+}
+
+/// "sqlite" or "postgres": what to say about a store URL without showing it.
+fn store_kind(url: &str) -> &'static str {
+    if url.starts_with("postgres") {
+        "postgres"
+    } else {
+        "sqlite"
+    }
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_owned())
+        .unwrap_or_else(|_| "localhost".to_owned())
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = signal(SignalKind::terminate()).expect("SIGTERM handler");
+    let mut int = signal(SignalKind::interrupt()).expect("SIGINT handler");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
+}
