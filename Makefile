@@ -6,7 +6,7 @@ CARGO ?= cargo
 RUN_DIR ?= .run
 LISTEN ?= 127.0.0.1:17670
 
-.PHONY: up test setup build lint test-rust bench clean-run
+.PHONY: up test setup build lint check-modules test-rust bench clean-run
 
 REPLICAS ?= 3
 # `make up CONFIG_DELIVERY_MODE=push` runs the replicas in push mode.
@@ -17,7 +17,7 @@ up: build
 	./target/debug/openshell-gateway up --replicas $(REPLICAS) --listen $(LISTEN) --data-dir $(RUN_DIR)/data \
 		$(if $(CONFIG_DELIVERY_MODE),--config-delivery-mode $(CONFIG_DELIVERY_MODE))
 
-test: setup build lint check-generated lint-python test-rust test-python conformance check-wheel
+test: setup build lint check-modules check-generated lint-python test-rust test-python conformance check-wheel
 
 setup:
 	@bash scripts/setup.sh
@@ -28,6 +28,10 @@ build:
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --workspace --all-targets -- -D warnings
+
+# No crate's modules import each other in a circle (tools/modcheck).
+check-modules:
+	$(CARGO) run -q -p openshell-modcheck
 
 test-rust: build
 	$(CARGO) test --workspace -- --test-threads=2

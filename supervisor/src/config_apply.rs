@@ -185,7 +185,7 @@ pub fn apply(exec: &ExecSettings, snapshot: &ConfigSnapshot) -> ApplyOutcome {
     if let Err(err) = write_atomically(&path, &text) {
         return ApplyOutcome::Rejected(format!(
             "writing {CONFIG_DIR}/{CONFIG_FILE} failed: {}",
-            crate::relay::error_text(&err)
+            crate::os_error::describe(&err)
         ));
     }
     exec.provider_env

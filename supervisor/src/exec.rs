@@ -179,7 +179,7 @@ impl SpawnFailure {
             _ if err.kind() == io::ErrorKind::PermissionDenied => 126,
             _ => 127,
         };
-        let reason = relay::error_text(err);
+        let reason = crate::os_error::describe(err);
         match context {
             Some(context) => Self::new(argv0, format!("{context}: {reason}"), exit_code),
             None => Self::new(argv0, reason, exit_code),

@@ -76,7 +76,10 @@ async fn connect(target: &TcpRelayTarget) -> Result<TcpStream, String> {
             let _ = socket.set_nodelay(true);
             Ok(socket)
         }
-        Ok(Err(err)) => Err(format!("connect {addr}: {}", relay::error_text(&err))),
+        Ok(Err(err)) => Err(format!(
+            "connect {addr}: {}",
+            crate::os_error::describe(&err)
+        )),
         Err(_) => Err(format!("connect {addr}: timed out")),
     }
 }

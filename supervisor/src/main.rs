@@ -20,6 +20,7 @@ mod config_apply;
 mod exec;
 mod forward;
 mod isolation;
+mod os_error;
 mod relay;
 mod sandbox_processes;
 mod session;

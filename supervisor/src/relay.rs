@@ -12,24 +12,19 @@
 //! slow gateway slows the process or socket instead of growing a buffer.
 
 use std::future::Future;
-use std::pin::pin;
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use openshell_proto::open_shell_client::OpenShellClient;
 use openshell_proto::{
-    RelayFrame, RelayInit, RelayOpen, RelayOpenResult, SupervisorMessage, relay_frame, relay_open,
-    supervisor_message,
+    RelayFrame, RelayInit, RelayOpenResult, SupervisorMessage, relay_frame, supervisor_message,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
-use tracing::{debug, info, warn};
+use tracing::debug;
 
-use crate::exec::{self, ExecSettings};
-use crate::forward;
-use crate::transport::{self, BearerToken};
+use crate::transport::BearerToken;
 
 /// Outbound frames buffered per relay (each at most 64 KiB of payload).
 const OUTBOUND_FRAMES: usize = 16;
@@ -47,7 +42,6 @@ pub struct RelayContext {
     pub token: BearerToken,
     /// The session's outbound side, for `relay_open_result`.
     pub session: mpsc::Sender<SupervisorMessage>,
-    pub exec: Arc<ExecSettings>,
     /// Never sent on: held for the life of the relay task, so shutdown can
     /// wait until every clone is dropped.
     #[allow(dead_code)]
@@ -84,45 +78,6 @@ pub async fn claim(ctx: &RelayContext, channel_id: &str) -> Result<Claimed, toni
     })
 }
 
-/// Runs one announced relay until it ends or `cancel` resolves.
-pub async fn serve(open: RelayOpen, ctx: RelayContext, cancel: impl Future<Output = ()>) {
-    let channel_id = open.channel_id;
-    let mut cancel = pin!(cancel);
-    match open.target {
-        Some(relay_open::Target::Tcp(target)) => {
-            forward::run(&ctx, &channel_id, target, cancel).await;
-        }
-        Some(relay_open::Target::Exec(request)) => {
-            let claimed = tokio::select! {
-                _ = cancel.as_mut() => return,
-                claimed = claim(&ctx, &channel_id) => claimed,
-            };
-            let claimed = match claimed {
-                Ok(claimed) => claimed,
-                Err(status) => {
-                    warn!(channel_id, error = %transport::describe_status(&status), "claiming exec relay failed");
-                    report_failure(
-                        &ctx,
-                        &channel_id,
-                        format!("claim relay: {}", transport::describe_status(&status)),
-                    )
-                    .await;
-                    return;
-                }
-            };
-            exec::run(request, &ctx.exec, claimed.out, claimed.inbound, cancel).await;
-        }
-        Some(relay_open::Target::Ssh(_)) => {
-            info!(channel_id, "refusing ssh relay");
-            report_failure(&ctx, &channel_id, "ssh relays are not supported".into()).await;
-        }
-        None => {
-            info!(channel_id, "refusing relay without a target");
-            report_failure(&ctx, &channel_id, "relay has no target".into()).await;
-        }
-    }
-}
-
 /// Tells the gateway on the session that a relay could not be opened.
 pub async fn report_failure(ctx: &RelayContext, channel_id: &str, error: String) {
     let message = SupervisorMessage {
@@ -150,14 +105,5 @@ where
         _ = to_end => {}
         _ = cancel => {}
         _ = tokio::time::sleep(DRAIN_TIMEOUT) => debug!("gateway did not end the relay stream"),
-    }
-}
-
-/// An OS error as its plain description ("Connection refused"), without
-/// the " (os error N)" suffix, for messages shown to users.
-pub fn error_text(err: &std::io::Error) -> String {
-    match err.raw_os_error() {
-        Some(code) => nix::errno::Errno::from_raw(code).desc().to_owned(),
-        None => err.to_string(),
     }
 }

@@ -16,18 +16,21 @@
 //! through an edge, carry the replica that holds the session.
 
 use std::collections::HashMap;
+use std::future::Future;
+use std::pin::pin;
 use std::sync::Arc;
 
-use openshell_proto::{RelayOpen, gateway_message};
+use openshell_proto::{RelayOpen, gateway_message, relay_open};
 use openshell_sdk::{ClientConfig, ConfigSession, SessionEvent};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, info_span, warn};
+use tracing::{Instrument, debug, info, info_span, warn};
 
-use crate::exec::ExecSettings;
+use crate::exec::{self, ExecSettings};
+use crate::forward;
 use crate::relay::{self, RelayContext};
-use crate::transport::BearerToken;
+use crate::transport::{self, BearerToken};
 
 /// Session events buffered between the protocol task and the relay loop.
 const SESSION_EVENTS: usize = 64;
@@ -68,13 +71,12 @@ pub async fn run(config: SessionConfig, alive: mpsc::Sender<()>) -> anyhow::Resu
                         replica: handle.served_by,
                         token: config.token.clone(),
                         session: handle.outbound,
-                        exec: config.exec.clone(),
                         alive: alive.clone(),
                     });
                 }
                 SessionEvent::Message(message) => match (message.payload, &ctx) {
                     (Some(gateway_message::Payload::RelayOpen(open)), Some(ctx)) => {
-                        relays.open(open, ctx.clone())
+                        relays.open(open, ctx.clone(), config.exec.clone())
                     }
                     (Some(gateway_message::Payload::RelayClose(close)), _) => {
                         debug!(
@@ -113,7 +115,7 @@ struct Relays {
 }
 
 impl Relays {
-    fn open(&mut self, open: RelayOpen, ctx: RelayContext) {
+    fn open(&mut self, open: RelayOpen, ctx: RelayContext, exec: Arc<ExecSettings>) {
         self.running.retain(|_, relay| !relay.task.is_finished());
         let channel_id = open.channel_id.clone();
         if self.running.contains_key(&channel_id) {
@@ -131,7 +133,7 @@ impl Relays {
                 let cancelled = async {
                     let _ = cancelled.await;
                 };
-                relay::serve(open, ctx, cancelled).await;
+                serve_relay(open, ctx, exec, cancelled).await;
                 debug!("relay finished");
             }
             .instrument(span),
@@ -143,6 +145,50 @@ impl Relays {
     fn close(&mut self, channel_id: &str) {
         if let Some(relay) = self.running.remove(channel_id) {
             let _ = relay.cancel.send(());
+        }
+    }
+}
+
+/// Runs one announced relay until it ends or `cancel` resolves.
+async fn serve_relay(
+    open: RelayOpen,
+    ctx: RelayContext,
+    exec: Arc<ExecSettings>,
+    cancel: impl Future<Output = ()>,
+) {
+    let channel_id = open.channel_id;
+    let mut cancel = pin!(cancel);
+    match open.target {
+        Some(relay_open::Target::Tcp(target)) => {
+            forward::run(&ctx, &channel_id, target, cancel).await;
+        }
+        Some(relay_open::Target::Exec(request)) => {
+            let claimed = tokio::select! {
+                _ = cancel.as_mut() => return,
+                claimed = relay::claim(&ctx, &channel_id) => claimed,
+            };
+            let claimed = match claimed {
+                Ok(claimed) => claimed,
+                Err(status) => {
+                    warn!(channel_id, error = %transport::describe_status(&status), "claiming exec relay failed");
+                    relay::report_failure(
+                        &ctx,
+                        &channel_id,
+                        format!("claim relay: {}", transport::describe_status(&status)),
+                    )
+                    .await;
+                    return;
+                }
+            };
+            exec::run(request, &exec, claimed.out, claimed.inbound, cancel).await;
+        }
+        Some(relay_open::Target::Ssh(_)) => {
+            info!(channel_id, "refusing ssh relay");
+            relay::report_failure(&ctx, &channel_id, "ssh relays are not supported".into()).await;
+        }
+        None => {
+            info!(channel_id, "refusing relay without a target");
+            relay::report_failure(&ctx, &channel_id, "relay has no target".into()).await;
         }
     }
 }

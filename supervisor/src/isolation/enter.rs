@@ -205,7 +205,7 @@ fn code_for(err: &io::Error) -> i32 {
 }
 
 fn text(err: &io::Error) -> String {
-    crate::relay::error_text(err)
+    crate::os_error::describe(err)
 }
 
 fn message(argv0: &str, reason: impl std::fmt::Display) -> String {
