@@ -102,13 +102,49 @@ fn become_program(argv0: &str, cwd: &OsString, cwd_c: &CString, argv: &[CString]
             127,
         );
     }
+    let err = exec_searching_path(argv);
+    exit_with(argv0, text(&err), code_for(&err));
+}
+
+/// Runs `argv` like a shell does, returning only on failure: a name with a
+/// slash as it is, otherwise the first `PATH` entry that has it. Unlike
+/// `execvp`, a `PATH` directory the sandbox user may not search (the host's
+/// `/root/...` entries, say) counts as not having the program, so a missing
+/// program is "not found" (127), and "permission denied" (126) means a file
+/// that is there but cannot be run.
+fn exec_searching_path(argv: &[CString]) -> io::Error {
     let mut pointers: Vec<*const libc::c_char> = argv.iter().map(|a| a.as_ptr()).collect();
     pointers.push(std::ptr::null());
-    // SAFETY: a NULL-terminated array of NUL-terminated strings; execvp
-    // searches PATH from the environment the supervisor gave us.
-    unsafe { libc::execvp(argv[0].as_ptr(), pointers.as_ptr()) };
-    let err = io::Error::last_os_error();
-    exit_with(argv0, text(&err), code_for(&err));
+    let run = |program: &CString| {
+        // SAFETY: a NUL-terminated path and a NULL-terminated array of
+        // NUL-terminated strings that outlive the call.
+        unsafe { libc::execv(program.as_ptr(), pointers.as_ptr()) };
+        io::Error::last_os_error()
+    };
+    let name = argv[0].as_bytes();
+    if name.contains(&b'/') {
+        return run(&argv[0]);
+    }
+    let path = std::env::var_os("PATH")
+        .map(|p| p.as_bytes().to_vec())
+        .unwrap_or_else(|| b"/usr/local/bin:/usr/bin:/bin".to_vec());
+    let mut denied = None;
+    for dir in path.split(|b| *b == b':') {
+        let dir: &[u8] = if dir.is_empty() { b"." } else { dir };
+        let Ok(candidate) = CString::new([dir, b"/", name].concat()) else {
+            continue;
+        };
+        let err = run(&candidate);
+        let there = std::fs::metadata(std::ffi::OsStr::from_bytes(candidate.as_bytes())).is_ok();
+        match err.raw_os_error() {
+            Some(libc::EACCES) if there => denied = Some(err),
+            Some(
+                libc::EACCES | libc::ENOENT | libc::ENOTDIR | libc::ELOOP | libc::ENAMETOOLONG,
+            ) => {}
+            _ => return err,
+        }
+    }
+    denied.unwrap_or_else(|| io::Error::from_raw_os_error(libc::ENOENT))
 }
 
 fn drop_privileges() -> io::Result<()> {

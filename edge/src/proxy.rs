@@ -1,0 +1,473 @@
+//! The proxy itself: pick the replica a request names (or any live one),
+//! forward it, stream both bodies, and answer gRPC errors of its own.
+
+use crate::CONNECTION_WINDOW;
+use crate::ClientBuilder;
+use crate::EdgeArgs;
+use crate::EdgeBody;
+use crate::KEEPALIVE;
+use crate::MAX_CONNECTIONS_PER_REPLICA;
+use crate::PEER_SERVICE_PREFIX;
+use crate::REPLICA_HEADER;
+use crate::STREAM_WINDOW;
+use crate::ServerBuilder;
+use crate::metrics::EdgeMetrics;
+use crate::metrics::Outcome;
+use crate::metrics::Route;
+use crate::routes::Target;
+use crate::routes::load_routes;
+use crate::upstream::CountedBody;
+use crate::upstream::Replica;
+use crate::upstream::Routes;
+use crate::upstream::StreamSlot;
+use crate::upstream::Upstream;
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, PoisonError, RwLock};
+use std::time::Duration;
+
+use anyhow::{Context, anyhow};
+use bytes::Bytes;
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::uri::{Authority, PathAndQuery, Scheme};
+use http::{Request, Response, Uri};
+use http_body_util::{BodyExt, Empty};
+use hyper::body::Incoming;
+use hyper::client::conn::http2::SendRequest;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::net::TcpStream;
+use tonic::Code;
+
+pub(crate) enum Attempt {
+    /// A response to relay (the upstream's, or an error the edge produced
+    /// after the request had been handed to the replica).
+    Answered(Response<EdgeBody>),
+    /// The replica was not reached; the request (body untouched) comes back.
+    NotSent(Request<Incoming>),
+}
+
+pub(crate) enum Hint {
+    None,
+    Replica(String),
+    /// Present but not a printable string: matches no replica id.
+    Invalid,
+}
+
+pub(crate) struct Edge {
+    pub(crate) routes: RwLock<Arc<Routes>>,
+    pub(crate) cli_routes: Vec<(String, Target)>,
+    pub(crate) routes_file: Option<PathBuf>,
+    pub(crate) next: AtomicUsize,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) fail_timeout: Duration,
+    pub(crate) server: ServerBuilder,
+    pub(crate) client: ClientBuilder,
+    pub(crate) metrics: Arc<EdgeMetrics>,
+}
+
+impl Edge {
+    pub(crate) fn new(args: &EdgeArgs, cli_routes: Vec<(String, Target)>) -> Self {
+        let mut server = ServerBuilder::new(TokioExecutor::new());
+        server
+            .timer(TokioTimer::new())
+            .initial_stream_window_size(STREAM_WINDOW)
+            .initial_connection_window_size(CONNECTION_WINDOW)
+            .adaptive_window(false)
+            // No per-connection stream limit, like the replicas behind it.
+            .max_concurrent_streams(None)
+            .keep_alive_interval(KEEPALIVE)
+            .keep_alive_timeout(KEEPALIVE);
+        let mut client = ClientBuilder::new(TokioExecutor::new());
+        client
+            .timer(TokioTimer::new())
+            .initial_stream_window_size(STREAM_WINDOW)
+            .initial_connection_window_size(CONNECTION_WINDOW)
+            .adaptive_window(false)
+            .keep_alive_interval(KEEPALIVE)
+            .keep_alive_timeout(KEEPALIVE)
+            .keep_alive_while_idle(true);
+        Self {
+            routes: RwLock::new(Arc::new(Routes {
+                list: Vec::new(),
+                by_id: HashMap::new(),
+            })),
+            cli_routes,
+            routes_file: args.routes_file.clone(),
+            next: AtomicUsize::new(0),
+            connect_timeout: Duration::from_millis(args.connect_timeout_ms.max(1)),
+            fail_timeout: Duration::from_millis(args.fail_timeout_ms),
+            server,
+            client,
+            metrics: Arc::default(),
+        }
+    }
+
+    pub(crate) fn routes(&self) -> Arc<Routes> {
+        self.routes
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Replaces the route map. A replica whose id and address are unchanged
+    /// keeps its connection and failure state.
+    pub(crate) fn install(&self, routes: Vec<(String, Target)>) {
+        let mut current = self.routes.write().unwrap_or_else(PoisonError::into_inner);
+        let list: Vec<Arc<Replica>> = routes
+            .into_iter()
+            .map(|(id, target)| match current.by_id.get(&id) {
+                Some(existing) if existing.target == target => existing.clone(),
+                _ => Arc::new(Replica::new(id, target)),
+            })
+            .collect();
+        let by_id = list.iter().map(|r| (r.id.clone(), r.clone())).collect();
+        *current = Arc::new(Routes { list, by_id });
+    }
+
+    pub(crate) fn reload(&self) {
+        let Some(path) = &self.routes_file else {
+            tracing::info!("SIGHUP without --routes-file: routes unchanged");
+            self.metrics.reloads_ok.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
+        match load_routes(&self.cli_routes, Some(path)) {
+            Ok(routes) => {
+                self.install(routes);
+                self.metrics.reloads_ok.fetch_add(1, Ordering::Relaxed);
+                tracing::info!(routes = %self.routes().describe(), "routes reloaded");
+            }
+            Err(err) => {
+                self.metrics.reloads_failed.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(error = %format!("{err:#}"), "routes file rejected; keeping the previous routes");
+            }
+        }
+    }
+
+    pub(crate) async fn handle(&self, mut req: Request<Incoming>) -> Response<EdgeBody> {
+        if req.uri().path().starts_with(PEER_SERVICE_PREFIX) {
+            self.metrics.count(Route::Peer, Outcome::Denied);
+            tracing::debug!(path = %req.uri().path(), "refused: peer service");
+            return grpc_error(
+                Code::PermissionDenied,
+                "the peer service is not routed from outside",
+            );
+        }
+        let hint = replica_hint(req.headers());
+        strip_hop_by_hop(req.headers_mut(), true);
+        let routes = self.routes();
+        match hint {
+            Hint::None => self.forward_any(&routes, req).await,
+            Hint::Invalid => {
+                self.metrics.count(Route::Hinted, Outcome::UnknownReplica);
+                tracing::debug!(path = %req.uri().path(), "unknown replica (unprintable header)");
+                grpc_error(Code::NotFound, "unknown replica")
+            }
+            Hint::Replica(id) => {
+                let Some(replica) = routes.by_id.get(&id) else {
+                    self.metrics.count(Route::Hinted, Outcome::UnknownReplica);
+                    tracing::debug!(path = %req.uri().path(), replica = ?truncate(&id), "unknown replica");
+                    return grpc_error(Code::NotFound, "unknown replica");
+                };
+                tracing::debug!(path = %req.uri().path(), replica = %replica.id, "routing by header");
+                match self.attempt(replica, req, Route::Hinted).await {
+                    Attempt::Answered(response) => response,
+                    Attempt::NotSent(_) => {
+                        self.metrics.count(Route::Hinted, Outcome::Unavailable);
+                        tracing::debug!(replica = %replica.id, "replica unreachable");
+                        // The empty message is the edge signature clients retry
+                        // once without the header.
+                        grpc_error(Code::Unavailable, "")
+                    }
+                }
+            }
+        }
+    }
+
+    /// Round robin over the replicas; those whose connect failed a moment
+    /// ago go last. A replica that cannot be reached hands the untouched
+    /// request on to the next one.
+    pub(crate) async fn forward_any(
+        &self,
+        routes: &Routes,
+        mut req: Request<Incoming>,
+    ) -> Response<EdgeBody> {
+        let count = routes.list.len();
+        if count > 0 {
+            let start = self.next.fetch_add(1, Ordering::Relaxed) % count;
+            let (fresh, failed): (Vec<_>, Vec<_>) = (0..count)
+                .map(|i| &routes.list[(start + i) % count])
+                .partition(|r| !r.recently_failed(self.fail_timeout));
+            for replica in fresh.into_iter().chain(failed) {
+                tracing::debug!(path = %req.uri().path(), replica = %replica.id, "routing unhinted call");
+                match self.attempt(replica, req, Route::Unhinted).await {
+                    Attempt::Answered(response) => return response,
+                    Attempt::NotSent(back) => {
+                        tracing::debug!(replica = %replica.id, "replica unreachable; trying the next one");
+                        req = back;
+                    }
+                }
+            }
+        }
+        self.metrics.count(Route::Unhinted, Outcome::Unavailable);
+        tracing::debug!(path = %req.uri().path(), "no replica reachable");
+        grpc_error(Code::Unavailable, "no healthy upstream")
+    }
+
+    pub(crate) async fn attempt(
+        &self,
+        replica: &Replica,
+        mut req: Request<Incoming>,
+        route: Route,
+    ) -> Attempt {
+        // A cached connection can turn out to be closed when the request
+        // reaches it; that (and only that) gets one fresh dial.
+        for _ in 0..2 {
+            let (mut sender, slot) = match self.checkout(replica).await {
+                Ok(checked_out) => checked_out,
+                Err(err) => {
+                    tracing::debug!(replica = %replica.id, error = %format!("{err:#}"), "connect failed");
+                    return Attempt::NotSent(req);
+                }
+            };
+            *req.uri_mut() = upstream_uri(&replica.target.authority, req.uri());
+            match sender.try_send_request(req).await {
+                Ok(response) => {
+                    self.metrics.count(route, Outcome::Forwarded);
+                    return Attempt::Answered(relay(response, slot));
+                }
+                Err(mut err) => match err.take_message() {
+                    Some(back) => {
+                        tracing::debug!(replica = %replica.id, error = %err.error(), "connection closed before the request was sent");
+                        replica
+                            .pool
+                            .lock()
+                            .await
+                            .retain(|u| !Arc::ptr_eq(&u.streams, &slot.streams));
+                        req = back;
+                    }
+                    None => {
+                        self.metrics.count(route, Outcome::UpstreamFailed);
+                        tracing::debug!(replica = %replica.id, error = %err.error(), "upstream failed before response headers");
+                        return Attempt::Answered(grpc_error(
+                            Code::Unavailable,
+                            "upstream failed before response headers",
+                        ));
+                    }
+                },
+            }
+        }
+        Attempt::NotSent(req)
+    }
+
+    /// A connection to the replica with room for one more stream: an open
+    /// one, else a new one (up to MAX_CONNECTIONS_PER_REPLICA, after which the
+    /// least loaded one queues the stream).
+    pub(crate) async fn checkout(
+        &self,
+        replica: &Replica,
+    ) -> anyhow::Result<(SendRequest<Incoming>, StreamSlot)> {
+        let mut pool = replica.pool.lock().await;
+        pool.retain(|u| !u.sender.is_closed());
+        if let Some(upstream) = pool.iter().find(|u| u.has_room()) {
+            return Ok(upstream.checkout());
+        }
+        let least_loaded =
+            |pool: &[Upstream]| pool.iter().min_by_key(|u| u.load()).map(Upstream::checkout);
+        if pool.len() >= MAX_CONNECTIONS_PER_REPLICA {
+            return Ok(least_loaded(&pool).expect("the pool is full"));
+        }
+        let dialled = tokio::time::timeout(self.connect_timeout, self.dial(replica))
+            .await
+            .unwrap_or_else(|_| {
+                Err(anyhow!(
+                    "connect timed out after {:?}",
+                    self.connect_timeout
+                ))
+            });
+        match dialled {
+            Ok((sender, limit)) => {
+                replica.set_failed(false);
+                let upstream = Upstream {
+                    sender,
+                    streams: Arc::new(AtomicUsize::new(0)),
+                    limit,
+                };
+                let checked_out = upstream.checkout();
+                pool.push(upstream);
+                Ok(checked_out)
+            }
+            Err(err) => {
+                replica.set_failed(true);
+                self.metrics
+                    .connect_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                // Connections that are merely full still work: h2 queues.
+                least_loaded(&pool).ok_or(err)
+            }
+        }
+    }
+
+    /// A new connection and its (live) concurrent-stream limit.
+    pub(crate) async fn dial(
+        &self,
+        replica: &Replica,
+    ) -> anyhow::Result<(SendRequest<Incoming>, Arc<AtomicUsize>)> {
+        let target = &replica.target;
+        let stream = TcpStream::connect((target.host.as_str(), target.port))
+            .await
+            .with_context(|| format!("connecting to {}", target.authority))?;
+        stream.set_nodelay(true)?;
+        let (sender, conn) = self
+            .client
+            .handshake(TokioIo::new(stream))
+            .await
+            .context("HTTP/2 handshake")?;
+        let limit = Arc::new(AtomicUsize::new(conn.current_max_send_streams()));
+        let id = replica.id.clone();
+        let published = limit.clone();
+        let metrics = self.metrics.clone();
+        metrics.upstream_connections.fetch_add(1, Ordering::Relaxed);
+        tokio::spawn(async move {
+            let mut conn = std::pin::pin!(conn);
+            // The limit arrives (and may change) in SETTINGS frames, which
+            // only the connection task sees.
+            let ended = std::future::poll_fn(|cx| {
+                let poll = conn.as_mut().poll(cx);
+                published.store(conn.current_max_send_streams(), Ordering::Relaxed);
+                poll
+            })
+            .await;
+            metrics.upstream_connections.fetch_sub(1, Ordering::Relaxed);
+            if let Err(err) = ended {
+                tracing::debug!(replica = %id, %err, "upstream connection ended with an error");
+            }
+        });
+        tracing::debug!(replica = %replica.id, addr = %target.authority, "connected to replica");
+        Ok((sender, limit))
+    }
+}
+
+pub(crate) fn replica_hint(headers: &HeaderMap) -> Hint {
+    match headers.get(REPLICA_HEADER) {
+        None => Hint::None,
+        Some(value) => match value.to_str() {
+            Ok(text) if text.trim().is_empty() => Hint::None,
+            Ok(text) => Hint::Replica(text.trim().to_owned()),
+            Err(_) => Hint::Invalid,
+        },
+    }
+}
+
+/// A header value shown in a debug log, bounded.
+pub(crate) fn truncate(text: &str) -> &str {
+    match text.char_indices().nth(64) {
+        Some((end, _)) => &text[..end],
+        None => text,
+    }
+}
+
+pub(crate) fn upstream_uri(authority: &Authority, uri: &Uri) -> Uri {
+    let mut parts = http::uri::Parts::default();
+    parts.scheme = Some(Scheme::HTTP);
+    parts.authority = Some(authority.clone());
+    parts.path_and_query = Some(
+        uri.path_and_query()
+            .cloned()
+            .unwrap_or_else(|| PathAndQuery::from_static("/")),
+    );
+    Uri::from_parts(parts).expect("scheme, authority and path make a valid URI")
+}
+
+/// Removes connection-level headers. Requests keep `te: trailers` (gRPC
+/// needs it) and lose `host` (the upstream URI's authority replaces it).
+pub(crate) fn strip_hop_by_hop(headers: &mut HeaderMap, request: bool) {
+    let named: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|name| HeaderName::from_bytes(name.trim().as_bytes()).ok())
+        .collect();
+    for name in named {
+        headers.remove(name);
+    }
+    for name in [
+        header::CONNECTION,
+        HeaderName::from_static("keep-alive"),
+        HeaderName::from_static("proxy-connection"),
+        header::TRANSFER_ENCODING,
+        header::UPGRADE,
+        header::TRAILER,
+        header::PROXY_AUTHENTICATE,
+        header::PROXY_AUTHORIZATION,
+    ] {
+        headers.remove(name);
+    }
+    let trailers = headers
+        .get_all(header::TE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| t.trim().eq_ignore_ascii_case("trailers"));
+    headers.remove(header::TE);
+    if request {
+        headers.remove(header::HOST);
+        if trailers {
+            headers.insert(header::TE, HeaderValue::from_static("trailers"));
+        }
+    }
+}
+
+pub(crate) fn relay(response: Response<Incoming>, slot: StreamSlot) -> Response<EdgeBody> {
+    let (mut parts, body) = response.into_parts();
+    strip_hop_by_hop(&mut parts.headers, false);
+    let body = CountedBody {
+        inner: body,
+        _slot: slot,
+    };
+    Response::from_parts(parts, body.boxed_unsync())
+}
+
+/// A trailers-only gRPC answer produced by the edge (no served-by header).
+pub(crate) fn grpc_error(code: Code, message: &str) -> Response<EdgeBody> {
+    let body = Empty::<Bytes>::new()
+        .map_err(|never: Infallible| match never {})
+        .boxed_unsync();
+    let mut response = Response::new(body);
+    let headers = response.headers_mut();
+    headers.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
+    headers.insert("grpc-status", HeaderValue::from(code as i32));
+    headers.insert(
+        "grpc-message",
+        HeaderValue::from_str(&percent_encode(message))
+            .expect("percent-encoded text is a valid header value"),
+    );
+    response
+}
+
+/// grpc-message encoding: printable ASCII except '%' as is, the rest %XX.
+pub(crate) fn percent_encode(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if (0x20..=0x7e).contains(&byte) && byte != b'%' {
+            out.push(byte as char);
+        } else {
+            out.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    out
+}
+
+pub(crate) fn write_atomically(path: &Path, contents: &[u8]) -> anyhow::Result<()> {
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = PathBuf::from(tmp);
+    std::fs::write(&tmp, contents).with_context(|| format!("writing {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("renaming to {}", path.display()))?;
+    Ok(())
+}
