@@ -726,3 +726,19 @@ async fn a_dropped_supervisor_connection_comes_back_to_the_same_owner() {
         "same\n"
     );
 }
+
+/// A cluster of one reports no owner: there is no other replica to route
+/// to, so clients should not pay for hints (docs/ARCHITECTURE.md section 4).
+#[tokio::test]
+async fn a_cluster_of_one_reports_no_owner() {
+    let cluster = TestCluster::start(options(1, None));
+    wait_ring(&cluster, 1.0).await;
+    let mut client = client(&cluster.replicas[0]).await;
+    create_ready(&mut client, "alone").await;
+    assert_eq!(owner_via(&mut client, "alone").await, None);
+    // The exec works all the same, served where the session is.
+    assert_eq!(
+        sh(&mut client, "alone", "echo ok").await.stdout_text(),
+        "ok\n"
+    );
+}

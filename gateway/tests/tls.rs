@@ -53,3 +53,33 @@ async fn supervisors_and_clients_run_over_tls() {
     };
     assert!(refused);
 }
+
+/// A CA certificate as the server certificate (what a plain
+/// `openssl req -x509` makes) is refused at start-up with a message saying
+/// how to make a CA and a leaf, instead of a gateway nobody can reach.
+#[test]
+fn a_ca_certificate_is_refused_as_the_server_certificate() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = make_pki(dir.path());
+    let output = std::process::Command::new(openshell_testkit::bin("openshell-gateway"))
+        .args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ])
+        .arg("--data-dir")
+        .arg(dir.path().join("data"))
+        .arg("--tls-cert")
+        .arg(&pki.ca_cert)
+        .arg("--tls-key")
+        .arg(&pki.ca_key)
+        .env("OPENSHELL_GATEWAY_TOKENS", TOKEN)
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("is a CA certificate"), "{stderr}");
+    assert!(stderr.contains("--supervisor-ca"), "{stderr}");
+}

@@ -7,6 +7,8 @@ use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, SanType}
 
 pub struct TestPki {
     pub ca_cert: PathBuf,
+    /// The CA's own key (tests that misuse the CA as a server certificate).
+    pub ca_key: PathBuf,
     pub server_cert: PathBuf,
     pub server_key: PathBuf,
 }
@@ -28,15 +30,18 @@ pub fn make_pki(dir: &Path) -> TestPki {
     params
         .distinguished_name
         .push(DnType::CommonName, "openshell test gateway");
+    let ca_key_pem = ca_key.serialize_pem();
     let issuer = rcgen::Issuer::new(ca_params, ca_key);
     let cert = params.signed_by(&key, &issuer).expect("server cert");
 
     let pki = TestPki {
         ca_cert: dir.join("ca.pem"),
+        ca_key: dir.join("ca.key"),
         server_cert: dir.join("server.pem"),
         server_key: dir.join("server.key"),
     };
     std::fs::write(&pki.ca_cert, ca.pem()).unwrap();
+    std::fs::write(&pki.ca_key, ca_key_pem).unwrap();
     std::fs::write(&pki.server_cert, cert.pem()).unwrap();
     std::fs::write(&pki.server_key, key.serialize_pem()).unwrap();
     pki

@@ -93,10 +93,15 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let metrics_addr = metrics_listener.local_addr()?;
 
     let tls = match (&args.tls_cert, &args.tls_key) {
-        (Some(cert), Some(key)) => Some(Identity::from_pem(
-            std::fs::read(cert).with_context(|| format!("reading {}", cert.display()))?,
-            std::fs::read(key).with_context(|| format!("reading {}", key.display()))?,
-        )),
+        (Some(cert), Some(key)) => {
+            let pem = std::fs::read(cert).with_context(|| format!("reading {}", cert.display()))?;
+            check_server_certificate(&pem)
+                .with_context(|| format!("--tls-cert {}", cert.display()))?;
+            Some(Identity::from_pem(
+                pem,
+                std::fs::read(key).with_context(|| format!("reading {}", key.display()))?,
+            ))
+        }
         _ => None,
     };
     let scheme = if tls.is_some() { "https" } else { "http" };
@@ -422,4 +427,30 @@ async fn wait_for_signal() {
         _ = term.recv() => {}
         _ = int.recv() => {}
     }
+}
+
+/// A server certificate must be a leaf: clients and supervisors (rustls,
+/// webpki) refuse a CA certificate presented by a server
+/// (`CaUsedAsEndEntity`), so a gateway started with one would serve nobody
+/// and its sandboxes would never leave PROVISIONING.
+fn check_server_certificate(pem: &[u8]) -> anyhow::Result<()> {
+    let (_, block) = x509_parser::pem::parse_x509_pem(pem)
+        .map_err(|_| anyhow::anyhow!("holds no PEM certificate"))?;
+    let cert = block
+        .parse_x509()
+        .map_err(|_| anyhow::anyhow!("the first certificate cannot be parsed"))?;
+    if cert.is_ca() {
+        bail!(
+            "the first certificate is a CA certificate (basicConstraints CA:TRUE), which \
+             clients refuse from a server. Make a CA and a server certificate signed by it, \
+             for example: `openssl req -x509 -newkey ec -pkeyopt ec_paramgen_curve:P-256 \
+             -nodes -keyout ca.key -out ca.pem -subj /CN=my-ca`, then `openssl req -newkey ec \
+             -pkeyopt ec_paramgen_curve:P-256 -nodes -keyout server.key -out server.csr \
+             -subj /CN=localhost` and `openssl x509 -req -in server.csr -CA ca.pem -CAkey \
+             ca.key -out server.pem -days 365 -extfile <(printf \
+             'subjectAltName=DNS:localhost,IP:127.0.0.1')`; serve with --tls-cert server.pem \
+             --tls-key server.key and give clients and --supervisor-ca the CA (ca.pem)"
+        );
+    }
+    Ok(())
 }

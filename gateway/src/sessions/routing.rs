@@ -39,8 +39,14 @@ pub struct RelayRouter {
 impl RelayRouter {
     /// The replica holding the sandbox's session, if known: this one when it
     /// holds it locally, else the fresh ownership record's replica.
+    /// The replica holding `sandbox_id`'s session, for owner reporting.
+    /// `None` without a cluster and in a cluster of one: with nowhere else
+    /// to go, a hint would only cost the client a lookup.
     pub async fn owner_of(&self, sandbox_id: &str) -> Option<String> {
         let cluster = self.cluster.as_ref()?;
+        if cluster.ring().members().len() <= 1 {
+            return None;
+        }
         if self.sessions.has_session(sandbox_id) {
             return Some(cluster.replica_id().to_owned());
         }
