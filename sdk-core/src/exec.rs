@@ -6,7 +6,10 @@
 //!   grows without bound.
 //! - [`Client::exec_stream`] yields [`ExecEvent`]s as they arrive. The last
 //!   event is always [`ExecEvent::Exit`]; a server stream that ends without
-//!   one yields a `protocol` error, never a silent success.
+//!   one yields a `protocol` error, never a silent success. Collecting the
+//!   rest of a stream ([`ExecStream::collect`], [`ExecStream::collect_into`])
+//!   goes through the same [`OutputCollector`] and cap as buffered exec;
+//!   the bindings use it too, so no language gathers output on its own.
 //! - [`Client::exec_interactive`] adds an input side: stdin bytes, window
 //!   resizes, and closing stdin.
 //!
@@ -58,7 +61,8 @@ pub struct ExecRequest {
     pub rows: u32,
     /// Server-side execution timeout (exit code 124 when it expires).
     pub timeout: Option<Duration>,
-    /// Cap on buffered output; the client's when `None`.
+    /// Cap on collected output (buffered exec, and collecting a stream);
+    /// the client's when `None`.
     pub output_limit: Option<usize>,
 }
 
@@ -218,16 +222,18 @@ impl fmt::Debug for ExecOutput {
     }
 }
 
-/// Collects output up to a cap on stdout and stderr together.
+/// Collects output up to a cap on stdout and stderr together: what
+/// buffered exec uses, and what collecting a stream uses in every binding.
 #[derive(Debug)]
-pub(crate) struct OutputCollector {
+pub struct OutputCollector {
     limit: usize,
     stdout: Vec<u8>,
     stderr: Vec<u8>,
 }
 
 impl OutputCollector {
-    pub(crate) fn new(limit: usize) -> Self {
+    /// An empty collector that holds at most `limit` bytes.
+    pub fn new(limit: usize) -> Self {
         Self {
             limit,
             stdout: Vec::new(),
@@ -235,12 +241,19 @@ impl OutputCollector {
         }
     }
 
+    /// The cap in bytes (stdout and stderr together).
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
     fn total(&self) -> usize {
         self.stdout.len() + self.stderr.len()
     }
 
-    /// Adds an event; `Ok(Some(output))` at the exit event.
-    pub(crate) fn push(&mut self, event: ExecEvent) -> Result<Option<ExecOutput>, Error> {
+    /// Adds an event; `Ok(Some(output))` at the exit event. Fails with
+    /// `output_limit` when a chunk would take the output past the cap (the
+    /// caller then drops the stream, which cancels the command).
+    pub fn push(&mut self, event: ExecEvent) -> Result<Option<ExecOutput>, Error> {
         let total = self.total();
         let (buffer, chunk) = match event {
             ExecEvent::Stdout(chunk) => (&mut self.stdout, chunk),
@@ -338,18 +351,44 @@ pub(crate) fn assemble_events(
 /// [`ExecEvent::Exit`] or an error. Dropping it cancels the command's stream.
 pub struct ExecStream {
     inner: BoxStream<'static, Result<ExecEvent, Error>>,
+    output_limit: usize,
 }
 
 impl ExecStream {
-    fn new(frames: BoxStream<'static, Result<Bytes, Error>>) -> Self {
+    fn new(frames: BoxStream<'static, Result<Bytes, Error>>, output_limit: usize) -> Self {
         Self {
             inner: assemble_events(frames),
+            output_limit,
         }
     }
 
-    /// Collects everything up to `limit` bytes of output.
+    /// The cap [`collect`](Self::collect) applies: the request's
+    /// `output_limit`, else the client's `exec_output_limit`.
+    pub fn output_limit(&self) -> usize {
+        self.output_limit
+    }
+
+    /// Collects the rest of the stream under [`output_limit`](Self::output_limit).
+    /// Past the cap it fails with `output_limit` and, by dropping the
+    /// stream, cancels the command, as buffered exec does.
+    pub async fn collect(self) -> Result<ExecOutput, Error> {
+        let limit = self.output_limit;
+        self.collect_output(limit).await
+    }
+
+    /// Collects the rest of the stream up to `limit` bytes of output.
     pub async fn collect_output(mut self, limit: usize) -> Result<ExecOutput, Error> {
-        let mut collector = OutputCollector::new(limit);
+        self.collect_into(OutputCollector::new(limit)).await
+    }
+
+    /// Feeds the rest of the stream to `collector`, which may already hold
+    /// events taken from this stream. On an error the stream must not be
+    /// polled again; drop it to cancel the command (bindings that keep the
+    /// stream in a handle do so).
+    pub async fn collect_into(
+        &mut self,
+        mut collector: OutputCollector,
+    ) -> Result<ExecOutput, Error> {
         while let Some(event) = self.inner.next().await {
             if let Some(output) = collector.push(event?)? {
                 return Ok(output);
@@ -479,12 +518,9 @@ impl Client {
         request: ExecRequest,
         options: CallOptions,
     ) -> Result<ExecOutput, Error> {
-        let limit = request
-            .output_limit
-            .unwrap_or(self.inner.config.exec_output_limit);
         let stream = self.exec_stream(request, options).await?;
         // On error the stream is dropped here, which cancels the call.
-        stream.collect_output(limit).await
+        stream.collect().await
     }
 
     /// Runs a command and streams its events.
@@ -497,7 +533,10 @@ impl Client {
         let resolved = Resolved::new(self, &options, DeadlineKind::Stream);
         let stream = self.typed_stream(paths::EXEC_SANDBOX, &request.to_proto(), &resolved)?;
         let (_sender, receiver) = stream.split();
-        Ok(ExecStream::new(receiver.into_stream()))
+        Ok(ExecStream::new(
+            receiver.into_stream(),
+            self.output_limit_of(&request),
+        ))
     }
 
     /// Starts an interactive command. `request.stdin`, if set, is written
@@ -508,6 +547,7 @@ impl Client {
         options: CallOptions,
     ) -> Result<InteractiveExec, Error> {
         request.validate()?;
+        let output_limit = self.output_limit_of(&request);
         let resolved = Resolved::new(self, &options, DeadlineKind::Stream);
         let mut start = request.to_proto();
         let initial_stdin = std::mem::take(&mut start.stdin);
@@ -522,8 +562,14 @@ impl Client {
         }
         Ok(InteractiveExec {
             input,
-            events: ExecStream::new(receiver.into_stream()),
+            events: ExecStream::new(receiver.into_stream(), output_limit),
         })
+    }
+
+    fn output_limit_of(&self, request: &ExecRequest) -> usize {
+        request
+            .output_limit
+            .unwrap_or(self.inner.config.exec_output_limit)
     }
 }
 
@@ -647,15 +693,38 @@ mod tests {
     async fn collect_output_stops_at_the_cap() {
         let frames =
             futures::stream::iter(vec![out(&[b'x'; 600]), err(&[b'y'; 600]), exit(0)]).boxed();
-        let err = ExecStream::new(frames)
-            .collect_output(1000)
-            .await
-            .unwrap_err();
+        let err = ExecStream::new(frames, 1000).collect().await.unwrap_err();
         assert_eq!(err.code(), "output_limit");
         let frames = futures::stream::iter(vec![out(b"hi\n"), exit(0)]).boxed();
-        let output = ExecStream::new(frames).collect_output(1000).await.unwrap();
+        let output = ExecStream::new(frames, usize::MAX)
+            .collect_output(1000)
+            .await
+            .unwrap();
         assert_eq!(output.stdout_text(), "hi\n");
         assert!(output.success());
+    }
+
+    #[tokio::test]
+    async fn collect_into_continues_a_partly_read_stream_under_one_cap() {
+        let frames =
+            futures::stream::iter(vec![out(&[b'x'; 400]), err(&[b'y'; 400]), exit(0)]).boxed();
+        let mut stream = ExecStream::new(frames, 1000);
+        let mut collector = OutputCollector::new(stream.output_limit());
+        // An event the caller already took (a binding's buffer) counts too.
+        let first = stream.next().await.unwrap().unwrap();
+        assert!(collector.push(first).unwrap().is_none());
+        let output = stream.collect_into(collector).await.unwrap();
+        assert_eq!((output.stdout.len(), output.stderr.len()), (400, 400));
+
+        let frames =
+            futures::stream::iter(vec![out(&[b'x'; 600]), err(&[b'y'; 600]), exit(0)]).boxed();
+        let mut stream = ExecStream::new(frames, 1000);
+        let mut collector = OutputCollector::new(1000);
+        collector
+            .push(stream.next().await.unwrap().unwrap())
+            .unwrap();
+        let err = stream.collect_into(collector).await.unwrap_err();
+        assert_eq!(err.code(), "output_limit");
     }
 
     #[test]
