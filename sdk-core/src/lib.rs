@@ -8,9 +8,8 @@
 //! use openshell_sdk::{CallOptions, Client, ClientConfig, CreateSandbox, ExecRequest};
 //!
 //! # async fn run() -> Result<(), openshell_sdk::Error> {
-//! let config = ClientConfig::builder("http://127.0.0.1:17670")
-//!     .token("my-token")
-//!     .build()?;
+//! // `make up`'s dev cluster; add `.token(...)` for a gateway with auth.
+//! let config = ClientConfig::builder("http://127.0.0.1:17670").build()?;
 //! let client = Client::connect(config).await?;
 //!
 //! let sandboxes = client.sandboxes();
