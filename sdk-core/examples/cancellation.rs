@@ -5,9 +5,11 @@
 //! - dropping a stream cancels its RPC.
 //!
 //! ```sh
-//! OPENSHELL_ENDPOINT=http://127.0.0.1:17670 \
-//!     cargo run -p openshell-sdk --example cancellation -- my-sandbox
+//! cargo run -p openshell-sdk --example cancellation              # a sandbox of its own
+//! cargo run -p openshell-sdk --example cancellation -- my-sandbox
 //! ```
+
+mod support;
 
 use std::time::Duration;
 
@@ -15,11 +17,9 @@ use openshell_sdk::{CallOptions, CancellationToken, Client, ClientConfig, Error,
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    let sandbox = std::env::args()
-        .nth(1)
-        .ok_or_else(|| Error::invalid_config("usage: cancellation <sandbox>"))?;
     let client = Client::connect(ClientConfig::from_env().build()?).await?;
-    let sleep = || ExecRequest::new(&sandbox, ["sleep", "30"]);
+    let sandbox = support::sandbox(&client, "cancellation", std::env::args().nth(1)).await?;
+    let sleep = || ExecRequest::new(&sandbox.name, ["sleep", "30"]);
 
     // 1. A deadline.
     let err = client
@@ -53,5 +53,5 @@ async fn main() -> Result<(), Error> {
     let stream = client.exec_stream(sleep(), CallOptions::new()).await?;
     drop(stream);
     println!("stream dropped");
-    Ok(())
+    sandbox.finish(&client).await
 }

@@ -5,9 +5,11 @@
 //! the whole command here.
 //!
 //! ```sh
-//! OPENSHELL_ENDPOINT=http://127.0.0.1:17670 \
-//!     cargo run -p openshell-sdk --example exec_stream -- my-sandbox
+//! cargo run -p openshell-sdk --example exec_stream              # a sandbox of its own
+//! cargo run -p openshell-sdk --example exec_stream -- my-sandbox
 //! ```
+
+mod support;
 
 use std::io::Write;
 use std::time::Duration;
@@ -17,15 +19,13 @@ use openshell_sdk::{CallOptions, Client, ClientConfig, Error, ExecEvent, ExecReq
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    let sandbox = std::env::args()
-        .nth(1)
-        .ok_or_else(|| Error::invalid_config("usage: exec_stream <sandbox>"))?;
     let client = Client::connect(ClientConfig::from_env().build()?).await?;
+    let sandbox = support::sandbox(&client, "exec_stream", std::env::args().nth(1)).await?;
 
     let script = "for i in 1 2 3; do echo tick $i; echo tock $i >&2; sleep 1; done";
     let mut events = client
         .exec_stream(
-            ExecRequest::new(&sandbox, ["sh", "-c", script]),
+            ExecRequest::new(&sandbox.name, ["sh", "-c", script]),
             CallOptions::new().deadline(Duration::from_secs(30)),
         )
         .await?;
@@ -40,5 +40,5 @@ async fn main() -> Result<(), Error> {
             ExecEvent::Exit(code) => println!("exit code {code}"),
         }
     }
-    Ok(())
+    sandbox.finish(&client).await
 }

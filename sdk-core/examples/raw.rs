@@ -5,9 +5,11 @@
 //! protobuf library.
 //!
 //! ```sh
-//! OPENSHELL_ENDPOINT=http://127.0.0.1:17670 \
-//!     cargo run -p openshell-sdk --example raw -- my-sandbox
+//! cargo run -p openshell-sdk --example raw              # a sandbox of its own
+//! cargo run -p openshell-sdk --example raw -- my-sandbox
 //! ```
+
+mod support;
 
 use std::time::Duration;
 
@@ -18,10 +20,9 @@ use prost::Message;
 
 #[tokio::main]
 async fn main() -> Result<(), Error> {
-    let sandbox = std::env::args()
-        .nth(1)
-        .ok_or_else(|| Error::invalid_config("usage: raw <sandbox>"))?;
     let client = Client::connect(ClientConfig::from_env().build()?).await?;
+    let example = support::sandbox(&client, "raw", std::env::args().nth(1)).await?;
+    let sandbox = example.name.clone();
 
     // The generated method table says how each method streams and which
     // field names the sandbox for owner-routed streams.
@@ -53,7 +54,8 @@ async fn main() -> Result<(), Error> {
         got.sandbox.and_then(|s| s.metadata).map(|m| m.name)
     );
 
-    // Stream: send the request, read two events, then cancel.
+    // Stream: send the request, read the first event (the current snapshot),
+    // wait briefly for a change (an idle sandbox has none), then cancel.
     let mut stream = client
         .raw_stream(
             "/openshell.v1.OpenShell/WatchSandbox",
@@ -68,8 +70,12 @@ async fn main() -> Result<(), Error> {
     };
     stream.send(Bytes::from(watch.encode_to_vec())).await?;
     println!("response metadata: {:?}", stream.response_metadata().await?);
-    for _ in 0..2 {
-        match stream.recv().await? {
+    for wait in [Duration::from_secs(30), Duration::from_secs(2)] {
+        let Ok(received) = tokio::time::timeout(wait, stream.recv()).await else {
+            println!("no change within {wait:?}");
+            break;
+        };
+        match received? {
             Some(bytes) => {
                 let event = SandboxStreamEvent::decode(bytes)
                     .map_err(|e| Error::protocol(e.to_string()))?;
@@ -78,6 +84,7 @@ async fn main() -> Result<(), Error> {
             None => break,
         }
     }
+    // Cancelling (or dropping) the stream ends the RPC.
     stream.cancel();
-    Ok(())
+    example.finish(&client).await
 }

@@ -5,11 +5,16 @@
 //! `force_refresh = true` - one refresh at a time, shared by every waiting
 //! call - and retries the call once. Here the provider re-reads
 //! `OPENSHELL_TOKEN_FILE` (or `OPENSHELL_TOKEN`) each time it is asked.
+//! When neither is set it hands out a placeholder: the dev cluster of
+//! `make up` / `openshell-gateway up` runs without auth and ignores tokens,
+//! so the example works there as is. A gateway that checks tokens
+//! (`openshell-gateway serve --token ...`) rejects the placeholder with
+//! `unauthenticated`.
 //!
 //! ```sh
-//! echo dev > /tmp/token
-//! OPENSHELL_ENDPOINT=http://127.0.0.1:50051 OPENSHELL_TOKEN_FILE=/tmp/token \
-//!     cargo run -p openshell-sdk --example token_provider
+//! cargo run -p openshell-sdk --example token_provider       # dev cluster
+//! echo my-token > /tmp/token
+//! OPENSHELL_TOKEN_FILE=/tmp/token cargo run -p openshell-sdk --example token_provider
 //! ```
 
 use std::sync::Arc;
@@ -20,6 +25,9 @@ use futures::future::BoxFuture;
 use openshell_sdk::{
     AccessToken, CallOptions, Client, ClientConfig, Error, ListSandboxes, TokenProvider,
 };
+
+/// Sent when no token is configured; dev clusters ignore tokens.
+const PLACEHOLDER: &str = "dev-placeholder-token";
 
 struct FileTokens {
     calls: AtomicUsize,
@@ -34,9 +42,13 @@ impl TokenProvider for FileTokens {
                 Ok(path) => tokio::fs::read_to_string(&path)
                     .await
                     .map_err(|e| Error::auth(format!("reading {path}: {e}"), true))?,
-                Err(_) => std::env::var("OPENSHELL_TOKEN").map_err(|_| {
-                    Error::auth("set OPENSHELL_TOKEN_FILE or OPENSHELL_TOKEN", false)
-                })?,
+                Err(_) => match std::env::var("OPENSHELL_TOKEN") {
+                    Ok(token) if !token.is_empty() => token,
+                    _ => {
+                        println!("no OPENSHELL_TOKEN_FILE or OPENSHELL_TOKEN: using a placeholder");
+                        PLACEHOLDER.to_owned()
+                    }
+                },
             };
             // Ask again after five minutes even without a rejection.
             Ok(AccessToken::new(token.trim()).expires_in(Duration::from_secs(300)))

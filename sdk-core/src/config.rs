@@ -14,7 +14,6 @@ use rustls_pki_types::pem::PemObject;
 
 use crate::auth::{AccessToken, Credentials, TokenProvider};
 use crate::error::Error;
-use crate::routing::RoutingConfig;
 
 /// Default cap on buffered exec output (stdout and stderr together).
 pub const DEFAULT_EXEC_OUTPUT_LIMIT: usize = 64 * 1024 * 1024;
@@ -28,6 +27,28 @@ pub const DEFAULT_KEEPALIVE_TIMEOUT: Duration = Duration::from_secs(20);
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(30);
 /// Default largest message the client accepts.
 pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 16 * 1024 * 1024;
+
+/// Owner-routing settings (see [`ClientConfigBuilder::owner_routing`]); the
+/// [`routing`](crate::routing) layer reads them.
+#[derive(Debug, Clone, Copy)]
+pub struct RoutingConfig {
+    /// Send replica hints at all.
+    pub enabled: bool,
+    /// How long a cached owner is trusted.
+    pub cache_ttl: Duration,
+    /// Most sandboxes kept in the cache.
+    pub cache_capacity: usize,
+}
+
+impl Default for RoutingConfig {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            cache_ttl: Duration::from_secs(5),
+            cache_capacity: 1024,
+        }
+    }
+}
 
 /// A validated client configuration. Build it with [`ClientConfig::builder`].
 ///

@@ -25,7 +25,7 @@ use std::time::Duration;
 
 use tonic::Code;
 
-use crate::metadata::Metadata;
+use crate::metadata::{InvalidMetadata, Metadata, SERVED_BY};
 
 /// Result alias used throughout the crate.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -195,8 +195,7 @@ impl Error {
     /// The replica that produced this error (`x-openshell-served-by`), when a
     /// reference gateway answered. Absent for edge and transport failures.
     pub fn served_by(&self) -> Option<&str> {
-        self.metadata()
-            .and_then(|m| m.get(crate::metadata::SERVED_BY))
+        self.metadata().and_then(|m| m.get(SERVED_BY))
     }
 
     /// A configuration error.
@@ -264,6 +263,12 @@ impl Error {
             Some(TransportFailure::Tls) => Error::Tls { message },
             _ => Error::Connect { message },
         }
+    }
+}
+
+impl From<InvalidMetadata> for Error {
+    fn from(err: InvalidMetadata) -> Self {
+        Error::InvalidConfig { message: err.0 }
     }
 }
 

@@ -1,5 +1,6 @@
-//! OpenShell core client: the Rust SDK, and the core every language binding
-//! (Python, TypeScript, Go) exports.
+//! OpenShell core client: the Rust SDK, and the core the Python binding
+//! (`bindings/python`) exports. Rust and Python are the languages served
+//! today.
 //!
 //! # Quick start
 //!
@@ -7,9 +8,8 @@
 //! use openshell_sdk::{CallOptions, Client, ClientConfig, CreateSandbox, ExecRequest};
 //!
 //! # async fn run() -> Result<(), openshell_sdk::Error> {
-//! let config = ClientConfig::builder("http://127.0.0.1:17670")
-//!     .token("my-token")
-//!     .build()?;
+//! // `make up`'s dev cluster; add `.token(...)` for a gateway with auth.
+//! let config = ClientConfig::builder("http://127.0.0.1:17670").build()?;
 //! let client = Client::connect(config).await?;
 //!
 //! let sandboxes = client.sandboxes();
@@ -63,23 +63,51 @@
 //!
 //! | module | purpose |
 //! |---|---|
-//! | [`config`] | [`ClientConfig`] builder and validation |
-//! | [`transport`] | the tonic channel: endpoint, TLS, keepalive |
-//! | [`auth`] | bearer tokens, [`TokenProvider`], single-flight refresh |
-//! | [`raw`] | the bytes boundary and the one call path |
-//! | [`routing`] | owner lookup and cache, replica hints, the single unrouted retry, counters |
-//! | [`sandboxes`] | health and sandbox lifecycle |
-//! | [`exec`] | buffered, streaming and interactive exec |
-//! | [`forward`] | local TCP listener pumped over `ForwardTcp` |
-//! | [`supervisor`] | [`ConfigSession`]: the supervisor session with push config, poll fallback, redirects |
-//! | [`error`] | [`Error`] and its codes |
 //! | [`metadata`] | request/response metadata pairs |
+//! | [`error`] | [`Error`] and its codes |
+//! | [`auth`] | bearer tokens, [`TokenProvider`], single-flight refresh |
+//! | [`config`] | [`ClientConfig`] builder and validation, [`RoutingConfig`](config::RoutingConfig) |
+//! | [`transport`] | the tonic channel: endpoint, TLS, keepalive |
+//! | [`routing`] | owner lookup and cache, replica hints, the single unrouted retry, counters |
+//! | `client` | the [`Client`] handle, [`CallOptions`], per-operation deadlines |
+//! | [`raw`] | the bytes boundary and the one call path |
+//! | [`sandboxes`] | health and sandbox lifecycle |
+//! | [`exec`] | buffered, streaming and interactive exec, the output collector |
+//! | [`forward`] | local TCP listener pumped over `ForwardTcp` |
+//! | [`config_session`] | [`ConfigSession`]: the supervisor side of the session, with push config, poll fallback, redirects |
+//!
+//! # Layering
+//!
+//! The module graph is acyclic: a module imports (`use crate::x`) only
+//! modules of lower layers. `tests/module_layering.rs` checks it.
+//!
+//! | layer | module | may import |
+//! |---|---|---|
+//! | 0 | `metadata`, `paths` (method paths) | nothing of the crate |
+//! | 1 | `error` | `metadata` |
+//! | 2 | `auth` | `error` |
+//! | 3 | `config` | `auth`, `error` |
+//! | 4 | `transport` | `config`, `error` |
+//! | 4 | `routing` | `config`, `error`, `metadata` |
+//! | 5 | `client` | `auth`, `config`, `error`, `routing`, `transport` |
+//! | 6 | `raw` | layers 0 to 5 |
+//! | 7 | `sandboxes`, `exec`, `forward`, `config_session` | layers 0 to 6, never each other |
+//!
+//! Where a lower layer needs something of a higher one, it is passed in:
+//! the router decides when a sandbox's owner must be looked up, and the
+//! call layer hands it the lookup (`routing::OwnerLookup`, implemented by
+//! `raw` for [`Client`]), so `routing` never imports `raw` or `client`.
+//! [`RoutingConfig`](config::RoutingConfig) lives in `config` (a setting),
+//! [`metadata`] reports invalid pairs with its own error that [`error`]
+//! converts. The curated modules call through `raw`'s methods on
+//! [`Client`], so everything shares one call path.
 
 #![warn(missing_docs)]
 
 pub mod auth;
 mod client;
 pub mod config;
+pub mod config_session;
 pub mod error;
 pub mod exec;
 pub mod forward;
@@ -87,14 +115,19 @@ pub mod metadata;
 pub mod raw;
 pub mod routing;
 pub mod sandboxes;
-pub mod supervisor;
 pub mod transport;
 
 pub use auth::{AccessToken, TokenProvider};
 pub use client::{CallOptions, Client};
 pub use config::{ClientConfig, ClientConfigBuilder};
+pub use config_session::{
+    ApplyFn, ApplyOutcome, ApplyWithModeFn, ConfigEvent, ConfigSession, ConfigSessionBuilder,
+    ConfigSessionStats, ConfigSnapshot, DeliveryMode, SessionEvent, SessionHandle,
+};
 pub use error::{Error, Result};
-pub use exec::{ExecEvent, ExecInput, ExecOutput, ExecRequest, ExecStream, InteractiveExec};
+pub use exec::{
+    ExecEvent, ExecInput, ExecOutput, ExecRequest, ExecStream, InteractiveExec, OutputCollector,
+};
 pub use forward::{ForwardHandle, ForwardStats};
 pub use metadata::Metadata;
 pub use raw::{RawReceiver, RawResponse, RawSender, RawStream};
@@ -102,10 +135,6 @@ pub use routing::RoutingStats;
 pub use sandboxes::{
     CreateSandbox, DeletionOutcome, Health, ListSandboxes, Sandbox, SandboxPhase, SandboxWatch,
     Sandboxes, ServiceStatus,
-};
-pub use supervisor::{
-    ApplyFn, ApplyOutcome, ApplyWithModeFn, ConfigEvent, ConfigSession, ConfigSessionBuilder,
-    ConfigSessionStats, ConfigSnapshot, DeliveryMode, SessionEvent, SessionHandle,
 };
 pub use tokio_util::sync::CancellationToken;
 

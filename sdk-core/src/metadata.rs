@@ -10,8 +10,6 @@ use std::fmt;
 use http::{HeaderName, HeaderValue};
 use tonic::metadata::MetadataMap;
 
-use crate::error::Error;
-
 /// Response metadata key naming the gateway replica that produced an answer.
 pub const SERVED_BY: &str = "x-openshell-served-by";
 /// Request metadata key asking `GetSandbox` for the owner replica.
@@ -85,15 +83,16 @@ impl Metadata {
         out
     }
 
-    /// Writes the pairs into `headers`. Fails with `invalid_config` on a key
-    /// or value that is not valid metadata; the message names the key only.
-    pub(crate) fn write_to(&self, headers: &mut http::HeaderMap) -> Result<(), Error> {
+    /// Writes the pairs into `headers`. Fails on a key or value that is not
+    /// valid metadata (the error names the key only; it becomes
+    /// `invalid_config`).
+    pub(crate) fn write_to(&self, headers: &mut http::HeaderMap) -> Result<(), InvalidMetadata> {
         for (key, value) in &self.0 {
             let name = HeaderName::from_bytes(key.as_bytes()).map_err(|_| {
-                Error::invalid_config(format!("metadata key {key:?} is not a valid header name"))
+                InvalidMetadata(format!("metadata key {key:?} is not a valid header name"))
             })?;
             let mut value = HeaderValue::from_str(value).map_err(|_| {
-                Error::invalid_config(format!("metadata value of {key:?} is not valid ASCII"))
+                InvalidMetadata(format!("metadata value of {key:?} is not valid ASCII"))
             })?;
             if is_sensitive(key) {
                 value.set_sensitive(true);
@@ -103,6 +102,20 @@ impl Metadata {
         Ok(())
     }
 }
+
+/// A pair that cannot travel as metadata. The message names the key, never
+/// the value. [`Error`](crate::Error) turns it into `invalid_config`; this
+/// module sits below `error` and so does not build errors itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct InvalidMetadata(pub(crate) String);
+
+impl fmt::Display for InvalidMetadata {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for InvalidMetadata {}
 
 impl From<Vec<(String, String)>> for Metadata {
     fn from(pairs: Vec<(String, String)>) -> Self {
@@ -177,16 +190,20 @@ mod tests {
     #[test]
     fn invalid_metadata_is_invalid_config_without_the_value() {
         let mut headers = http::HeaderMap::new();
-        let err = Metadata::new()
-            .with("authorization", "Bearer bad\nvalue-secret")
-            .write_to(&mut headers)
-            .unwrap_err();
+        let err = crate::Error::from(
+            Metadata::new()
+                .with("authorization", "Bearer bad\nvalue-secret")
+                .write_to(&mut headers)
+                .unwrap_err(),
+        );
         assert_eq!(err.code(), "invalid_config");
         assert!(!err.to_string().contains("value-secret"));
-        let err = Metadata::new()
-            .with("bad key", "v")
-            .write_to(&mut headers)
-            .unwrap_err();
+        let err = crate::Error::from(
+            Metadata::new()
+                .with("bad key", "v")
+                .write_to(&mut headers)
+                .unwrap_err(),
+        );
         assert_eq!(err.code(), "invalid_config");
     }
 

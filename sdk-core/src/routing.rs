@@ -27,18 +27,42 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use futures::future::BoxFuture;
 use openshell_proto::MethodInfo;
 use prost_reflect::{DescriptorPool, DynamicMessage, Value};
 use tokio::sync::OnceCell;
 use tonic::Code;
 
-use crate::client::{CallOptions, Client, DeadlineKind, Resolved};
+pub use crate::config::RoutingConfig;
 use crate::error::Error;
 use crate::metadata::{Metadata, OWNER, REPLICA, SERVED_BY, WANT_OWNER};
 
-const GET_SANDBOX: &str = "/openshell.v1.OpenShell/GetSandbox";
 /// An owner lookup never holds a stream up for longer than this.
-const LOOKUP_DEADLINE: Duration = Duration::from_secs(5);
+pub(crate) const LOOKUP_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Asks the gateway which replica owns a sandbox. The router decides *when*
+/// to look an owner up; the call layer (`raw`) implements *how*, with a
+/// `GetSandbox` carrying [`owner_lookup_metadata`] through the one call
+/// path. Passing it in keeps this module below the call layer: routing
+/// never makes a call itself.
+pub(crate) trait OwnerLookup: Sync {
+    /// The owner replica, `None` when the gateway names none.
+    fn lookup_owner<'a>(&'a self, sandbox: &'a str)
+    -> BoxFuture<'a, Result<Option<String>, Error>>;
+}
+
+/// Request metadata of an owner lookup (`x-openshell-want-owner: 1`).
+pub(crate) fn owner_lookup_metadata() -> Metadata {
+    Metadata::new().with(WANT_OWNER, "1")
+}
+
+/// The owner a lookup's answer names (`x-openshell-owner`), if any.
+pub(crate) fn owner_from(metadata: &Metadata) -> Option<String> {
+    metadata
+        .get(OWNER)
+        .filter(|o| !o.is_empty())
+        .map(str::to_owned)
+}
 
 /// What the router decided for one attempt of one call.
 #[derive(Debug, Clone, Default)]
@@ -58,7 +82,8 @@ impl RouteDecision {
     }
 }
 
-/// Client-side routing counters, readable with [`Client::routing_stats`].
+/// Client-side routing counters, readable with
+/// [`Client::routing_stats`](crate::Client::routing_stats).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RoutingStats {
     /// Owner-routed attempts sent with a replica hint.
@@ -81,27 +106,6 @@ struct Counters {
     unrouted_retries: AtomicU64,
     owner_lookups: AtomicU64,
     cache_hits: AtomicU64,
-}
-
-/// Routing settings (see [`crate::ClientConfigBuilder::owner_routing`]).
-#[derive(Debug, Clone, Copy)]
-pub struct RoutingConfig {
-    /// Send replica hints at all.
-    pub enabled: bool,
-    /// How long a cached owner is trusted.
-    pub cache_ttl: Duration,
-    /// Most sandboxes kept in the cache.
-    pub cache_capacity: usize,
-}
-
-impl Default for RoutingConfig {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            cache_ttl: Duration::from_secs(5),
-            cache_capacity: 1024,
-        }
-    }
 }
 
 type Lookup = Arc<OnceCell<Option<String>>>;
@@ -153,7 +157,7 @@ impl Router {
     /// is set for the retry, which goes out without a hint.
     pub(crate) async fn route(
         &self,
-        client: &Client,
+        lookup: &dyn OwnerLookup,
         method: Option<&'static MethodInfo>,
         first_message: Option<&Bytes>,
         unrouted: bool,
@@ -168,7 +172,7 @@ impl Router {
             ..RouteDecision::default()
         };
         let owner = match (&sandbox, self.config.enabled && !unrouted) {
-            (Some(sandbox), true) => self.owner(client, sandbox).await,
+            (Some(sandbox), true) => self.owner(lookup, sandbox).await,
             _ => None,
         };
         match owner {
@@ -185,22 +189,22 @@ impl Router {
     }
 
     /// The sandbox's owner from the cache or one shared lookup.
-    async fn owner(&self, client: &Client, sandbox: &str) -> Option<String> {
+    async fn owner(&self, lookup: &dyn OwnerLookup, sandbox: &str) -> Option<String> {
         if let Some(owner) = self.cached(sandbox) {
             self.counters.cache_hits.fetch_add(1, Ordering::Relaxed);
             return owner;
         }
-        let lookup = self
+        let shared = self
             .in_flight
             .lock()
             .unwrap()
             .entry(sandbox.to_owned())
             .or_default()
             .clone();
-        let owner = lookup
+        let owner = shared
             .get_or_init(|| async {
                 self.counters.owner_lookups.fetch_add(1, Ordering::Relaxed);
-                let owner = lookup_owner(client, sandbox).await;
+                let owner = lookup.lookup_owner(sandbox).await;
                 if let Ok(owner) = &owner {
                     self.remember(sandbox, owner.clone());
                 }
@@ -212,7 +216,7 @@ impl Router {
         let mut in_flight = self.in_flight.lock().unwrap();
         if in_flight
             .get(sandbox)
-            .is_some_and(|l| Arc::ptr_eq(l, &lookup))
+            .is_some_and(|l| Arc::ptr_eq(l, &shared))
         {
             in_flight.remove(sandbox);
         }
@@ -316,25 +320,6 @@ fn edge_signature(err: &Error) -> bool {
     }
 }
 
-async fn lookup_owner(client: &Client, sandbox: &str) -> Result<Option<String>, Error> {
-    let request = openshell_proto::GetSandboxRequest {
-        name: sandbox.to_owned(),
-        workspace_scope: None,
-    };
-    let options = CallOptions::new().deadline(LOOKUP_DEADLINE);
-    let resolved = Resolved::new(client, &options, DeadlineKind::Bounded);
-    let ctx =
-        crate::raw::CallContext::new(GET_SANDBOX, Metadata::new().with(WANT_OWNER, "1"), resolved)?;
-    let bytes = Bytes::from(prost::Message::encode_to_vec(&request));
-    // Boxed: this unary call passes through `route` again (unrouted).
-    let response = Box::pin(client.unary_call(ctx, bytes)).await?;
-    Ok(response
-        .metadata
-        .get(OWNER)
-        .map(str::to_owned)
-        .filter(|o| !o.is_empty()))
-}
-
 fn descriptors() -> &'static DescriptorPool {
     static POOL: OnceLock<DescriptorPool> = OnceLock::new();
     POOL.get_or_init(|| {
@@ -369,6 +354,8 @@ pub fn owner_routed_field(path: &str) -> Option<&'static str> {
 mod tests {
     use super::*;
     use prost::Message;
+
+    const GET_SANDBOX: &str = "/openshell.v1.OpenShell/GetSandbox";
 
     #[test]
     fn owner_routed_fields_come_from_the_method_table() {

@@ -18,9 +18,10 @@ pub use openshell_proto::{DeletionOutcome, SandboxPhase, ServiceStatus};
 
 use crate::client::{CallOptions, Client, DeadlineKind, Resolved};
 use crate::error::Error;
-use crate::metadata::{Metadata, SERVED_BY};
+use crate::metadata::SERVED_BY;
 use crate::paths;
 use crate::raw::{decode, stop_after_error};
+use crate::routing::{owner_from, owner_lookup_metadata};
 
 /// A sandbox as the gateway reported it.
 ///
@@ -294,14 +295,11 @@ impl Sandboxes {
             .typed_unary_with(
                 paths::GET_SANDBOX,
                 &request,
-                Metadata::new().with(crate::metadata::WANT_OWNER, "1"),
+                owner_lookup_metadata(),
                 &resolved,
             )
             .await?;
-        let owner = metadata
-            .get(crate::metadata::OWNER)
-            .filter(|o| !o.is_empty())
-            .map(str::to_owned);
+        let owner = owner_from(&metadata);
         self.client.inner.router.remember(name, owner.clone());
         Ok((sandbox_of(paths::GET_SANDBOX, response)?, owner))
     }

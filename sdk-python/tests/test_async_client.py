@@ -130,9 +130,66 @@ async def test_interactive_with_tty(aclient: AsyncClient, ready_sandbox: str) ->
 async def test_interactive_stdin_eof(aclient: AsyncClient, ready_sandbox: str) -> None:
     session = await aclient.exec_interactive(ready_sandbox, ["cat"])
     await session.write(b"abc")
-    session.close_stdin()
+    await session.close_stdin()
+    await session.close_stdin()  # idempotent
     result = await asyncio.wait_for(session.wait(), 30)
     assert (result.stdout, result.exit_code) == (b"abc", 0)
+
+
+async def wait_gone(pids: list[int], what: str) -> None:
+    deadline = time.monotonic() + 20
+    while any(process_running(pid) for pid in pids):
+        assert time.monotonic() < deadline, f"processes {pids} still run after {what}"
+        await asyncio.sleep(0.1)
+
+
+async def test_collect_past_the_cap_fails_with_output_limit_and_stops_the_process(
+    aclient: AsyncClient, ready_sandbox: str
+) -> None:
+    marker = unique("m")
+    stream = aclient.exec_stream(
+        ready_sandbox,
+        ["sh", "-c", "echo started; exec yes"],
+        env={"TEST_MARKER": marker},
+        output_limit=64 * 1024,
+    )
+    first = await asyncio.wait_for(anext(stream), 30)
+    assert isinstance(first, osdk.ExecStdout)
+    pids = marked_pids(marker)
+    assert pids, "the command is not running"
+    with pytest.raises(osdk.OutputLimitError) as info:
+        await asyncio.wait_for(stream.collect(), 30)
+    assert info.value.code == "output_limit"
+    assert "65536 bytes" in str(info.value)
+    assert stream.finished
+    await wait_gone(pids, "the output cap")
+    # Under the cap, collect() gathers what was not handed out yet.
+    result = await aclient.exec_stream(
+        ready_sandbox, ["sh", "-c", "echo out; echo err >&2; exit 3"], output_limit=1000
+    ).collect()
+    assert (result.stdout, result.stderr, result.exit_code) == (b"out\n", b"err\n", 3)
+
+
+async def test_interactive_wait_past_the_cap_fails_with_output_limit(
+    aclient: AsyncClient, ready_sandbox: str
+) -> None:
+    marker = unique("m")
+    session = await aclient.exec_interactive(
+        ready_sandbox,
+        ["sh", "-c", "read line; exec yes"],
+        env={"TEST_MARKER": marker},
+        output_limit=4096,
+    )
+    async with session:
+        deadline = time.monotonic() + 30
+        while not (pids := marked_pids(marker)):
+            assert time.monotonic() < deadline, "the command never started"
+            await asyncio.sleep(0.05)
+        await session.write("go\n")
+        with pytest.raises(osdk.OutputLimitError) as info:
+            await asyncio.wait_for(session.wait(), 30)
+        assert info.value.code == "output_limit"
+    await wait_gone(pids, "the output cap")
 
 
 def echo_server() -> tuple[socket.socket, threading.Thread]:
@@ -329,7 +386,7 @@ async def test_routing_counters_when_the_core_has_them(
     after = aclient.routing_stats()
     assert after is not None
     assert after.hinted + after.unhinted >= before.hinted + before.unhinted + 3
-    assert after.unrouted_retry == before.unrouted_retry
+    assert after.unrouted_retries == before.unrouted_retries
 
 
 async def test_many_concurrent_calls(aclient: AsyncClient, ready_sandbox: str) -> None:

@@ -54,6 +54,17 @@ def test_interactive(client: Client, ready_sandbox: str) -> None:
         session.write("hi\n")
         result = session.wait()
     assert result.stdout == b"got:hi\n" and result.exit_code == 0
+    with client.exec_interactive(ready_sandbox, ["cat"]) as session:
+        session.write("eof")
+        session.close_stdin()
+        assert session.wait().stdout == b"eof"
+
+
+def test_collect_past_the_cap_fails_with_output_limit(client: Client, ready_sandbox: str) -> None:
+    stream = client.exec_stream(ready_sandbox, ["yes"], output_limit=1000)
+    with stream, pytest.raises(osdk.OutputLimitError) as info:
+        stream.collect()
+    assert info.value.code == "output_limit"
 
 
 def test_forward_is_a_context_manager(client: Client, ready_sandbox: str) -> None:

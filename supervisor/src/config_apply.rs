@@ -1,5 +1,5 @@
 //! Applying the sandbox's configuration (pushed or polled; the supervisor
-//! cannot tell which, see `openshell_sdk::supervisor`).
+//! cannot tell which, see `openshell_sdk::config_session`).
 //!
 //! A configuration is checked, then written to `.openshell/config.json` in
 //! the sandbox's working directory (atomically: a temporary file renamed

@@ -35,6 +35,7 @@ use pyo3::types::PyDict;
 use crate::errors::{invalid_config, to_py};
 use crate::handles::{
     EventState, ExecStreamHandle, InteractiveHandle, NativeForward, RawStreamHandle, WatchHandle,
+    wire_output,
 };
 use crate::runtime::{self, spawn};
 
@@ -425,12 +426,7 @@ impl NativeClient {
         let (options, _) = self.options(py, timeout)?;
         let request = request.into_request(py)?;
         spawn(py, async move {
-            let out = client.exec(request, options).await?;
-            Ok((
-                Bytes::from(out.stdout),
-                Bytes::from(out.stderr),
-                out.exit_code,
-            ))
+            Ok(wire_output(client.exec(request, options).await?))
         })
     }
 
@@ -549,7 +545,7 @@ impl NativeClient {
         let dict = PyDict::new(py);
         dict.set_item("hinted", stats.hinted)?;
         dict.set_item("unhinted", stats.unhinted)?;
-        dict.set_item("unrouted_retry", stats.unrouted_retries)?;
+        dict.set_item("unrouted_retries", stats.unrouted_retries)?;
         dict.set_item("owner_lookups", stats.owner_lookups)?;
         dict.set_item("cache_hits", stats.cache_hits)?;
         Ok(dict)

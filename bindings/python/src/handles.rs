@@ -11,14 +11,21 @@
 //! batch instead of one per chunk. An event is `(kind, data, exit_code)`
 //! with kind 1 = stdout, 2 = stderr, 3 = exit; an empty batch means the
 //! stream has ended.
+//!
+//! Collecting the rest of an exec (`collect()`, Python's `ExecStream.collect`
+//! and `InteractiveExec.wait`) happens here, with the core's
+//! [`OutputCollector`] under the stream's cap: past it the call fails with
+//! `output_limit` and the core stream is dropped, which cancels the command,
+//! exactly like buffered exec. Python hands back the events it fetched but
+//! has not given out yet, so they count against the cap too.
 
 use std::sync::{Arc, Mutex};
 
 use bytes::Bytes;
 use futures::{FutureExt, StreamExt};
 use openshell_sdk::{
-    CancellationToken, Error, ExecEvent, ExecInput, ExecStream, ForwardHandle, Metadata,
-    RawReceiver, RawSender, SandboxWatch,
+    CancellationToken, Error, ExecEvent, ExecInput, ExecOutput, ExecStream, ForwardHandle,
+    Metadata, OutputCollector, RawReceiver, RawSender, SandboxWatch,
 };
 use prost::Message;
 use pyo3::prelude::*;
@@ -31,6 +38,28 @@ const BATCH_BYTES: usize = 1024 * 1024;
 
 /// `(kind, data, exit_code)`: 1 stdout, 2 stderr, 3 exit.
 type WireEvent = (u8, Bytes, i32);
+
+/// `(stdout, stderr, exit_code)`, as buffered exec answers.
+pub type WireOutput = (Bytes, Bytes, i32);
+
+pub fn wire_output(output: ExecOutput) -> WireOutput {
+    (
+        Bytes::from(output.stdout),
+        Bytes::from(output.stderr),
+        output.exit_code,
+    )
+}
+
+fn event_of((kind, data, exit_code): WireEvent) -> Result<ExecEvent, Error> {
+    match kind {
+        1 => Ok(ExecEvent::Stdout(data)),
+        2 => Ok(ExecEvent::Stderr(data)),
+        3 => Ok(ExecEvent::Exit(exit_code)),
+        other => Err(Error::invalid_config(format!(
+            "exec event kind {other} is not 1, 2 or 3"
+        ))),
+    }
+}
 
 pub struct EventState {
     /// `None` once cancelled: dropping the core stream resets the HTTP/2
@@ -55,6 +84,39 @@ impl EventState {
         if !self.done && self.pending_error.is_none() {
             self.pending_error = Some(Error::Cancelled);
         }
+    }
+
+    /// The rest of the stream through the core's collector, under the
+    /// stream's cap. `buffered`: events already fetched but not given out.
+    /// On any error the core stream is dropped (the command is cancelled).
+    async fn collect(&mut self, buffered: Vec<WireEvent>) -> Result<WireOutput, Error> {
+        let result = self.collect_rest(buffered).await;
+        self.done = true;
+        if result.is_err() {
+            self.stream = None;
+        }
+        result.map(wire_output)
+    }
+
+    async fn collect_rest(&mut self, buffered: Vec<WireEvent>) -> Result<ExecOutput, Error> {
+        let Some(stream) = self.stream.as_mut() else {
+            return Err(self.pending_error.take().unwrap_or(Error::Cancelled));
+        };
+        let mut collector = OutputCollector::new(stream.output_limit());
+        for event in buffered {
+            if let Some(output) = collector.push(event_of(event)?)? {
+                return Ok(output);
+            }
+        }
+        if let Some(err) = self.pending_error.take() {
+            return Err(err);
+        }
+        if self.done {
+            return Err(Error::StreamClosed {
+                message: "the exec stream has already ended".into(),
+            });
+        }
+        stream.collect_into(collector).await
     }
 
     async fn next_batch(&mut self, max_events: usize) -> Result<Vec<WireEvent>, Error> {
@@ -149,6 +211,22 @@ impl ExecStreamHandle {
         })
     }
 
+    /// `(stdout, stderr, exit_code)` of the rest of the stream, collected by
+    /// the core under the stream's cap (`output_limit` past it, and the
+    /// command is cancelled). `buffered`: events fetched but not given out.
+    #[pyo3(signature = (buffered = Vec::new()))]
+    fn collect<'py>(
+        &self,
+        py: Python<'py>,
+        buffered: Vec<WireEvent>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let events = Arc::clone(&self.events);
+        spawn(
+            py,
+            async move { events.lock().await.collect(buffered).await },
+        )
+    }
+
     /// Cancels the command's stream (the gateway kills the process group).
     fn cancel(&self) {
         cancel_events(&self.events, &self.cancel);
@@ -189,6 +267,20 @@ impl InteractiveHandle {
         spawn(py, async move {
             events.lock().await.next_batch(max_events).await
         })
+    }
+
+    /// Like `ExecStreamHandle.collect`: the rest of the output under the cap.
+    #[pyo3(signature = (buffered = Vec::new()))]
+    fn collect<'py>(
+        &self,
+        py: Python<'py>,
+        buffered: Vec<WireEvent>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let events = Arc::clone(&self.events);
+        spawn(
+            py,
+            async move { events.lock().await.collect(buffered).await },
+        )
     }
 
     /// Cancels the command's stream.

@@ -12,7 +12,8 @@
 //!   close_send, cancel, response metadata, trailers);
 //! - curated operations whose data plane stays in Rust: sandbox lifecycle,
 //!   buffered exec (output collected in Rust), streaming exec (events in
-//!   batches), interactive exec, forward (listener and byte pumps in Rust;
+//!   batches, and `collect()`: the rest collected in Rust under the same
+//!   cap), interactive exec, forward (listener and byte pumps in Rust;
 //!   Python holds a handle with the local address, stats and close);
 //! - the supervisor side of the session protocol ([`config_session`]): a
 //!   `ConfigSession` whose pushed or polled snapshots Python answers one at a
@@ -20,27 +21,43 @@
 //!
 //! Protobuf messages cross as `bytes` and are `protobuf` objects in Python.
 //!
-//! # Runtime ownership
+//! # Ownership
 //!
-//! The module owns one tokio runtime per process, built on first use
-//! ([`runtime`]). It is not pyo3-async-runtimes' global runtime: that one
-//! cannot be replaced after `fork()`, ours is rebuilt in a forked child.
+//! - The module owns one tokio runtime per process, built on first use
+//!   ([`runtime`]). It is not pyo3-async-runtimes' global runtime: that one
+//!   cannot be replaced after `fork()`, ours is rebuilt in a forked child.
+//!   `atexit` stops it before the interpreter is torn down.
+//! - Each Python object owns its core object: `NativeClient` a core
+//!   `Client` (a cheap clone of shared state), every handle its stream,
+//!   forward or session. Python's garbage collector frees them by dropping
+//!   the Rust value; nothing is freed by hand and no raw pointer crosses.
+//!   Dropping a handle cancels its RPC (for exec, the gateway kills the
+//!   process group) or closes its forward; `cancel()` / `close()` do it
+//!   explicitly and are idempotent.
+//! - Data crosses by value: `bytes` in are copied into `Bytes`, results are
+//!   copied into Python objects. Python never sees Rust memory.
 //!
-//! # GIL
+//! # Threading and the GIL
 //!
-//! No tokio task holds the GIL while it waits: futures run without it, and
-//! results are converted on a blocking thread that takes it only then. The
-//! few synchronous calls that wait (building a client) release it first.
-//! Token-provider callbacks take the GIL on a blocking thread, never on a
-//! worker.
+//! Every class is `frozen` and `Send + Sync`: methods may be called from
+//! any Python thread (the sync `Client` calls them from its background
+//! loop's thread). No tokio task holds the GIL while it waits: futures run
+//! on the runtime's worker threads without it, and results are converted on
+//! a blocking thread that takes it only then. The few synchronous calls that
+//! wait (building a client) release it first. Callbacks into Python (token
+//! providers, config-session acknowledgements) run on blocking threads that
+//! take the GIL only for the call, never on a worker.
 //!
 //! # Cancellation
 //!
 //! Cancelling the asyncio task that awaits a call drops the Rust future,
 //! which cancels the RPC (for exec, the gateway then kills the process
 //! group). Dropping a handle cancels its stream; `NativeClient.close()`
-//! cancels everything the client started.
-//!
+//! fires the parent token of every call it started, so calls, streams and
+//! forwards in flight end with `cancelled`, and so does every later call.
+//! A call that fails inside the core (an exec past its output cap) is
+//! dropped there and cancelled the same way.
+
 //! # Panics and errors
 //!
 //! pyo3 turns a panic in an exported function into `PanicException`, and

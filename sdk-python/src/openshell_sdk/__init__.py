@@ -19,7 +19,7 @@ reachable through the typed raw stubs ``client.raw``.
 
 import atexit as _atexit
 
-from . import _native, errors, types
+from . import _native, errors, proto, types
 from ._async_client import (
     AsyncClient,
     AsyncSandboxes,
@@ -95,9 +95,6 @@ from .types import (
 # bindings/python/src/runtime.rs): a call completing during finalization
 # would otherwise take the GIL of a dying interpreter.
 _atexit.register(_native._shutdown_runtime)
-
-proto = openshell_pb2
-"""The ``openshell.v1`` message types (``openshell_sdk.proto.GetSandboxRequest``, ...)."""
 
 __version__ = _native_version
 

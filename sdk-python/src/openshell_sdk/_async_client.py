@@ -107,6 +107,14 @@ def _event(kind: int, data: bytes, exit_code: int) -> ExecEvent:
     return ExecExit(exit_code)
 
 
+def _wire(event: ExecEvent) -> tuple[int, bytes, int]:
+    if isinstance(event, ExecStdout):
+        return (1, event.data, 0)
+    if isinstance(event, ExecStderr):
+        return (2, event.data, 0)
+    return (3, b"", event.exit_code)
+
+
 class _EventSource:
     """Events of a native exec handle, fetched in batches."""
 
@@ -117,6 +125,26 @@ class _EventSource:
 
     async def _fetch(self) -> list[tuple[int, bytes, int]]:
         raise NotImplementedError
+
+    async def _native_collect(
+        self, buffered: list[tuple[int, bytes, int]]
+    ) -> tuple[bytes, bytes, int]:
+        raise NotImplementedError
+
+    async def _collect_rest(self) -> ExecResult:
+        """The remaining output, collected by the core under the stream's cap
+        (``output_limit`` past it, and the command is cancelled, as for
+        buffered exec). Events fetched but not handed out yet count too."""
+        if self.finished and self.exit_code is not None:
+            return ExecResult(b"", b"", self.exit_code)
+        buffered = [_wire(event) for event in self._buffer]
+        self._buffer.clear()
+        try:
+            stdout, stderr, exit_code = await self._native_collect(buffered)
+        finally:
+            self._ended = True
+        self.exit_code = exit_code
+        return ExecResult(stdout, stderr, exit_code)
 
     async def next_event(self) -> ExecEvent | None:
         while not self._buffer:
@@ -136,18 +164,6 @@ class _EventSource:
     @property
     def finished(self) -> bool:
         return self._ended and not self._buffer
-
-
-async def _gather_output(stream: ExecStream | InteractiveExec) -> ExecResult:
-    """Reads a stream's remaining events into an :class:`ExecResult`."""
-    stdout, stderr = bytearray(), bytearray()
-    async for event in stream:
-        if isinstance(event, ExecStdout):
-            stdout += event.data
-        elif isinstance(event, ExecStderr):
-            stderr += event.data
-    assert stream.exit_code is not None
-    return ExecResult(bytes(stdout), bytes(stderr), stream.exit_code)
 
 
 class ExecStream(_EventSource):
@@ -177,6 +193,12 @@ class ExecStream(_EventSource):
         handle = await self._native_handle()
         return await handle.next_batch()
 
+    async def _native_collect(
+        self, buffered: list[tuple[int, bytes, int]]
+    ) -> tuple[bytes, bytes, int]:
+        handle = await self._native_handle()
+        return await handle.collect(buffered)
+
     def __aiter__(self) -> ExecStream:
         return self
 
@@ -187,8 +209,14 @@ class ExecStream(_EventSource):
         return event
 
     async def collect(self) -> ExecResult:
-        """Reads the rest of the stream into an :class:`ExecResult`."""
-        return await _gather_output(self)
+        """Reads the rest of the stream into an :class:`ExecResult`.
+
+        The core collects it, up to the stream's ``output_limit`` (stdout and
+        stderr together; the client's cap by default). Past the cap this raises
+        :class:`~openshell_sdk.errors.OutputLimitError` (code ``output_limit``)
+        and the command is cancelled, as for buffered :meth:`AsyncClient.exec`.
+        """
+        return await self._collect_rest()
 
     def cancel(self) -> None:
         """Cancels the command's stream. Idempotent."""
@@ -225,6 +253,11 @@ class InteractiveExec(_EventSource):
     async def _fetch(self) -> list[tuple[int, bytes, int]]:
         return await self._handle.next_batch()
 
+    async def _native_collect(
+        self, buffered: list[tuple[int, bytes, int]]
+    ) -> tuple[bytes, bytes, int]:
+        return await self._handle.collect(buffered)
+
     async def write(self, data: bytes | str) -> None:
         """Writes to the process's stdin."""
         await self._handle.write(data.encode() if isinstance(data, str) else data)
@@ -233,8 +266,9 @@ class InteractiveExec(_EventSource):
         """Resizes the terminal."""
         await self._handle.resize(cols, rows)
 
-    def close_stdin(self) -> None:
-        """Closes stdin. Idempotent."""
+    async def close_stdin(self) -> None:
+        """Closes stdin: the process reads EOF. No write or resize can follow.
+        Idempotent."""
         self._handle.close_stdin()
 
     def cancel(self) -> None:
@@ -251,8 +285,13 @@ class InteractiveExec(_EventSource):
         return event
 
     async def wait(self) -> ExecResult:
-        """Reads every remaining event; returns the output and exit code."""
-        return await _gather_output(self)
+        """Reads every remaining event; returns the output and exit code.
+
+        Collected by the core under ``output_limit``, like
+        :meth:`ExecStream.collect`: past it this raises
+        :class:`~openshell_sdk.errors.OutputLimitError` and the command is
+        cancelled."""
+        return await self._collect_rest()
 
     async def __aenter__(self) -> InteractiveExec:
         return self
@@ -577,9 +616,13 @@ class AsyncClient:
         cols: int = 0,
         rows: int = 0,
         exec_timeout: float | None = None,
+        output_limit: int | None = None,
         timeout: float | None = None,
     ) -> ExecStream:
-        """Runs ``command`` and streams its events (see :class:`ExecStream`)."""
+        """Runs ``command`` and streams its events (see :class:`ExecStream`).
+
+        ``output_limit`` caps what :meth:`ExecStream.collect` gathers (the
+        client's cap by default); iterating events is not capped."""
         args = _exec_args(
             sandbox,
             command,
@@ -590,7 +633,7 @@ class AsyncClient:
             cols=cols,
             rows=rows,
             exec_timeout=exec_timeout,
-            output_limit=None,
+            output_limit=output_limit,
         )
         return ExecStream(lambda: self._native.exec_stream(args, timeout=timeout))
 
@@ -606,10 +649,12 @@ class AsyncClient:
         env: Mapping[str, str] | None = None,
         stdin: bytes | str | None = None,
         exec_timeout: float | None = None,
+        output_limit: int | None = None,
         timeout: float | None = None,
     ) -> InteractiveExec:
         """Starts ``command`` with an input side; ``tty=True`` runs it under a terminal
-        of ``cols`` x ``rows``. ``stdin``, if given, is written first."""
+        of ``cols`` x ``rows``. ``stdin``, if given, is written first.
+        ``output_limit`` caps what :meth:`InteractiveExec.wait` gathers."""
         args = _exec_args(
             sandbox,
             command,
@@ -620,7 +665,7 @@ class AsyncClient:
             cols=cols if tty else 0,
             rows=rows if tty else 0,
             exec_timeout=exec_timeout,
-            output_limit=None,
+            output_limit=output_limit,
         )
         return InteractiveExec(await self._native.exec_interactive(args, timeout=timeout))
 

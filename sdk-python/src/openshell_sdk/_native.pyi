@@ -32,7 +32,7 @@ class ForwardStatsDict(TypedDict):
 class RoutingStatsDict(TypedDict):
     hinted: int
     unhinted: int
-    unrouted_retry: int
+    unrouted_retries: int
     owner_lookups: int
     cache_hits: int
 
@@ -44,8 +44,12 @@ Metadata = list[tuple[str, str]]
 # (kind, data, exit_code): kind 1 stdout, 2 stderr, 3 exit.
 WireEvent = tuple[int, bytes, int]
 
+# (stdout, stderr, exit_code), as buffered exec answers.
+WireOutput = tuple[bytes, bytes, int]
+
 class ExecStreamHandle:
     def next_batch(self, max_events: int = 256) -> Awaitable[list[WireEvent]]: ...
+    def collect(self, buffered: list[WireEvent] = ...) -> Awaitable[WireOutput]: ...
     def cancel(self) -> None: ...
 
 class InteractiveHandle:
@@ -53,6 +57,7 @@ class InteractiveHandle:
     def resize(self, cols: int, rows: int) -> Awaitable[None]: ...
     def close_stdin(self) -> None: ...
     def next_batch(self, max_events: int = 256) -> Awaitable[list[WireEvent]]: ...
+    def collect(self, buffered: list[WireEvent] = ...) -> Awaitable[WireOutput]: ...
     def cancel(self) -> None: ...
 
 class WatchHandle:

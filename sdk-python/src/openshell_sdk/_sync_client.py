@@ -55,7 +55,8 @@ class SyncExecStream:
         return self._stream.exit_code
 
     def collect(self) -> ExecResult:
-        """Reads the rest of the stream into an :class:`ExecResult`."""
+        """Reads the rest of the stream into an :class:`ExecResult` (collected by
+        the core under ``output_limit``; see :meth:`ExecStream.collect`)."""
         return self._loop.run(self._stream.collect())
 
     def cancel(self) -> None:
@@ -88,7 +89,8 @@ class SyncInteractiveExec:
         self._loop.run(self._interactive.resize(cols, rows))
 
     def close_stdin(self) -> None:
-        self._interactive.close_stdin()
+        """Closes stdin (EOF). Idempotent."""
+        self._loop.run(self._interactive.close_stdin())
 
     def cancel(self) -> None:
         self._interactive.cancel()
@@ -109,6 +111,7 @@ class SyncInteractiveExec:
         return self._interactive.exit_code
 
     def wait(self) -> ExecResult:
+        """The rest of the output and the exit code (see :meth:`InteractiveExec.wait`)."""
         return self._loop.run(self._interactive.wait())
 
     def __enter__(self) -> SyncInteractiveExec:
@@ -341,9 +344,11 @@ class Client:
         cols: int = 0,
         rows: int = 0,
         exec_timeout: float | None = None,
+        output_limit: int | None = None,
         timeout: float | None = None,
     ) -> SyncExecStream:
-        """Runs ``command`` and streams its events (``for event in stream``)."""
+        """Runs ``command`` and streams its events (``for event in stream``);
+        ``output_limit`` caps :meth:`SyncExecStream.collect`."""
         stream = self._async.exec_stream(
             sandbox,
             command,
@@ -354,6 +359,7 @@ class Client:
             cols=cols,
             rows=rows,
             exec_timeout=exec_timeout,
+            output_limit=output_limit,
             timeout=timeout,
         )
         return SyncExecStream(stream, self._loop)
@@ -370,6 +376,7 @@ class Client:
         env: Mapping[str, str] | None = None,
         stdin: bytes | str | None = None,
         exec_timeout: float | None = None,
+        output_limit: int | None = None,
         timeout: float | None = None,
     ) -> SyncInteractiveExec:
         """Starts ``command`` with an input side (see ``AsyncClient.exec_interactive``)."""
@@ -384,6 +391,7 @@ class Client:
                 env=env,
                 stdin=stdin,
                 exec_timeout=exec_timeout,
+                output_limit=output_limit,
                 timeout=timeout,
             )
         )

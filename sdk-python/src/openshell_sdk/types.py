@@ -184,6 +184,6 @@ class RoutingStats:
 
     hinted: int
     unhinted: int
-    unrouted_retry: int
+    unrouted_retries: int
     owner_lookups: int
     cache_hits: int

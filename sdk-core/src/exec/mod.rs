@@ -6,13 +6,20 @@
 //!   grows without bound.
 //! - [`Client::exec_stream`] yields [`ExecEvent`]s as they arrive. The last
 //!   event is always [`ExecEvent::Exit`]; a server stream that ends without
-//!   one yields a `protocol` error, never a silent success.
+//!   one yields a `protocol` error, never a silent success. Collecting the
+//!   rest of a stream ([`ExecStream::collect`], [`ExecStream::collect_into`])
+//!   goes through the same [`OutputCollector`] and cap as buffered exec;
+//!   the bindings use it too, so no language gathers output on its own.
 //! - [`Client::exec_interactive`] adds an input side: stdin bytes, window
 //!   resizes, and closing stdin.
 //!
 //! All three ride `ExecSandbox` / `ExecSandboxInput` streams opened through
 //! [`crate::raw`], so they share auth, deadlines, cancellation and routing
 //! with every other call.
+//!
+//! Files: this one has the requests, the interactive input side and the
+//! `Client` methods; `stream` turns frames into events and collects them;
+//! `output` holds the collected output and the collector with its cap.
 
 use std::collections::BTreeMap;
 use std::fmt;
@@ -21,16 +28,20 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
 use openshell_proto as pb;
-use openshell_proto::exec_sandbox_event::Payload as EventPayload;
 use openshell_proto::exec_sandbox_input::Payload as InputPayload;
 
 use crate::client::{CallOptions, Client, DeadlineKind, Resolved};
 use crate::error::Error;
 use crate::paths;
-use crate::raw::{RawSender, decode};
+use crate::raw::RawSender;
+
+mod output;
+mod stream;
+
+pub use output::{ExecOutput, OutputCollector};
+pub use stream::ExecStream;
 
 /// Largest stdin chunk sent in one message.
 pub const STDIN_CHUNK: usize = 64 * 1024;
@@ -58,7 +69,8 @@ pub struct ExecRequest {
     pub rows: u32,
     /// Server-side execution timeout (exit code 124 when it expires).
     pub timeout: Option<Duration>,
-    /// Cap on buffered output; the client's when `None`.
+    /// Cap on collected output (buffered exec, and collecting a stream);
+    /// the client's when `None`.
     pub output_limit: Option<usize>,
 }
 
@@ -180,200 +192,6 @@ pub enum ExecEvent {
     Exit(i32),
 }
 
-/// What a buffered exec collected.
-#[derive(Clone, PartialEq, Eq)]
-pub struct ExecOutput {
-    /// Everything written to stdout.
-    pub stdout: Vec<u8>,
-    /// Everything written to stderr.
-    pub stderr: Vec<u8>,
-    /// Exit code.
-    pub exit_code: i32,
-}
-
-impl ExecOutput {
-    /// Whether the exit code is 0.
-    pub fn success(&self) -> bool {
-        self.exit_code == 0
-    }
-
-    /// stdout as text (lossy).
-    pub fn stdout_text(&self) -> String {
-        String::from_utf8_lossy(&self.stdout).into_owned()
-    }
-
-    /// stderr as text (lossy).
-    pub fn stderr_text(&self) -> String {
-        String::from_utf8_lossy(&self.stderr).into_owned()
-    }
-}
-
-impl fmt::Debug for ExecOutput {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ExecOutput")
-            .field("stdout_len", &self.stdout.len())
-            .field("stderr_len", &self.stderr.len())
-            .field("exit_code", &self.exit_code)
-            .finish()
-    }
-}
-
-/// Collects output up to a cap on stdout and stderr together.
-#[derive(Debug)]
-pub(crate) struct OutputCollector {
-    limit: usize,
-    stdout: Vec<u8>,
-    stderr: Vec<u8>,
-}
-
-impl OutputCollector {
-    pub(crate) fn new(limit: usize) -> Self {
-        Self {
-            limit,
-            stdout: Vec::new(),
-            stderr: Vec::new(),
-        }
-    }
-
-    fn total(&self) -> usize {
-        self.stdout.len() + self.stderr.len()
-    }
-
-    /// Adds an event; `Ok(Some(output))` at the exit event.
-    pub(crate) fn push(&mut self, event: ExecEvent) -> Result<Option<ExecOutput>, Error> {
-        let total = self.total();
-        let (buffer, chunk) = match event {
-            ExecEvent::Stdout(chunk) => (&mut self.stdout, chunk),
-            ExecEvent::Stderr(chunk) => (&mut self.stderr, chunk),
-            ExecEvent::Exit(exit_code) => {
-                return Ok(Some(ExecOutput {
-                    stdout: std::mem::take(&mut self.stdout),
-                    stderr: std::mem::take(&mut self.stderr),
-                    exit_code,
-                }));
-            }
-        };
-        if total.saturating_add(chunk.len()) > self.limit {
-            return Err(Error::OutputLimit { limit: self.limit });
-        }
-        buffer.extend_from_slice(&chunk);
-        Ok(None)
-    }
-}
-
-/// Turns encoded `ExecSandboxEvent` frames into events: the exit event is
-/// yielded once the server closed the stream, and a stream that ends without
-/// one yields a `protocol` error. Ends after the first error.
-pub(crate) fn assemble_events(
-    frames: BoxStream<'static, Result<Bytes, Error>>,
-) -> BoxStream<'static, Result<ExecEvent, Error>> {
-    struct State {
-        frames: BoxStream<'static, Result<Bytes, Error>>,
-        done: bool,
-    }
-    futures::stream::unfold(
-        State {
-            frames,
-            done: false,
-        },
-        |mut state| async move {
-            if state.done {
-                return None;
-            }
-            loop {
-                let item = match state.frames.next().await {
-                    Some(Ok(frame)) => {
-                        match decode::<pb::ExecSandboxEvent>(paths::EXEC_SANDBOX, frame) {
-                            Ok(event) => event.payload,
-                            Err(err) => {
-                                state.done = true;
-                                return Some((Err(err), state));
-                            }
-                        }
-                    }
-                    Some(Err(err)) => {
-                        state.done = true;
-                        return Some((Err(err), state));
-                    }
-                    None => {
-                        state.done = true;
-                        return Some((
-                            Err(Error::protocol("exec stream ended without an exit event")),
-                            state,
-                        ));
-                    }
-                };
-                match item {
-                    Some(EventPayload::Stdout(out)) => {
-                        return Some((Ok(ExecEvent::Stdout(Bytes::from(out.data))), state));
-                    }
-                    Some(EventPayload::Stderr(err)) => {
-                        return Some((Ok(ExecEvent::Stderr(Bytes::from(err.data))), state));
-                    }
-                    Some(EventPayload::Exit(exit)) => {
-                        // Let the server finish the call cleanly; anything after
-                        // the exit event is not part of the result.
-                        while let Some(rest) = state.frames.next().await {
-                            if rest.is_err() {
-                                break;
-                            }
-                            tracing::debug!("exec event after exit ignored");
-                        }
-                        state.done = true;
-                        return Some((Ok(ExecEvent::Exit(exit.exit_code)), state));
-                    }
-                    // A payload this client does not know: skip it.
-                    None => continue,
-                }
-            }
-        },
-    )
-    // Fused: polling after the end keeps returning `None` (an `Unfold`
-    // panics), as `next_event` promises.
-    .fuse()
-    .boxed()
-}
-
-/// The events of a running command. The last item is either
-/// [`ExecEvent::Exit`] or an error. Dropping it cancels the command's stream.
-pub struct ExecStream {
-    inner: BoxStream<'static, Result<ExecEvent, Error>>,
-}
-
-impl ExecStream {
-    fn new(frames: BoxStream<'static, Result<Bytes, Error>>) -> Self {
-        Self {
-            inner: assemble_events(frames),
-        }
-    }
-
-    /// Collects everything up to `limit` bytes of output.
-    pub async fn collect_output(mut self, limit: usize) -> Result<ExecOutput, Error> {
-        let mut collector = OutputCollector::new(limit);
-        while let Some(event) = self.inner.next().await {
-            if let Some(output) = collector.push(event?)? {
-                return Ok(output);
-            }
-        }
-        // Unreachable with assemble_events (it always ends in Exit or Err).
-        Err(Error::protocol("exec stream ended without an exit event"))
-    }
-}
-
-impl Stream for ExecStream {
-    type Item = Result<ExecEvent, Error>;
-
-    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
-        self.inner.poll_next_unpin(cx)
-    }
-}
-
-impl fmt::Debug for ExecStream {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ExecStream").finish_non_exhaustive()
-    }
-}
-
 /// The input side of an interactive exec. Cloneable.
 #[derive(Debug, Clone)]
 pub struct ExecInput {
@@ -479,12 +297,9 @@ impl Client {
         request: ExecRequest,
         options: CallOptions,
     ) -> Result<ExecOutput, Error> {
-        let limit = request
-            .output_limit
-            .unwrap_or(self.inner.config.exec_output_limit);
         let stream = self.exec_stream(request, options).await?;
         // On error the stream is dropped here, which cancels the call.
-        stream.collect_output(limit).await
+        stream.collect().await
     }
 
     /// Runs a command and streams its events.
@@ -497,7 +312,10 @@ impl Client {
         let resolved = Resolved::new(self, &options, DeadlineKind::Stream);
         let stream = self.typed_stream(paths::EXEC_SANDBOX, &request.to_proto(), &resolved)?;
         let (_sender, receiver) = stream.split();
-        Ok(ExecStream::new(receiver.into_stream()))
+        Ok(ExecStream::new(
+            receiver.into_stream(),
+            self.output_limit_of(&request),
+        ))
     }
 
     /// Starts an interactive command. `request.stdin`, if set, is written
@@ -508,6 +326,7 @@ impl Client {
         options: CallOptions,
     ) -> Result<InteractiveExec, Error> {
         request.validate()?;
+        let output_limit = self.output_limit_of(&request);
         let resolved = Resolved::new(self, &options, DeadlineKind::Stream);
         let mut start = request.to_proto();
         let initial_stdin = std::mem::take(&mut start.stdin);
@@ -522,141 +341,20 @@ impl Client {
         }
         Ok(InteractiveExec {
             input,
-            events: ExecStream::new(receiver.into_stream()),
+            events: ExecStream::new(receiver.into_stream(), output_limit),
         })
+    }
+
+    fn output_limit_of(&self, request: &ExecRequest) -> usize {
+        request
+            .output_limit
+            .unwrap_or(self.inner.config.exec_output_limit)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use prost::Message;
-
-    fn ev(payload: EventPayload) -> Result<Bytes, Error> {
-        Ok(Bytes::from(
-            pb::ExecSandboxEvent {
-                payload: Some(payload),
-            }
-            .encode_to_vec(),
-        ))
-    }
-
-    fn out(data: &[u8]) -> Result<Bytes, Error> {
-        ev(EventPayload::Stdout(pb::ExecSandboxStdout {
-            data: data.to_vec(),
-        }))
-    }
-
-    fn err(data: &[u8]) -> Result<Bytes, Error> {
-        ev(EventPayload::Stderr(pb::ExecSandboxStderr {
-            data: data.to_vec(),
-        }))
-    }
-
-    fn exit(code: i32) -> Result<Bytes, Error> {
-        ev(EventPayload::Exit(pb::ExecSandboxExit { exit_code: code }))
-    }
-
-    async fn events(frames: Vec<Result<Bytes, Error>>) -> Vec<Result<ExecEvent, Error>> {
-        assemble_events(futures::stream::iter(frames).boxed())
-            .collect()
-            .await
-    }
-
-    #[tokio::test]
-    async fn assembles_stdout_stderr_and_exit() {
-        let got = events(vec![out(b"a"), err(b"b"), out(b"c"), exit(3)]).await;
-        let got: Vec<_> = got.into_iter().map(Result::unwrap).collect();
-        assert_eq!(
-            got,
-            vec![
-                ExecEvent::Stdout(Bytes::from_static(b"a")),
-                ExecEvent::Stderr(Bytes::from_static(b"b")),
-                ExecEvent::Stdout(Bytes::from_static(b"c")),
-                ExecEvent::Exit(3),
-            ]
-        );
-    }
-
-    #[tokio::test]
-    async fn a_stream_without_exit_is_a_protocol_error() {
-        let got = events(vec![out(b"a")]).await;
-        assert_eq!(got.len(), 2);
-        let err = got[1].as_ref().unwrap_err();
-        assert_eq!(err.code(), "protocol");
-        assert!(err.to_string().contains("without an exit event"));
-        // Even an empty stream.
-        let got = events(vec![]).await;
-        assert_eq!(got[0].as_ref().unwrap_err().code(), "protocol");
-    }
-
-    #[tokio::test]
-    async fn errors_and_garbage_end_the_stream() {
-        let got = events(vec![
-            out(b"a"),
-            Err(Error::from(tonic::Status::not_found("no sandbox"))),
-            exit(0),
-        ])
-        .await;
-        assert_eq!(got.len(), 2);
-        assert_eq!(got[1].as_ref().unwrap_err().code(), "not_found");
-        let got = events(vec![Ok(Bytes::from_static(b"\xff\xff\xff")), exit(0)]).await;
-        assert_eq!(got.len(), 1);
-        assert_eq!(got[0].as_ref().unwrap_err().code(), "protocol");
-    }
-
-    #[tokio::test]
-    async fn events_after_exit_are_ignored_and_exit_is_last() {
-        let got = events(vec![exit(0), out(b"late")]).await;
-        assert_eq!(got.len(), 1);
-        assert_eq!(got[0].as_ref().unwrap(), &ExecEvent::Exit(0));
-    }
-
-    #[test]
-    fn output_cap_counts_stdout_and_stderr_together() {
-        let mut c = OutputCollector::new(10);
-        assert!(
-            c.push(ExecEvent::Stdout(Bytes::from_static(b"12345")))
-                .unwrap()
-                .is_none()
-        );
-        assert!(
-            c.push(ExecEvent::Stderr(Bytes::from_static(b"12345")))
-                .unwrap()
-                .is_none()
-        );
-        // Exactly at the cap is fine; one more byte is not.
-        let err = c
-            .push(ExecEvent::Stdout(Bytes::from_static(b"x")))
-            .unwrap_err();
-        assert_eq!(err.code(), "output_limit");
-        assert!(err.to_string().contains("10 bytes"));
-        let mut c = OutputCollector::new(10);
-        c.push(ExecEvent::Stdout(Bytes::from_static(b"abc")))
-            .unwrap();
-        c.push(ExecEvent::Stderr(Bytes::from_static(b"de")))
-            .unwrap();
-        let output = c.push(ExecEvent::Exit(2)).unwrap().unwrap();
-        assert_eq!(output.stdout, b"abc");
-        assert_eq!(output.stderr, b"de");
-        assert_eq!(output.exit_code, 2);
-        assert!(!output.success());
-    }
-
-    #[tokio::test]
-    async fn collect_output_stops_at_the_cap() {
-        let frames =
-            futures::stream::iter(vec![out(&[b'x'; 600]), err(&[b'y'; 600]), exit(0)]).boxed();
-        let err = ExecStream::new(frames)
-            .collect_output(1000)
-            .await
-            .unwrap_err();
-        assert_eq!(err.code(), "output_limit");
-        let frames = futures::stream::iter(vec![out(b"hi\n"), exit(0)]).boxed();
-        let output = ExecStream::new(frames).collect_output(1000).await.unwrap();
-        assert_eq!(output.stdout_text(), "hi\n");
-        assert!(output.success());
-    }
 
     #[test]
     fn requests_map_to_the_wire_and_debug_hides_values() {
