@@ -153,7 +153,8 @@ async def config_session(r: Runner, step: dict[str, Any]) -> dict[str, Any]:
             writes.append({"setting": key, "value": value, "arrived": arrived, "seconds": seconds})
             if not arrived:
                 break
-        stats = session.stats()
+        # Observed before the clean-up below, whose deletions also arrive.
+        stats, last_applied = session.stats(), (applied[-1] if applied else {})
     finally:
         # Global settings would reach every later session: removed again.
         for key in globals_written:
@@ -174,5 +175,5 @@ async def config_session(r: Runner, step: dict[str, Any]) -> dict[str, Any]:
         },
         "bootstrap_answered": bootstrap_answered,
         "writes": writes,
-        "applied_settings": applied[-1] if applied else {},
+        "applied_settings": last_applied,
     }

@@ -127,10 +127,7 @@ impl Runner {
                 break;
             }
         }
-        // Global settings would reach every later session: removed again.
-        for key in globals {
-            self.update_setting(&name, true, &key, None).await?;
-        }
+        // Observed before the clean-up below, whose deletions also arrive.
         let stats = session.stats();
         let applied: BTreeMap<String, String> = match last.lock().unwrap().as_ref() {
             Some(snapshot) => snapshot
@@ -141,6 +138,10 @@ impl Runner {
                 .collect(),
             None => BTreeMap::new(),
         };
+        // Global settings would reach every later session: removed again.
+        for key in globals {
+            self.update_setting(&name, true, &key, None).await?;
+        }
         cancel.cancel();
         let _ = running.await;
         Ok(json!({
