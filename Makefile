@@ -65,7 +65,9 @@ lint-python: setup
 test-python: build python
 	cd sdk-python && $(PYTHON) -m pytest -q
 
+# The judge's own tests first (no cluster), then every runner on a cluster.
 conformance: build python
+	$(PYTHON) conformance/harness --self-test
 	$(PYTHON) conformance/harness
 
 # `pip install ./sdk-python` into a clean venv (PEP 517 abi3 wheel, release).

@@ -1,0 +1,273 @@
+"""The ops of ``scenarios.json`` but ``config_session`` (in ``config_ops``).
+
+Each op performs a step and returns the observed ``result`` object; an SDK
+error propagates as is, ``StepFailed`` says the step could not be carried out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any
+
+from google.protobuf import json_format
+from observe import text
+
+import openshell_sdk as osdk
+from openshell_sdk import AsyncClient
+from openshell_sdk._proto import openshell_pb2
+
+if TYPE_CHECKING:
+    from runner import Runner
+
+Result = dict[str, Any]
+
+
+class StepFailed(Exception):
+    """The runner could not carry the step out (not an SDK error)."""
+
+
+async def create_sandbox(r: Runner, step: dict[str, Any]) -> Result:
+    name = r.target(step)
+    s = await r.client.sandboxes.create(name, env=step.get("env"), labels=step.get("labels"))
+    if "sandbox" in step:
+        r.ready.discard(step["sandbox"])
+    return {"name": s.name, "phase": s.phase.name, "labels": dict(s.labels)}
+
+
+async def wait_ready(r: Runner, step: dict[str, Any]) -> Result:
+    s = await r.client.sandboxes.wait_ready(r.target(step), timeout=step.get("timeout"))
+    return {"name": s.name, "phase": s.phase.name}
+
+
+async def get_sandbox(r: Runner, step: dict[str, Any]) -> Result:
+    s = await r.client.sandboxes.get(r.target(step))
+    return {"name": s.name, "phase": s.phase.name}
+
+
+async def list_sandboxes(r: Runner, step: dict[str, Any]) -> Result:
+    found = await r.client.sandboxes.list(label_selector=step.get("label_selector"))
+    return {"names": [s.name for s in found]}
+
+
+async def delete_sandbox(r: Runner, step: dict[str, Any]) -> Result:
+    await r.client.sandboxes.delete(r.target(step))
+    return {}
+
+
+async def wait_deleted(r: Runner, step: dict[str, Any]) -> Result:
+    await r.client.sandboxes.wait_deleted(r.target(step), timeout=step.get("timeout"))
+    return {}
+
+
+async def client_health(r: Runner, step: dict[str, Any]) -> Result:
+    async with AsyncClient(step["endpoint"], connect_timeout=2) as other:
+        await other.health()
+    return {}
+
+
+async def run_exec(r: Runner, step: dict[str, Any]) -> osdk.ExecResult:
+    stdin: bytes | None = step["stdin"].encode() if "stdin" in step else None
+    if "stdin_size" in step:
+        stdin = b"\0" * int(step["stdin_size"])
+    return await r.client.exec(
+        r.target(step),
+        step["command"],
+        env=step.get("env"),
+        stdin=stdin,
+        exec_timeout=step.get("exec_timeout"),
+    )
+
+
+async def exec_(r: Runner, step: dict[str, Any]) -> Result:
+    out = await run_exec(r, step)
+    return {**text("stdout", out.stdout), **text("stderr", out.stderr), "exit_code": out.exit_code}
+
+
+async def exec_stream(r: Runner, step: dict[str, Any]) -> Result:
+    events: list[osdk.ExecEvent] = []
+    async with r.client.exec_stream(r.target(step), step["command"]) as stream:
+        async for event in stream:
+            events.append(event)
+    kinds = {osdk.ExecStdout: "stdout", osdk.ExecStderr: "stderr", osdk.ExecExit: "exit"}
+    return {
+        **text("stdout", b"".join(e.data for e in events if isinstance(e, osdk.ExecStdout))),
+        **text("stderr", b"".join(e.data for e in events if isinstance(e, osdk.ExecStderr))),
+        "exit_code": stream.exit_code,
+        "events": len(events),
+        "exit_events": sum(isinstance(e, osdk.ExecExit) for e in events),
+        "last_event": kinds[type(events[-1])] if events else None,
+    }
+
+
+async def exec_repeat(r: Runner, step: dict[str, Any]) -> Result:
+    runs = []
+    for _ in range(step["count"]):
+        out = await run_exec(r, step)
+        runs.append({**text("stdout", out.stdout), "exit_code": out.exit_code})
+    return {"runs": runs}
+
+
+async def routing_stats_delta(r: Runner, step: dict[str, Any]) -> Result:
+    def counters() -> dict[str, int]:
+        stats = r.client.routing_stats()
+        return {"hinted": stats.hinted, "unrouted_retry": stats.unrouted_retry}
+
+    before = counters()
+    for _ in range(step["count"]):
+        await r.client.exec(r.target(step), step["command"])
+    return {"routing_before": before, "routing_after": counters()}
+
+
+async def interactive(r: Runner, step: dict[str, Any]) -> Result:
+    """Runs the actions in order (``wait_output`` reads until the text has
+    appeared), then reads to the exit."""
+    session = await r.client.exec_interactive(
+        r.target(step),
+        step["command"],
+        tty=step.get("tty", False),
+        cols=step.get("cols", 80),
+        rows=step.get("rows", 24),
+    )
+    output, stdout = bytearray(), bytearray()
+    async with session:
+        for action in step.get("actions", []):
+            if "wait_output" in action:
+                wanted = action["wait_output"].encode()
+                while wanted not in output:
+                    event = await session.next_event()
+                    if event is None or isinstance(event, osdk.ExecExit):
+                        raise StepFailed(f"the process ended before {wanted!r}")
+                    output.extend(event.data)
+                    if isinstance(event, osdk.ExecStdout):
+                        stdout.extend(event.data)
+            elif "resize" in action:
+                await session.resize(*action["resize"])
+            elif "write" in action:
+                await session.write(action["write"])
+            elif action.get("close_stdin"):
+                session.close_stdin()
+        rest = await session.wait()
+    output.extend(rest.stdout + rest.stderr)
+    stdout.extend(rest.stdout)
+    return {**text("stdout", stdout), **text("output", output), "exit_code": rest.exit_code}
+
+
+class EchoServer:
+    """A TCP echo server on loopback: the forward target on the sandbox's host."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = self.sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:
+                return
+            threading.Thread(target=self._pump, args=(conn,), daemon=True).start()
+
+    @staticmethod
+    def _pump(conn: socket.socket) -> None:
+        with conn:
+            while data := conn.recv(65536):
+                conn.sendall(data)
+
+    def close(self) -> None:
+        self.sock.close()
+
+
+async def forward(r: Runner, step: dict[str, Any]) -> Result:
+    if "remote_port" in step:
+        (await r.client.forward(r.target(step), step["remote_port"])).close()
+        return {}
+    server = EchoServer()
+    try:
+        size = step["bytes_per_connection"]
+        async with await r.client.forward(r.target(step), server.port) as fwd:
+            host, port = fwd.local_address
+
+            async def roundtrip(i: int) -> bool:
+                payload = os.urandom(size - 1) + bytes([i % 256])
+                reader, writer = await asyncio.open_connection(host, port)
+                writer.write(payload)
+                await writer.drain()
+                writer.write_eof()
+                echoed = await reader.read()
+                writer.close()
+                return echoed == payload
+
+            tries = (roundtrip(i) for i in range(step["connections"]))
+            echoed = await asyncio.gather(*tries, return_exceptions=True)
+            accepted = fwd.stats().connections_accepted
+        try:
+            socket.create_connection((host, port), timeout=2).close()
+            refuses = False
+        except OSError:
+            refuses = True
+        return {
+            "echoed": [e is True for e in echoed],
+            "accepted": accepted,
+            "closed_refuses": refuses,
+        }
+    finally:
+        server.close()
+
+
+def snake(name: str) -> str:
+    return "".join("_" + c.lower() if c.isupper() and i else c.lower() for i, c in enumerate(name))
+
+
+def message(r: Runner, method: str, body: dict[str, Any]) -> Any:
+    """A request message of ``method`` from the scenario's proto JSON."""
+    service = openshell_pb2.DESCRIPTOR.services_by_name["OpenShell"]
+    cls = getattr(openshell_pb2, service.methods_by_name[method].input_type.name)
+    return json_format.ParseDict(r.subst(body), cls())
+
+
+async def raw_unary(r: Runner, step: dict[str, Any]) -> Result:
+    request = message(r, step["method"], step.get("request", {}))
+    call = getattr(r.client.raw, snake(step["method"]) + "_with_metadata")
+    answer = await call(request, metadata=[tuple(p) for p in step.get("metadata", [])])
+    response = json_format.MessageToDict(answer.message, preserving_proto_field_name=True)
+    return {"metadata": [list(p) for p in answer.metadata], "response": response}
+
+
+async def raw_stream(r: Runner, step: dict[str, Any]) -> Result:
+    """Sends the step's messages, half-closes, and reads to the end."""
+    method = step["method"]
+    info = next(m for m in osdk.METHODS if m.name == method)
+    messages = [message(r, method, m) for m in step["messages"]]
+    stub = getattr(r.client.raw, snake(method))
+    if info.kind == "server_streaming":
+        stream = stub(messages[0])
+    else:
+        stream = stub()
+        for m in messages:
+            await stream.send(m)
+        await stream.close_send()
+    return {"received": len([m async for m in stream])}
+
+
+OPS: dict[str, Callable[[Runner, dict[str, Any]], Awaitable[Result]]] = {
+    "create_sandbox": create_sandbox,
+    "wait_ready": wait_ready,
+    "get_sandbox": get_sandbox,
+    "list_sandboxes": list_sandboxes,
+    "delete_sandbox": delete_sandbox,
+    "wait_deleted": wait_deleted,
+    "client_health": client_health,
+    "exec": exec_,
+    "exec_stream": exec_stream,
+    "exec_repeat": exec_repeat,
+    "routing_stats_delta": routing_stats_delta,
+    "interactive": interactive,
+    "forward": forward,
+    "raw_unary": raw_unary,
+    "raw_stream": raw_stream,
+}

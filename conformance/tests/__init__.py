@@ -1,0 +1,1 @@
+"""Tests of the conformance judge; `conformance/harness --self-test` runs them."""
