@@ -114,7 +114,7 @@ async def exec_repeat(r: Runner, step: dict[str, Any]) -> Result:
 async def routing_stats_delta(r: Runner, step: dict[str, Any]) -> Result:
     def counters() -> dict[str, int]:
         stats = r.client.routing_stats()
-        return {"hinted": stats.hinted, "unrouted_retry": stats.unrouted_retry}
+        return {"hinted": stats.hinted, "unrouted_retry": stats.unrouted_retries}
 
     before = counters()
     for _ in range(step["count"]):
@@ -149,7 +149,7 @@ async def interactive(r: Runner, step: dict[str, Any]) -> Result:
             elif "write" in action:
                 await session.write(action["write"])
             elif action.get("close_stdin"):
-                session.close_stdin()
+                await session.close_stdin()
         rest = await session.wait()
     output.extend(rest.stdout + rest.stderr)
     stdout.extend(rest.stdout)
