@@ -169,6 +169,23 @@ impl Cluster {
         }
     }
 
+    /// Whether this replica is the cluster's only live member. The ring
+    /// alone cannot say so right after start (others may have joined since
+    /// its last refresh), so a one-member ring is confirmed in the store;
+    /// when the store cannot answer, the answer is no.
+    pub async fn alone(&self) -> bool {
+        if self.ring().members().len() > 1 {
+            return false;
+        }
+        match self
+            .timed(self.store.live_members(self.config.member_ttl))
+            .await
+        {
+            Ok(members) => members.len() <= 1,
+            Err(_) => false,
+        }
+    }
+
     pub fn replica_id(&self) -> &str {
         &self.config.replica_id
     }

@@ -44,7 +44,7 @@ impl RelayRouter {
     /// to go, a hint would only cost the client a lookup.
     pub async fn owner_of(&self, sandbox_id: &str) -> Option<String> {
         let cluster = self.cluster.as_ref()?;
-        if cluster.ring().members().len() <= 1 {
+        if cluster.alone().await {
             return None;
         }
         if self.sessions.has_session(sandbox_id) {
