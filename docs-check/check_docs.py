@@ -50,6 +50,9 @@ DEFAULT_FILES = [
     "conformance/README.md",
 ]
 DOCUMENTED_ADDRESS = "127.0.0.1:17670"
+# What `.run` (the run directory of `make up`) stands for in sh blocks: a
+# directory of its own inside it, so relative paths stay relative.
+RUN_DIR = ".run/docs-check"
 # The only commands a README may mark `[not run]`: `make up` serves until
 # Ctrl-C, and `make test` is what runs this check.
 NOT_RUN_MARK = "[not run]"
@@ -221,7 +224,7 @@ class Context:
 def start_cluster(ctx: Context) -> None:
     """`openshell-gateway up`, as `make up` runs it, on 17670 if that is free."""
     address = DOCUMENTED_ADDRESS if port_free(DOCUMENTED_ADDRESS) else f"127.0.0.1:{free_port()}"
-    ctx.data_dir = ctx.work / "run" / "data"
+    ctx.data_dir = ROOT / RUN_DIR / "data"
     gateway = str(ctx.bin_dir / "openshell-gateway")
     cluster = start_server(
         "openshell-gateway up",
@@ -246,7 +249,7 @@ def start_cluster(ctx: Context) -> None:
     # The supervisor-side blocks: one gateway whose sandboxes have no
     # supervisor, so the snippet holds the sandbox's session.
     listen = f"127.0.0.1:{free_port()}"
-    ctx.sandbox_data = ctx.work / "run" / "driver-none"
+    ctx.sandbox_data = ctx.work / "driver-none"
     single = start_server(
         "openshell-gateway serve --driver none",
         [
@@ -489,9 +492,10 @@ def flag_value(argv: list[str], flag: str) -> str | None:
 class ShellRunner:
     """The sh blocks of one README, in order, from the repository root.
 
-    - `.run/` (also as `$PWD/.run/`) is this check's scratch directory, so a
-      block writes nothing into the repository and `.run/data` is the data
-      directory of the check's cluster, as it is `make up`'s.
+    - `.run` (also as `$PWD/.run`) becomes `.run/docs-check`, still relative
+      where the README's path is: a block never touches what `make up` keeps
+      in `.run`, and `.run/data` is the data directory of the check's
+      cluster, as it is `make up`'s.
     - 127.0.0.1:17670 names the check's cluster.
     - A command that serves in the foreground (`openshell-gateway serve`,
       `edge` or `up`; `nginx` with `daemon off`) starts in the background on
@@ -506,7 +510,6 @@ class ShellRunner:
     def __init__(self, ctx: Context, relative: str) -> None:
         self.ctx = ctx
         self.relative = relative
-        self.run_dir = ctx.work / "run"
         self.listen: dict[str, str] = {}  # documented listen address -> the check's
         self.servers: list[tuple[Server, Path | None]] = []
         self.test_targets = make_closure("test")
@@ -515,7 +518,7 @@ class ShellRunner:
 
     def substitute(self, command: str, serving: bool) -> str:
         command = re.sub(
-            r"(\$\{?PWD\}?/|(?<![\w/.$]))\.run(?=[/\s\"';)]|$)", str(self.run_dir), command
+            r"(\$\{?PWD\}?/|(?<![\w/.$]))\.run(?=[/\s\"';)]|$)", rf"\1{RUN_DIR}", command
         )
         if serving:
             # Every --listen of a serving command gets a free port, the same
@@ -594,7 +597,7 @@ class ShellRunner:
             if not self.listen:
                 raise CheckFailed(f"{label}: no `render.py --listen` before it")
             address = list(self.listen.values())[-1]
-            error_log = Path(flag_value(argv, "-e") or "/nonexistent")
+            error_log = ROOT / (flag_value(argv, "-e") or "/nonexistent")
         else:
             address = flag_value(argv, "--listen") or ""
             error_log = None
@@ -654,8 +657,9 @@ def main() -> int:
 
     target_dir = Path(os.environ.get("CARGO_TARGET_DIR") or ROOT / "target").resolve()
     work = target_dir / "docs-check" / "work"
-    shutil.rmtree(work, ignore_errors=True)
-    work.mkdir(parents=True)
+    for scratch in (work, ROOT / RUN_DIR):
+        shutil.rmtree(scratch, ignore_errors=True)
+        scratch.mkdir(parents=True)
     env = dict(os.environ)
     env["CARGO_TARGET_DIR"] = str(target_dir)
     env.pop("OPENSHELL_TOKEN", None)
