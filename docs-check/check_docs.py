@@ -38,6 +38,7 @@ import socket
 import subprocess
 import sys
 import time
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -327,6 +328,43 @@ def workspace_profiles() -> str:
     return "".join(s for s in sections if s.startswith("[profile")).strip() + "\n"
 
 
+def toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(value, list):
+        return "[" + ", ".join(toml_value(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{ " + ", ".join(f"{k} = {toml_value(v)}" for k, v in value.items()) + " }"
+    raise TypeError(value)
+
+
+def sdk_core_dependencies() -> str:
+    """sdk-core's dependencies and dev-dependencies, as `cargo run -p
+    openshell-sdk --example ...` (documented in the READMEs) resolves them:
+    the snippets get the same feature set, so the two share one build of
+    sdk-core's graph."""
+    root = tomllib.loads((ROOT / "Cargo.toml").read_text(encoding="utf-8"))
+    shared = root["workspace"]["dependencies"]
+    manifest = tomllib.loads((ROOT / "sdk-core" / "Cargo.toml").read_text(encoding="utf-8"))
+    lines = [f"openshell-sdk = {toml_value({'path': str(ROOT / 'sdk-core')})}"]
+    for table in ("dependencies", "dev-dependencies"):
+        for name, spec in manifest.get(table, {}).items():
+            if isinstance(spec, str):
+                spec = {"version": spec}
+            spec = dict(spec)
+            if spec.pop("workspace", False):
+                base = shared[name]
+                base = {"version": base} if isinstance(base, str) else dict(base)
+                base["features"] = base.get("features", []) + spec.pop("features", [])
+                spec = {**base, **spec}
+            if "path" in spec:
+                spec["path"] = str(ROOT / spec["path"])
+            lines.append(f"{name} = {toml_value(spec)}")
+    return "\n".join(lines) + "\n"
+
+
 def write_if_changed(path: Path, text: str) -> None:
     # Unchanged files keep their mtime, so a warm check compiles nothing.
     if not path.exists() or path.read_text(encoding="utf-8") != text:
@@ -344,10 +382,7 @@ edition = "2024"
 publish = false
 
 [dependencies]
-openshell-sdk = {{ path = "{ROOT / "sdk-core"}" }}
-tokio = {{ version = "1", features = ["full"] }}
-futures = "0.3"
-
+{sdk_core_dependencies()}
 [lints.rust]
 warnings = "deny"
 
