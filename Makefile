@@ -17,7 +17,7 @@ up: build
 	./target/debug/openshell-gateway up --replicas $(REPLICAS) --listen $(LISTEN) --data-dir $(RUN_DIR)/data \
 		$(if $(CONFIG_DELIVERY_MODE),--config-delivery-mode $(CONFIG_DELIVERY_MODE))
 
-test: setup build lint check-modules check-generated lint-python test-rust test-python conformance check-wheel
+test: setup build lint check-modules check-generated lint-python test-rust test-python conformance check-docs check-wheel
 
 setup:
 	@bash scripts/setup.sh
@@ -41,8 +41,10 @@ test-rust: build
 # made by scripts/setup.sh; the extension shares the one cargo target dir.
 VENV ?= $(CURDIR)/.venv
 PYTHON := $(VENV)/bin/python
+# The one cargo target dir (CARGO_TARGET_DIR when set, as cargo itself does).
+TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 
-.PHONY: generate check-generated python lint-python test-python conformance check-wheel
+.PHONY: generate check-generated python lint-python test-python conformance check-docs check-wheel
 
 # Regenerates every generated file from proto/ (method table, Python message
 # modules and typed raw stubs, docs/PARITY.md).
@@ -55,12 +57,13 @@ check-generated: setup
 
 # Builds the extension module into the venv (debug, editable install).
 python: setup
-	cd sdk-python && VIRTUAL_ENV=$(VENV) CARGO_TARGET_DIR=$(CURDIR)/target \
+	cd sdk-python && VIRTUAL_ENV=$(VENV) CARGO_TARGET_DIR=$(TARGET_DIR) \
 		$(VENV)/bin/maturin develop -q
 
 lint-python: setup
 	cd sdk-python && $(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check . && $(VENV)/bin/mypy
 	cd conformance && $(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
+	cd docs-check && $(VENV)/bin/ruff check . && $(VENV)/bin/ruff format --check .
 
 test-python: build python
 	cd sdk-python && $(PYTHON) -m pytest -q
@@ -69,6 +72,13 @@ test-python: build python
 conformance: build python
 	$(PYTHON) conformance/harness --self-test
 	$(PYTHON) conformance/harness
+
+# Docs that run: every code block of the READMEs (docs-check/check_docs.py).
+# rust blocks are compiled as binaries of a scratch crate in the target dir and
+# run, python blocks run with the venv, sh commands run, against a 3-replica
+# cluster the check starts on loopback (127.0.0.1:17670 when free).
+check-docs: build python
+	$(PYTHON) docs-check/check_docs.py
 
 # `pip install ./sdk-python` into a clean venv (PEP 517 abi3 wheel, release).
 check-wheel:
