@@ -116,7 +116,9 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
                 .arg(isolation)
                 .args(
                     args.expose_sandbox_tokens
-                        .then_some("--expose-sandbox-tokens"),
+                        .then_some(["--allow-test-flags", "--expose-sandbox-tokens"])
+                        .into_iter()
+                        .flatten(),
                 )
                 .arg("--data-dir")
                 .arg(&data_dir)
