@@ -180,17 +180,22 @@ pub async fn ended(outer_pid: Option<i32>) {
 }
 
 /// A command that runs `argv` inside the sandbox whose init is `init_pid`,
-/// in `cwd` (a path as the sandbox sees it). The caller sets environment and
-/// stdio.
+/// in `cwd` (a path as the sandbox sees it); with `tty`, the program makes
+/// its stdin (a pty slave) its controlling terminal. The caller sets
+/// environment and stdio.
 pub fn enter_command(
     init_pid: i32,
     argv: &[String],
     cwd: &Path,
+    tty: bool,
 ) -> std::io::Result<tokio::process::Command> {
     let exe = std::env::current_exe()?;
     let mut command = tokio::process::Command::new(exe);
+    command.arg(ENTER_COMMAND);
+    if tty {
+        command.arg(enter::TTY_FLAG);
+    }
     command
-        .arg(ENTER_COMMAND)
         .arg(init_pid.to_string())
         .arg(cwd)
         .args(argv)

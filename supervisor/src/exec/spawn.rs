@@ -110,8 +110,10 @@ pub(super) fn start(
     let mut command = match settings.sandbox_init {
         // Inside the sandbox the helper checks the directory, as the sandbox
         // sees it: the host's view is none of the sandbox's business.
-        Some(init_pid) => crate::isolation::enter_command(init_pid, &request.command, &cwd)
-            .map_err(|err| SpawnFailure::from_io(argv0, None, &err))?,
+        Some(init_pid) => {
+            { crate::isolation::enter_command(init_pid, &request.command, &cwd, request.tty) }
+                .map_err(|err| SpawnFailure::from_io(argv0, None, &err))?
+        }
         None => {
             let cwd_error = match std::fs::metadata(&cwd) {
                 Ok(meta) if meta.is_dir() => None,
@@ -144,10 +146,22 @@ pub(super) fn start(
             .stdin(slave(&pty)?)
             .stdout(slave(&pty)?)
             .stderr(slave(&pty)?);
+        let isolated = settings.sandbox_init.is_some();
         // SAFETY: the hook only makes async-signal-safe calls.
         unsafe {
             command.pre_exec(move || {
-                pty::become_session_leader()?;
+                if isolated {
+                    // The program itself becomes the pty's session leader
+                    // inside the sandbox (`--tty`): were the helper the
+                    // leader, its exit would hang the terminal up and
+                    // discard output the supervisor has not read yet. The
+                    // helper leads a process group, which cancel kills.
+                    if libc::setpgid(0, 0) != 0 {
+                        return Err(io::Error::last_os_error());
+                    }
+                } else {
+                    pty::become_session_leader()?;
+                }
                 die_with_parent(supervisor)
             });
         }

@@ -23,8 +23,16 @@ use super::{SANDBOX_ID, c_args, c_path};
 /// The program's pid, for the signal forwarder.
 static CHILD: AtomicI32 = AtomicI32::new(0);
 
+/// First argument: the program's stdin is a pty slave it should make its
+/// controlling terminal, as the leader of a new session.
+pub const TTY_FLAG: &str = "--tty";
+
 pub fn main(args: &[OsString]) -> ExitCode {
     super::init::non_dumpable();
+    let (tty, args) = match args.first().and_then(|a| a.to_str()) {
+        Some(TTY_FLAG) => (true, &args[1..]),
+        _ => (false, args),
+    };
     let (Some(init_pid), Some(cwd), Some(argv0)) = (args.first(), args.get(1), args.get(2)) else {
         return fail("", "usage: __sandbox-enter INIT_PID CWD ARGV...", 127);
     };
@@ -53,7 +61,7 @@ pub fn main(args: &[OsString]) -> ExitCode {
             ),
             127,
         ),
-        0 => become_program(&argv0_text, cwd, &cwd_c, &argv),
+        0 => become_program(&argv0_text, cwd, &cwd_c, &argv, tty),
         child => {
             CHILD.store(child, Ordering::SeqCst);
             forward_signals();
@@ -81,8 +89,13 @@ fn join_namespaces(init_pid: i32) -> io::Result<()> {
 }
 
 /// The child: PID namespace member from birth. Never returns.
-fn become_program(argv0: &str, cwd: &OsString, cwd_c: &CString, argv: &[CString]) -> ! {
+fn become_program(argv0: &str, cwd: &OsString, cwd_c: &CString, argv: &[CString], tty: bool) -> ! {
     let _ = super::init::die_with_parent();
+    // SAFETY: setsid and ioctl on stdin, a pty slave no session owns yet.
+    if tty && unsafe { libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 } {
+        let err = io::Error::last_os_error();
+        exit_with(argv0, format!("open pty: {}", text(&err)), 127);
+    }
     // SAFETY: chdir with a NUL-terminated path.
     if unsafe { libc::chdir(cwd_c.as_ptr()) } != 0 {
         let err = io::Error::last_os_error();
