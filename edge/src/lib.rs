@@ -7,15 +7,20 @@
 //! configured route map: the edge never dials an address taken from a request.
 //!
 //! Errors the edge produces itself are trailers-only gRPC answers and never
-//! carry `x-openshell-served-by` (that header means "a replica answered"):
+//! carry `x-openshell-served-by` (that header means "a replica answered").
+//! Those it answers without having forwarded the request carry
+//! `x-openshell-edge: not-forwarded`: the proof a client needs before it
+//! sends the call again (gRPC's transparent-retry rule, ARCHITECTURE.md
+//! section 4). An answer without the marker may come after a replica got
+//! the request.
 //!
-//! | case | answer |
-//! |---|---|
-//! | header names no configured replica | NOT_FOUND "unknown replica" |
-//! | the named replica cannot be reached | UNAVAILABLE with an empty message (the edge signature clients retry once without the header) |
-//! | no header and no replica reachable | UNAVAILABLE "no healthy upstream" |
-//! | the replica failed after the request was sent, before answering | UNAVAILABLE "upstream failed before response headers" (not retryable: the call may have run) |
-//! | the peer service (`/openshell.peer.v1.*`) | PERMISSION_DENIED |
+//! | case | answer | `x-openshell-edge` |
+//! |---|---|---|
+//! | header names no configured replica | NOT_FOUND "unknown replica" | `not-forwarded` |
+//! | the named replica cannot be reached (connect refused or timed out, or its connection closed before the request was sent) | UNAVAILABLE with an empty message | `not-forwarded` |
+//! | no header and no replica reachable | UNAVAILABLE "no healthy upstream" | `not-forwarded` |
+//! | the replica failed after the request was sent, before answering | UNAVAILABLE "upstream failed before response headers" | absent (the call may have run) |
+//! | the peer service (`/openshell.peer.v1.*`) | PERMISSION_DENIED | `not-forwarded` |
 //!
 //! Bodies stream both ways frame by frame (trailers included); dropping
 //! either side resets the other. Routes come from `--replica ID=URL` and
@@ -51,6 +56,10 @@ use tokio_util::sync::CancellationToken;
 
 /// Request header naming the replica a call should be routed to.
 pub const REPLICA_HEADER: &str = "x-openshell-replica";
+/// Response header on the edge's own answers; see [`NOT_FORWARDED`].
+pub const EDGE_HEADER: &str = "x-openshell-edge";
+/// [`EDGE_HEADER`] value: the edge never forwarded the request to a replica.
+pub const NOT_FORWARDED: &str = "not-forwarded";
 /// Replica-to-replica service: never routed from outside.
 const PEER_SERVICE_PREFIX: &str = "/openshell.peer.v1.";
 /// HTTP/2 windows on both sides: the 64 KiB default throttles bulk forwards.
@@ -286,6 +295,22 @@ mod tests {
         let mut names: Vec<_> = headers.keys().map(|k| k.as_str()).collect();
         names.sort();
         assert_eq!(names, ["authorization", "te", REPLICA_HEADER]);
+    }
+
+    #[test]
+    fn only_answers_that_never_forwarded_carry_the_marker() {
+        let marked = not_forwarded(tonic::Code::Unavailable, "");
+        let headers = marked.headers();
+        assert_eq!(headers["grpc-status"], "14");
+        assert_eq!(headers["grpc-message"], "");
+        assert_eq!(headers[crate::EDGE_HEADER], crate::NOT_FORWARDED);
+        assert_eq!(headers["content-type"], "application/grpc");
+        assert!(!headers.contains_key("x-openshell-served-by"));
+        let forwarded = grpc_error(
+            tonic::Code::Unavailable,
+            "upstream failed before response headers",
+        );
+        assert!(!forwarded.headers().contains_key(crate::EDGE_HEADER));
     }
 
     #[test]

@@ -3,10 +3,12 @@
 
 use crate::CONNECTION_WINDOW;
 use crate::ClientBuilder;
+use crate::EDGE_HEADER;
 use crate::EdgeArgs;
 use crate::EdgeBody;
 use crate::KEEPALIVE;
 use crate::MAX_CONNECTIONS_PER_REPLICA;
+use crate::NOT_FORWARDED;
 use crate::PEER_SERVICE_PREFIX;
 use crate::REPLICA_HEADER;
 use crate::STREAM_WINDOW;
@@ -149,7 +151,7 @@ impl Edge {
         if req.uri().path().starts_with(PEER_SERVICE_PREFIX) {
             self.metrics.count(Route::Peer, Outcome::Denied);
             tracing::debug!(path = %req.uri().path(), "refused: peer service");
-            return grpc_error(
+            return not_forwarded(
                 Code::PermissionDenied,
                 "the peer service is not routed from outside",
             );
@@ -162,13 +164,13 @@ impl Edge {
             Hint::Invalid => {
                 self.metrics.count(Route::Hinted, Outcome::UnknownReplica);
                 tracing::debug!(path = %req.uri().path(), "unknown replica (unprintable header)");
-                grpc_error(Code::NotFound, "unknown replica")
+                not_forwarded(Code::NotFound, "unknown replica")
             }
             Hint::Replica(id) => {
                 let Some(replica) = routes.by_id.get(&id) else {
                     self.metrics.count(Route::Hinted, Outcome::UnknownReplica);
                     tracing::debug!(path = %req.uri().path(), replica = ?truncate(&id), "unknown replica");
-                    return grpc_error(Code::NotFound, "unknown replica");
+                    return not_forwarded(Code::NotFound, "unknown replica");
                 };
                 tracing::debug!(path = %req.uri().path(), replica = %replica.id, "routing by header");
                 match self.attempt(replica, req, Route::Hinted).await {
@@ -176,9 +178,10 @@ impl Edge {
                     Attempt::NotSent(_) => {
                         self.metrics.count(Route::Hinted, Outcome::Unavailable);
                         tracing::debug!(replica = %replica.id, "replica unreachable");
-                        // The empty message is the edge signature clients retry
-                        // once without the header.
-                        grpc_error(Code::Unavailable, "")
+                        // Never forwarded: clients may retry once without the
+                        // header (the marker says so; the empty message is
+                        // kept for clients that predate it).
+                        not_forwarded(Code::Unavailable, "")
                     }
                 }
             }
@@ -212,7 +215,7 @@ impl Edge {
         }
         self.metrics.count(Route::Unhinted, Outcome::Unavailable);
         tracing::debug!(path = %req.uri().path(), "no replica reachable");
-        grpc_error(Code::Unavailable, "no healthy upstream")
+        not_forwarded(Code::Unavailable, "no healthy upstream")
     }
 
     pub(crate) async fn attempt(
@@ -250,6 +253,7 @@ impl Edge {
                     None => {
                         self.metrics.count(route, Outcome::UpstreamFailed);
                         tracing::debug!(replica = %replica.id, error = %err.error(), "upstream failed before response headers");
+                        // Forwarded: the call may have run, so no marker.
                         return Attempt::Answered(grpc_error(
                             Code::Unavailable,
                             "upstream failed before response headers",
@@ -430,7 +434,21 @@ pub(crate) fn relay(response: Response<Incoming>, slot: StreamSlot) -> Response<
     Response::from_parts(parts, body.boxed_unsync())
 }
 
+/// A trailers-only gRPC answer produced by the edge without forwarding the
+/// request: no served-by header, and `x-openshell-edge: not-forwarded`, the
+/// proof clients need before they send the call again.
+pub(crate) fn not_forwarded(code: Code, message: &str) -> Response<EdgeBody> {
+    let mut response = grpc_error(code, message);
+    response.headers_mut().insert(
+        HeaderName::from_static(EDGE_HEADER),
+        HeaderValue::from_static(NOT_FORWARDED),
+    );
+    response
+}
+
 /// A trailers-only gRPC answer produced by the edge (no served-by header).
+/// Without the marker of [`not_forwarded`]: the request may have reached a
+/// replica.
 pub(crate) fn grpc_error(code: Code, message: &str) -> Response<EdgeBody> {
     let body = Empty::<Bytes>::new()
         .map_err(|never: Infallible| match never {})

@@ -17,6 +17,11 @@
 //! | `stream_closed` | a send on a stream whose request half is closed (the receive side says why) |
 //! | `io` | a local socket failed (forward listener bind, accept) |
 //!
+//! An HTTP answer without a gRPC status (a proxy's own error page, for
+//! example nginx's HTML 502 for a dead route) is `unavailable` with a message
+//! naming the HTTP status: "a proxy answered HTTP 502 Bad Gateway instead of
+//! gRPC"; the proxy's response headers are its metadata.
+//!
 //! Secrets never appear here: no error is built from a token or from a value
 //! of an environment map, and `Debug` of every type holding such values
 //! redacts them.
@@ -275,6 +280,20 @@ impl From<InvalidMetadata> for Error {
 impl From<tonic::Status> for Error {
     fn from(status: tonic::Status) -> Self {
         Error::from_status(status)
+    }
+}
+
+/// The message of an HTTP answer that carried no gRPC status (a proxy's
+/// own error page): "a proxy answered HTTP 502 Bad Gateway instead of gRPC",
+/// with a short plain-text body appended after a colon when there was one.
+pub(crate) fn proxy_answer_message(status: http::StatusCode, body: Option<&str>) -> String {
+    let status = match status.canonical_reason() {
+        Some(reason) => format!("{} {reason}", status.as_u16()),
+        None => status.as_u16().to_string(),
+    };
+    match body {
+        Some(text) => format!("a proxy answered HTTP {status} instead of gRPC: {text}"),
+        None => format!("a proxy answered HTTP {status} instead of gRPC"),
     }
 }
 

@@ -11,18 +11,22 @@
 //! owner header (one replica, unknown owner, an older gateway) means no hint.
 //!
 //! [`Router::observe`] then decides whether a failed hinted attempt gets the
-//! **single unrouted retry**: only when the edge, not a gateway, produced the
-//! failure. Every answer of the reference gateway, errors included, carries
-//! `x-openshell-served-by`; a failure without it did not come from a
-//! gateway. For gateways that never send it (the client has not seen it on
-//! any answer yet), the known edge signatures decide: UNAVAILABLE with an
-//! empty message, `no healthy upstream`, `connection failure`, or an HTTP
-//! 502/503/504 answer without grpc-status (tonic reports it as INTERNAL with
-//! the HTTP status in the message). A retry drops the cache entry. The raw
-//! layer never retries after the stream delivered data, and never twice.
+//! **single unrouted retry**. The rule is gRPC's transparent-retry rule:
+//! retry only what never reached a server, so that no command runs twice.
+//! A failure proves that no gateway saw the request only when it carries
+//! the edge marker `x-openshell-edge: not-forwarded` (the built-in edge and
+//! `deploy/nginx` set it when they never forwarded the request: no route,
+//! connect refused or timed out) or is Envoy's `no healthy upstream` local
+//! reply (gRPC `UNAVAILABLE` with that message, or HTTP 503 `text/plain`
+//! with that body). Everything else, an empty `UNAVAILABLE`, an edge whose
+//! upstream died after the request was sent, a proxy's HTML 502, any answer
+//! carrying `x-openshell-served-by`, is surfaced to the caller. The table of
+//! answers is in ARCHITECTURE.md section 4. Any failed hinted attempt that
+//! no gateway stamped drops the sandbox's cache entry. The raw layer never
+//! retries after the stream delivered data, and never twice.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -34,8 +38,16 @@ use tokio::sync::OnceCell;
 use tonic::Code;
 
 pub use crate::config::RoutingConfig;
-use crate::error::Error;
+use crate::error::{Error, proxy_answer_message};
 use crate::metadata::{Metadata, OWNER, REPLICA, SERVED_BY, WANT_OWNER};
+
+/// Response header an edge sets on answers it produced itself; the value
+/// [`NOT_FORWARDED`] says the request was never forwarded to any gateway.
+pub const EDGE: &str = "x-openshell-edge";
+/// [`EDGE`] value: no byte of the request reached a gateway.
+pub const NOT_FORWARDED: &str = "not-forwarded";
+/// Envoy's local reply when no upstream host can be picked (nothing sent).
+const ENVOY_NO_HEALTHY_UPSTREAM: &str = "no healthy upstream";
 
 /// An owner lookup never holds a stream up for longer than this.
 pub(crate) const LOOKUP_DEADLINE: Duration = Duration::from_secs(5);
@@ -91,7 +103,8 @@ pub struct RoutingStats {
     /// Owner-routed attempts sent without one (no owner known, routing off,
     /// or the unrouted retry).
     pub unhinted: u64,
-    /// Hinted attempts that failed at the edge and were retried unhinted.
+    /// Hinted attempts that provably never reached a gateway and were
+    /// retried unhinted.
     pub unrouted_retries: u64,
     /// `GetSandbox` owner lookups sent.
     pub owner_lookups: u64,
@@ -117,9 +130,6 @@ pub struct Router {
     cache: Mutex<HashMap<String, (Option<String>, Instant)>>,
     in_flight: Mutex<HashMap<String, Lookup>>,
     counters: Counters,
-    /// Set once any answer carried `x-openshell-served-by`: from then on a
-    /// failure without it is known to come from the edge.
-    gateway_sends_served_by: AtomicBool,
 }
 
 impl Default for Router {
@@ -136,7 +146,6 @@ impl Router {
             cache: Mutex::new(HashMap::new()),
             in_flight: Mutex::new(HashMap::new()),
             counters: Counters::default(),
-            gateway_sends_served_by: AtomicBool::new(false),
         }
     }
 
@@ -255,69 +264,89 @@ impl Router {
     }
 
     /// Learns from the outcome of an attempt. Returns whether the call should
-    /// be retried once without a hint (the caller checks that no data was
-    /// delivered and that it has not retried already).
+    /// be retried once without a hint: only a hinted attempt whose failure
+    /// proves that no gateway saw it (see [`never_forwarded`]). The caller
+    /// checks that no data was delivered and that it has not retried already.
     pub fn observe(&self, decision: &RouteDecision, outcome: Result<&Metadata, &Error>) -> bool {
-        let served_by = match outcome {
-            Ok(metadata) => metadata.get(SERVED_BY).is_some(),
-            Err(err) => err.served_by().is_some(),
-        };
-        if served_by {
-            self.gateway_sends_served_by.store(true, Ordering::Relaxed);
-        }
         let Err(err) = outcome else { return false };
-        if !decision.is_hinted() || served_by {
+        if !decision.is_hinted() || err.served_by().is_some() {
             return false;
         }
-        let retry = if self.gateway_sends_served_by.load(Ordering::Relaxed) {
-            edge_failure_code(err.grpc_code())
-        } else {
-            edge_signature(err)
-        };
-        if retry {
-            if let Some(sandbox) = &decision.sandbox {
-                self.forget(sandbox);
-            }
-            self.counters
-                .unrouted_retries
-                .fetch_add(1, Ordering::Relaxed);
+        // No gateway stamped the failure: the cached owner is suspect.
+        if let Some(sandbox) = &decision.sandbox {
+            self.forget(sandbox);
+        }
+        let Some(proof) = never_forwarded(err) else {
             tracing::debug!(
                 replica = decision.hinted_replica.as_deref().unwrap_or_default(),
                 code = err.code(),
-                "edge could not route the hinted call; retrying once without the hint"
+                "hinted call failed outside a gateway; not retried: it may have reached one"
             );
-        }
-        retry
+            return false;
+        };
+        self.counters
+            .unrouted_retries
+            .fetch_add(1, Ordering::Relaxed);
+        tracing::debug!(
+            replica = decision.hinted_replica.as_deref().unwrap_or_default(),
+            code = err.code(),
+            proof = proof.as_str(),
+            "the edge never forwarded the hinted call; retrying once without the hint"
+        );
+        true
     }
 }
 
-/// Codes an edge answers with when it cannot route (the gateway's own
-/// failures carry `x-openshell-served-by` and never get here).
-fn edge_failure_code(code: Code) -> bool {
-    matches!(
+/// Why a failed attempt is known never to have reached a gateway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum NeverForwarded {
+    /// `x-openshell-edge: not-forwarded` (built-in edge, `deploy/nginx`).
+    EdgeMarker,
+    /// Envoy's `no healthy upstream` local reply.
+    EnvoyNoHealthyUpstream,
+}
+
+impl NeverForwarded {
+    fn as_str(self) -> &'static str {
+        match self {
+            NeverForwarded::EdgeMarker => "edge marker",
+            NeverForwarded::EnvoyNoHealthyUpstream => "envoy no healthy upstream",
+        }
+    }
+}
+
+/// The unrouted-retry classifier: `Some` only on proof that the request
+/// never reached a gateway. Anything a gateway stamped, and anything that
+/// may have been forwarded (an empty `UNAVAILABLE`, an upstream that failed
+/// after the request was sent, a proxy's HTML 502), is `None`.
+pub(crate) fn never_forwarded(err: &Error) -> Option<NeverForwarded> {
+    let Error::Rpc {
         code,
-        Code::Unavailable | Code::NotFound | Code::Internal | Code::Unknown
-    )
-}
-
-/// Edges that are known to answer routing failures this way.
-fn edge_signature(err: &Error) -> bool {
-    let Error::Rpc { code, message, .. } = err else {
-        return false;
+        message,
+        metadata,
+    } = err
+    else {
+        return None;
     };
-    let lower = message.to_ascii_lowercase();
-    match code {
-        Code::Unavailable => {
-            message.is_empty()
-                || lower.contains("no healthy upstream")
-                || lower.contains("connection failure")
-        }
-        Code::Internal | Code::Unknown => ["502", "503", "504"].iter().any(|status| {
-            lower.contains(&format!("status: {status}"))
-                || lower.contains(&format!("http status {status}"))
-        }),
-        _ => false,
+    if metadata.get(SERVED_BY).is_some() {
+        return None;
     }
+    let marked = metadata
+        .iter()
+        .any(|(k, v)| k == EDGE && v.trim().eq_ignore_ascii_case(NOT_FORWARDED));
+    if marked {
+        return Some(NeverForwarded::EdgeMarker);
+    }
+    // Envoy answers a gRPC request with a gRPC local reply, any other with
+    // its plain-text page (which the call layer reports as a proxy answer).
+    let envoy = *code == Code::Unavailable
+        && (message == ENVOY_NO_HEALTHY_UPSTREAM
+            || *message
+                == proxy_answer_message(
+                    http::StatusCode::SERVICE_UNAVAILABLE,
+                    Some(ENVOY_NO_HEALTHY_UPSTREAM),
+                ));
+    envoy.then_some(NeverForwarded::EnvoyNoHealthyUpstream)
 }
 
 fn descriptors() -> &'static DescriptorPool {
@@ -433,6 +462,66 @@ mod tests {
         }
     }
 
+    fn marked(mut err: Error) -> Error {
+        if let Error::Rpc { metadata, .. } = &mut err {
+            metadata.append(EDGE, NOT_FORWARDED);
+        }
+        err
+    }
+
+    #[test]
+    fn only_the_edge_marker_or_envoys_no_healthy_upstream_is_retried() {
+        let router = Router::default();
+        // The built-in edge and deploy/nginx: the marker, whatever the code.
+        for (code, message) in [
+            (Code::Unavailable, ""),
+            (Code::Unavailable, "upstream timed out"),
+            (Code::NotFound, "unknown replica"),
+        ] {
+            let err = marked(rpc(code, message, None));
+            assert_eq!(never_forwarded(&err), Some(NeverForwarded::EdgeMarker));
+            assert!(router.observe(&hinted(), Err(&err)), "{message}");
+        }
+        // Envoy's gRPC local reply.
+        let envoy = rpc(Code::Unavailable, "no healthy upstream", None);
+        assert_eq!(
+            never_forwarded(&envoy),
+            Some(NeverForwarded::EnvoyNoHealthyUpstream)
+        );
+        assert!(router.observe(&hinted(), Err(&envoy)));
+        assert_eq!(router.stats().unrouted_retries, 4);
+    }
+
+    #[test]
+    fn unmarked_failures_are_surfaced() {
+        let router = Router::default();
+        for (code, message) in [
+            // Today's unmarked edge answers: an older edge, or nginx whose
+            // upstream failed after the request went out.
+            (Code::Unavailable, ""),
+            // The built-in edge, forwarded and then failed.
+            (Code::Unavailable, "upstream failed before response headers"),
+            (Code::NotFound, "unknown replica"),
+            // Envoy: the upstream connection broke, the request may be there.
+            (
+                Code::Unavailable,
+                "upstream connect error or disconnect/reset before headers. reset reason: connection termination",
+            ),
+            (Code::Unavailable, "connection failure"),
+            // A proxy's HTML 502 (see raw::proxy_answer).
+            (
+                Code::Unavailable,
+                "a proxy answered HTTP 502 Bad Gateway instead of gRPC",
+            ),
+            (Code::Internal, "h2 protocol error"),
+        ] {
+            let err = rpc(code, message, None);
+            assert_eq!(never_forwarded(&err), None, "{message}");
+            assert!(!router.observe(&hinted(), Err(&err)), "{message}");
+        }
+        assert_eq!(router.stats().unrouted_retries, 0);
+    }
+
     #[test]
     fn gateway_failures_are_never_retried() {
         let router = Router::default();
@@ -442,57 +531,31 @@ mod tests {
             Some("gw-1"),
         );
         assert!(!router.observe(&hinted(), Err(&err)));
-        let err = rpc(Code::Unavailable, "", Some("gw-1"));
+        // A served-by outweighs a marker (a gateway did see the request).
+        let err = marked(rpc(Code::Unavailable, "", Some("gw-1")));
+        assert_eq!(never_forwarded(&err), None);
         assert!(!router.observe(&hinted(), Err(&err)));
         // Unhinted calls are never retried either.
-        let err = rpc(Code::Unavailable, "", None);
+        let err = marked(rpc(Code::Unavailable, "", None));
         assert!(!router.observe(&RouteDecision::default(), Err(&err)));
+        // Nor local failures.
+        let err = Error::Connect {
+            message: "refused".into(),
+        };
+        assert!(!router.observe(&hinted(), Err(&err)));
         assert_eq!(router.stats().unrouted_retries, 0);
     }
 
     #[test]
-    fn edge_signatures_without_served_by() {
+    fn an_unstamped_failure_drops_the_cached_owner() {
         let router = Router::default();
-        for (code, message) in [
-            (Code::Unavailable, ""),
-            (
-                Code::Unavailable,
-                "upstream connect error: no healthy upstream",
-            ),
-            (Code::Unavailable, "connection failure"),
-            (
-                Code::Internal,
-                "protocol error: invalid compression flag: 60 (valid flags are 0 and 1) while receiving response with status: 502 Bad Gateway",
-            ),
-        ] {
-            assert!(
-                router.observe(&hinted(), Err(&rpc(code, message, None))),
-                "{message}"
-            );
-        }
-        // Envoy's stream reset is not a routing failure.
-        let reset = rpc(
-            Code::Unavailable,
-            "upstream reset: reset reason: connection termination",
-            None,
-        );
-        assert!(!router.observe(&hinted(), Err(&reset)));
-        assert_eq!(router.stats().unrouted_retries, 4);
-    }
-
-    #[test]
-    fn once_served_by_is_seen_any_unstamped_failure_is_the_edge() {
-        let router = Router::default();
-        router.observe(
-            &RouteDecision::default(),
-            Ok(&Metadata::new().with(SERVED_BY, "gw-0")),
-        );
-        let unknown_replica = rpc(Code::NotFound, "unknown replica", None);
-        assert!(router.observe(&hinted(), Err(&unknown_replica)));
-        let unavailable = rpc(Code::Unavailable, "replica unavailable", None);
-        assert!(router.observe(&hinted(), Err(&unavailable)));
-        let invalid = rpc(Code::InvalidArgument, "bad", None);
-        assert!(!router.observe(&hinted(), Err(&invalid)));
+        router.remember("s", Some("gw-1".into()));
+        let stamped = rpc(Code::Unavailable, "busy", Some("gw-1"));
+        router.observe(&hinted(), Err(&stamped));
+        assert_eq!(router.cached("s"), Some(Some("gw-1".into())));
+        let unstamped = rpc(Code::Unavailable, "", None);
+        assert!(!router.observe(&hinted(), Err(&unstamped)));
+        assert_eq!(router.cached("s"), None);
     }
 
     #[test]

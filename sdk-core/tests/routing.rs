@@ -1,19 +1,23 @@
 //! Owner routing against a real 3-replica cluster, through the built-in edge
 //! and through nginx: hints land every stream on its owner, the single
-//! unrouted retry rescues a hinted call the edge cannot route, gateway
-//! failures and half-delivered streams are never retried, owner moves cost
-//! at most one failed attempt, and concurrent streams share one lookup.
+//! unrouted retry rescues a hinted call the edge never forwarded (and the
+//! command runs once), a call the edge forwarded is never sent again, a
+//! plain proxy's HTML 502 is `unavailable`, gateway failures and
+//! half-delivered streams are never retried, owner moves cost at most one
+//! failed attempt, and concurrent streams share one lookup.
 
 mod common;
 
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::{TOKEN, within};
 use futures::StreamExt;
 use openshell_sdk::{CallOptions, Client, ClientConfig, CreateSandbox, ExecEvent, ExecRequest};
 use openshell_testkit::cluster::{ClusterOptions, TestCluster, ring_owner};
-use openshell_testkit::edge::{Edge, Nginx, nginx_render_script};
-use openshell_testkit::{Gateway, GatewayOptions, eventually, signal};
+use openshell_testkit::edge::{Edge, Nginx};
+use openshell_testkit::{Gateway, GatewayOptions, eventually};
 
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum EdgeKind {
@@ -94,26 +98,27 @@ impl Setup {
 
     /// The owner replica's route loses its endpoint; the replica stays up.
     async fn break_route(&self, owner: &str) {
-        let routes = Self::routes(&self.cluster, Some(owner));
+        self.set_client_routes(&Self::routes(&self.cluster, Some(owner)))
+            .await;
+    }
+
+    /// Routes of the client's edge (built-in or nginx); returns once applied.
+    async fn set_client_routes(&self, routes: &[(&str, &str)]) {
         match &self.nginx {
-            None => self.edge.set_routes(&routes),
-            Some(nginx) => {
-                let mut render = std::process::Command::new("python3");
-                render
-                    .arg(nginx_render_script())
-                    .arg("--prefix")
-                    .arg(nginx.prefix())
-                    .arg("--listen")
-                    .arg(nginx.addr.to_string());
-                for (id, url) in &routes {
-                    render.arg("--replica").arg(format!("{id}={url}"));
-                }
-                assert!(render.status().unwrap().success());
-                signal(nginx.pid().unwrap(), libc::SIGHUP);
-                // nginx swaps workers asynchronously.
-                tokio::time::sleep(Duration::from_millis(800)).await;
-            }
+            None => self.edge.set_routes(routes),
+            Some(nginx) => nginx.set_routes(routes).await,
         }
+    }
+
+    /// The sandbox's working directory on the host (every replica of the
+    /// test cluster shares one data directory).
+    fn workdir(&self, sandbox_id: &str) -> PathBuf {
+        self.cluster
+            .shared_dir()
+            .join("data")
+            .join("sandboxes")
+            .join(sandbox_id)
+            .join("work")
     }
 
     fn client_url(&self) -> String {
@@ -283,10 +288,7 @@ async fn one_unrouted_retry_when_the_owner_route_is_gone(kind: EdgeKind) {
     let peer_before = setup.routed("peer", "exec");
     let before = client.routing_stats();
     let out = client
-        .exec(
-            ExecRequest::new("detour", ["echo", "detoured"]),
-            CallOptions::new(),
-        )
+        .exec(counted("detour", "detoured"), CallOptions::new())
         .await
         .expect("exec succeeds through the unrouted retry");
     assert_eq!(out.stdout, b"detoured\n");
@@ -296,6 +298,7 @@ async fn one_unrouted_retry_when_the_owner_route_is_gone(kind: EdgeKind) {
         1,
         "{after:?}"
     );
+    assert_eq!(runs(&setup.workdir(&id)), 1, "the command ran once");
     assert_eq!(
         setup.routed("peer", "exec") - peer_before,
         1.0,
@@ -319,6 +322,232 @@ async fn one_unrouted_retry_when_the_owner_route_is_gone_builtin_edge() {
 #[tokio::test]
 async fn one_unrouted_retry_when_the_owner_route_is_gone_nginx() {
     one_unrouted_retry_when_the_owner_route_is_gone(EdgeKind::Nginx).await;
+}
+
+/// An exec that appends a line to `ran.log` in the sandbox's working
+/// directory, then prints `out`.
+fn counted(sandbox: &str, out: &str) -> ExecRequest {
+    ExecRequest::new(
+        sandbox,
+        ["sh", "-c", &format!("echo ran >> ran.log; echo {out}")],
+    )
+}
+
+/// How many times a [`counted`] command ran in the sandbox.
+fn runs(workdir: &Path) -> usize {
+    std::fs::read_to_string(workdir.join("ran.log"))
+        .map(|text| text.lines().count())
+        .unwrap_or(0)
+}
+
+/// A TCP proxy in front of a replica that forwards every byte it receives
+/// and drops every byte coming back, until [`cut`](Self::cut) closes all its
+/// connections: the replica gets (and runs) the request, the edge never sees
+/// an answer, as when a replica dies after the request was sent.
+struct CutProxy {
+    addr: SocketAddr,
+    cut: tokio_util::sync::CancellationToken,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl CutProxy {
+    async fn start(target: SocketAddr) -> Self {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let cut = tokio_util::sync::CancellationToken::new();
+        let stop = cut.clone();
+        let task = tokio::spawn(async move {
+            let mut connections = tokio::task::JoinSet::new();
+            loop {
+                let (client, _) = tokio::select! {
+                    _ = stop.cancelled() => break,
+                    accepted = listener.accept() => match accepted {
+                        Ok(accepted) => accepted,
+                        Err(_) => break,
+                    },
+                };
+                let stop = stop.clone();
+                connections.spawn(async move {
+                    let Ok(upstream) = tokio::net::TcpStream::connect(target).await else {
+                        return;
+                    };
+                    let (mut from_client, _to_client) = client.into_split();
+                    let (mut from_upstream, mut to_upstream) = upstream.into_split();
+                    let forward = tokio::io::copy(&mut from_client, &mut to_upstream);
+                    let mut sink = tokio::io::sink();
+                    let discard = tokio::io::copy(&mut from_upstream, &mut sink);
+                    tokio::select! {
+                        _ = stop.cancelled() => {}
+                        _ = async { tokio::join!(forward, discard) } => {}
+                    }
+                    // Dropping both halves of both sockets closes them.
+                });
+            }
+            // Closes every connection still open.
+            connections.shutdown().await;
+        });
+        Self { addr, cut, task }
+    }
+
+    fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// Closes every connection and stops listening; returns once done.
+    async fn cut(self) {
+        self.cut.cancel();
+        within(10, "cut proxy stop", self.task).await.unwrap();
+    }
+}
+
+async fn a_forwarded_call_is_never_sent_twice(kind: EdgeKind) {
+    let setup = Setup::start(kind).await;
+    let client = setup.client(true).await;
+    let id = ready_sandbox(&client, "once").await;
+    let owner = setup.owner_of(&id);
+    let workdir = setup.workdir(&id);
+    // Learn the owner and check where counted commands leave their lines.
+    client
+        .exec(counted("once", "warm"), CallOptions::new())
+        .await
+        .expect("exec");
+    assert_eq!(runs(&workdir), 1, "ran.log not in {}", workdir.display());
+
+    // The owner's route now goes through the proxy.
+    let proxy = CutProxy::start(setup.cluster.replica(&owner).grpc_addr).await;
+    let mut routes = Setup::routes(&setup.cluster, None);
+    for (id, url) in &mut routes {
+        if *id == owner {
+            *url = Box::leak(proxy.url().into_boxed_str());
+        }
+    }
+    setup.set_client_routes(&routes).await;
+
+    let before = client.routing_stats();
+    let exec = tokio::spawn({
+        let client = client.clone();
+        async move {
+            client
+                .exec(
+                    counted("once", "second"),
+                    CallOptions::new().deadline(Duration::from_secs(30)),
+                )
+                .await
+        }
+    });
+    // The replica got the request and ran the command; no answer got back.
+    assert!(
+        eventually(Duration::from_secs(20), || runs(&workdir) == 2).await,
+        "the forwarded exec did not run"
+    );
+    proxy.cut().await;
+    let err = within(30, "exec", exec)
+        .await
+        .unwrap()
+        .expect_err("the edge lost the replica after forwarding");
+    assert_eq!(err.code(), "unavailable", "{err}");
+    assert_eq!(
+        err.message(),
+        "upstream failed before response headers",
+        "{kind:?}"
+    );
+    assert_eq!(err.served_by(), None);
+    let after = client.routing_stats();
+    assert_eq!(after.unrouted_retries, before.unrouted_retries, "{after:?}");
+    assert_eq!(after.hinted - before.hinted, 1, "{after:?}");
+    assert_eq!(runs(&workdir), 2, "the command ran exactly once more");
+}
+
+#[tokio::test]
+async fn a_forwarded_call_is_never_sent_twice_builtin_edge() {
+    a_forwarded_call_is_never_sent_twice(EdgeKind::BuiltIn).await;
+}
+
+#[tokio::test]
+async fn a_forwarded_call_is_never_sent_twice_nginx() {
+    a_forwarded_call_is_never_sent_twice(EdgeKind::Nginx).await;
+}
+
+/// nginx without gRPC error mapping: unhinted calls reach replica gw-0,
+/// hinted ones a dead port, which nginx answers with its HTML 502 page.
+const PLAIN_NGINX: &str = r#"
+worker_processes 1;
+error_log @@PREFIX@@/error.log notice;
+events { worker_connections 64; }
+http {
+    access_log off;
+    client_body_temp_path @@PREFIX@@/tmp;
+    proxy_temp_path @@PREFIX@@/tmp;
+    fastcgi_temp_path @@PREFIX@@/tmp;
+    uwsgi_temp_path @@PREFIX@@/tmp;
+    scgi_temp_path @@PREFIX@@/tmp;
+    map $http_x_openshell_replica $backend {
+        default @@DEAD@@;
+        "" @@LIVE@@;
+    }
+    server {
+        listen @@LISTEN@@ http2;
+        location / {
+            grpc_pass grpc://$backend;
+        }
+    }
+}
+"#;
+
+#[tokio::test]
+async fn a_plain_proxys_html_502_is_unavailable_and_not_retried() {
+    let setup = Setup::start(EdgeKind::BuiltIn).await;
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let nginx = Nginx::start_config(
+        &PLAIN_NGINX
+            .replace("@@DEAD@@", &dead)
+            .replace("@@LIVE@@", &setup.cluster.replicas[0].grpc_addr.to_string()),
+    );
+    let config = ClientConfig::builder(nginx.url.clone())
+        .token(TOKEN)
+        .default_deadline(Some(Duration::from_secs(30)))
+        .build()
+        .unwrap();
+    let client = within(10, "connect", Client::connect(config))
+        .await
+        .unwrap();
+    let id = ready_sandbox(&client, "plain").await;
+
+    // Hinted (the owner lookup went through to gw-0): nginx's HTML 502.
+    let err = client
+        .exec(counted("plain", "never"), CallOptions::new())
+        .await
+        .expect_err("the hinted route is dead");
+    assert_eq!(err.code(), "unavailable", "{err}");
+    assert!(err.retryable());
+    assert_eq!(
+        err.message(),
+        "a proxy answered HTTP 502 Bad Gateway instead of gRPC"
+    );
+    let stats = client.routing_stats();
+    assert_eq!((stats.hinted, stats.unrouted_retries), (1, 0), "{stats:?}");
+    assert_eq!(runs(&setup.workdir(&id)), 0);
+
+    // A unary call gets the same answer.
+    let request = openshell_sdk::proto::GetSandboxRequest {
+        name: "plain".into(),
+        workspace_scope: None,
+    };
+    let err = client
+        .raw_unary(
+            "/openshell.v1.OpenShell/GetSandbox",
+            prost::Message::encode_to_vec(&request).into(),
+            [("x-openshell-replica", "gw-0")],
+            CallOptions::new(),
+        )
+        .await
+        .expect_err("dead route");
+    assert_eq!(err.code(), "unavailable", "{err}");
+    assert!(err.message().contains("HTTP 502"), "{err}");
+    assert!(nginx.log().contains("connect() failed"), "{}", nginx.log());
 }
 
 #[tokio::test]

@@ -203,8 +203,32 @@ pub fn nginx_render_script() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../deploy/nginx/render.py")
 }
 
-/// nginx running `deploy/nginx/openshell-edge.conf.template` from a private
-/// prefix directory (`daemon off`, so the child is the master process).
+/// `deploy/nginx/render.py` into `prefix`, listening on `addr`.
+fn render_config(prefix: &Path, addr: SocketAddr, replicas: &[(&str, &str)], args: &[&str]) {
+    let mut render = Command::new("python3");
+    render
+        .arg(nginx_render_script())
+        .arg("--prefix")
+        .arg(prefix)
+        .arg("--listen")
+        .arg(addr.to_string());
+    for (id, url) in replicas {
+        render.arg("--replica").arg(format!("{id}={url}"));
+    }
+    render.args(args);
+    let rendered = render
+        .output()
+        .expect("run python3 deploy/nginx/render.py (is python3 installed?)");
+    assert!(
+        rendered.status.success(),
+        "render.py failed: {}",
+        String::from_utf8_lossy(&rendered.stderr)
+    );
+}
+
+/// nginx running `deploy/nginx/openshell-edge.conf.template` (or a test's own
+/// configuration) from a private prefix directory (`daemon off`, so the child
+/// is the master process).
 pub struct Nginx {
     child: Option<Child>,
     dir: tempfile::TempDir,
@@ -222,6 +246,26 @@ impl Nginx {
     /// Like [`Nginx::start`] with further `render.py` arguments (for example
     /// `--max-concurrent-streams 16`).
     pub fn start_with(replicas: &[(&str, &str)], render_args: &[&str]) -> Self {
+        Self::launch(|prefix, addr| {
+            render_config(prefix, addr, replicas, render_args);
+        })
+    }
+
+    /// nginx with a configuration of the test's own: `template` is a whole
+    /// `nginx.conf` in which `@@PREFIX@@` and `@@LISTEN@@` are replaced by
+    /// the prefix directory and the `127.0.0.1:PORT` to listen on.
+    pub fn start_config(template: &str) -> Self {
+        Self::launch(|prefix, addr| {
+            let text = template
+                .replace("@@PREFIX@@", &prefix.display().to_string())
+                .replace("@@LISTEN@@", &addr.to_string());
+            std::fs::write(prefix.join("nginx.conf"), text).expect("write nginx.conf");
+        })
+    }
+
+    /// Writes the configuration with `configure(prefix, listen address)` and
+    /// starts nginx on it.
+    fn launch(mut configure: impl FnMut(&Path, SocketAddr)) -> Self {
         let nginx = nginx_bin();
         let dir = tempfile::Builder::new()
             .prefix("openshell-nginx-")
@@ -237,25 +281,7 @@ impl Nginx {
                 probe.local_addr().unwrap().port()
             };
             let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-            let mut render = Command::new("python3");
-            render
-                .arg(nginx_render_script())
-                .arg("--prefix")
-                .arg(&prefix)
-                .arg("--listen")
-                .arg(addr.to_string());
-            for (id, url) in replicas {
-                render.arg("--replica").arg(format!("{id}={url}"));
-            }
-            render.args(render_args);
-            let rendered = render
-                .output()
-                .expect("run python3 deploy/nginx/render.py (is python3 installed?)");
-            assert!(
-                rendered.status.success(),
-                "render.py failed: {}",
-                String::from_utf8_lossy(&rendered.stderr)
-            );
+            configure(&prefix, addr);
             let _ = std::fs::remove_file(prefix.join("error.log"));
             let mut child = Command::new(&nginx)
                 .arg("-p")
@@ -296,6 +322,28 @@ impl Nginx {
             }
         }
         panic!("nginx did not start; error.log:\n{last_error}");
+    }
+
+    /// Renders `deploy/nginx` again with `replicas`, sends SIGHUP and waits
+    /// (at most 10 s) until the workers of the old configuration are gone:
+    /// from then on every call uses the new routes. Async, so that clients
+    /// on the same runtime see their connection to an old worker close (and
+    /// reconnect) while it waits.
+    pub async fn set_routes(&self, replicas: &[(&str, &str)]) {
+        let master = self.pid().expect("nginx is running");
+        let old_workers = children_of(master);
+        render_config(self.prefix(), self.addr, replicas, &[]);
+        signal(master, libc::SIGHUP);
+        let swapped = crate::eventually(Duration::from_secs(10), || {
+            let workers = children_of(master);
+            !workers.is_empty() && workers.iter().all(|w| !old_workers.contains(w))
+        })
+        .await;
+        assert!(
+            swapped,
+            "nginx did not replace its workers within 10 s; error.log:\n{}",
+            self.log()
+        );
     }
 
     pub fn pid(&self) -> Option<i32> {

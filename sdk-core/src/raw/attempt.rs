@@ -1,7 +1,8 @@
 //! Starting a stream and pumping its answers: the driver task of every
 //! [`RawStream`](super::RawStream). Each attempt asks the router, builds the
 //! request through the one request builder, and may be retried once
-//! unrouted (edge failure, nothing but the first message consumed) or once
+//! unrouted (the edge proved it never forwarded the attempt, and nothing but
+//! the first message was consumed) or once
 //! with a fresh token (`UNAUTHENTICATED`, replayable requests only).
 
 use std::sync::Arc;
@@ -175,9 +176,9 @@ async fn start_call(
             Err(status) => {
                 let err = Error::from_status(status);
                 gate.close();
-                let edge_failure = client.inner.router.observe(&route, Err(&err));
+                let never_forwarded = client.inner.router.observe(&route, Err(&err));
                 // Never after the stream carried more than its first message.
-                if edge_failure && !unrouted && !gate.delivered() {
+                if never_forwarded && !unrouted && !gate.delivered() {
                     unrouted = true;
                     continue;
                 }

@@ -9,6 +9,7 @@ use tonic::metadata::MetadataMap;
 use tonic::transport::Channel;
 
 use super::codec::BytesCodec;
+use super::proxy_answer::ProxyAnswers;
 use super::{CallContext, RawResponse, RawStream, decode};
 use crate::auth::{IssuedToken, bearer_header};
 use crate::client::{CallOptions, Client, DeadlineKind, Resolved};
@@ -53,7 +54,7 @@ impl Client {
                         }
                         Err(status) => {
                             let err = Error::from_status(status);
-                            // A unary request is replayable: one unrouted retry.
+                            // Never forwarded (the router's rule): one unrouted retry.
                             if self.inner.router.observe(&route, Err(&err)) && !unrouted {
                                 unrouted = true;
                                 continue;
@@ -132,8 +133,10 @@ impl Client {
         self.inner.tokens.token().await
     }
 
-    pub(super) async fn grpc(&self) -> Result<Grpc<Channel>, Error> {
-        let mut grpc = Grpc::new(self.inner.channel.clone())
+    /// The client's channel, with proxies' non-gRPC answers turned into
+    /// `UNAVAILABLE` ([`ProxyAnswers`]).
+    pub(super) async fn grpc(&self) -> Result<Grpc<ProxyAnswers<Channel>>, Error> {
+        let mut grpc = Grpc::new(ProxyAnswers::new(self.inner.channel.clone()))
             .max_decoding_message_size(self.inner.config.max_message_size);
         grpc.ready().await.map_err(|e| Error::from_transport(&e))?;
         Ok(grpc)

@@ -30,6 +30,8 @@
 //! # Files
 //!
 //! - `codec`: [`BytesCodec`], encoded messages in and out of tonic as bytes;
+//! - `proxy_answer`: the channel wrapper that turns a proxy's non-gRPC HTTP
+//!   answer (an HTML 502) into `UNAVAILABLE` naming the HTTP status;
 //! - `call`: the unary call path and the request builder every attempt uses,
 //!   and the owner lookup the router is handed;
 //! - `stream`: the halves of a [`RawStream`] the caller holds;
@@ -49,6 +51,7 @@ use crate::metadata::{Metadata, SERVED_BY};
 mod attempt;
 mod call;
 mod codec;
+mod proxy_answer;
 mod stream;
 
 pub use codec::{BytesCodec, BytesDecoder, BytesEncoder};
