@@ -327,7 +327,8 @@ async fn down_replica_is_unavailable(kind: Kind) {
     gw1.stop();
     let status = health(&mut to_gw1).await.unwrap_err();
     assert_edge_error(&status, Code::Unavailable);
-    // The edge signature clients retry once without the header: no message.
+    // The edge never forwarded it: no message, and the not-forwarded marker
+    // (checked by the sdk-core routing tests) that allows the one retry.
     assert_eq!(
         status.message(),
         "",
