@@ -14,11 +14,14 @@
 //! same user cannot read its memory, environment or descriptors. With
 //! `--isolation namespaces` sandbox processes run in namespaces of their own
 //! ([`isolation`]). SIGTERM or SIGINT kill every running exec (and, isolated,
-//! every process of the sandbox) before the process exits 0.
+//! every process of the sandbox) before the process exits 0. A supervisor
+//! whose sandbox the gateway no longer knows for 30 s shuts down the same
+//! way and exits 1 ([`give_up`]).
 
 mod config_apply;
 mod exec;
 mod forward;
+mod give_up;
 mod isolation;
 mod os_error;
 mod relay;
@@ -38,7 +41,7 @@ use anyhow::{Context, bail};
 use clap::Parser;
 use openshell_sdk::ClientConfig;
 use tokio::signal::unix::{SignalKind, signal};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, watch};
 use tracing::{error, info, warn};
 use tracing_subscriber::EnvFilter;
 
@@ -85,6 +88,16 @@ struct Cli {
     /// (repeatable). The working directory stays visible.
     #[arg(long, value_name = "PATH")]
     hide: Vec<PathBuf>,
+    /// Tests only: exit after this long of the gateway answering
+    /// UNAUTHENTICATED or NOT_FOUND for the sandbox (default 30 s).
+    #[arg(
+        long,
+        hide = true,
+        value_name = "MS",
+        default_value_t = give_up::DEFAULT_AFTER.as_millis() as u64,
+        value_parser = clap::value_parser!(u64).range(100..),
+    )]
+    give_up_after_ms: u64,
 }
 
 fn main() -> ExitCode {
@@ -212,6 +225,10 @@ async fn run(
         .build()
         .map_err(|err| anyhow::anyhow!("gateway settings: {err}"))?;
     drop(secret);
+    let probe_channel = openshell_sdk::Client::connect_lazy(client.clone())
+        .await
+        .map_err(|err| anyhow::anyhow!("gateway settings: {err}"))?
+        .channel();
     let instance_id = uuid::Uuid::new_v4().to_string();
     info!(
         sandbox_id = cli.sandbox_id,
@@ -220,6 +237,14 @@ async fn run(
         workdir = %workdir.display(),
         "supervisor starting"
     );
+    let (connected, connected_rx) = watch::channel(false);
+    let give_up = give_up::GiveUp {
+        channel: probe_channel,
+        token: token.clone(),
+        sandbox_id: cli.sandbox_id.clone(),
+        after: Duration::from_millis(cli.give_up_after_ms),
+        connected: connected_rx,
+    };
     let config = SessionConfig {
         client,
         sandbox_id: cli.sandbox_id.clone(),
@@ -241,8 +266,9 @@ async fn run(
     let mut sigint = signal(SignalKind::interrupt()).context("install SIGINT handler")?;
     let (alive, mut all_relays_done) = mpsc::channel::<()>(1);
     let outer_pid = sandbox.as_ref().map(isolation::Sandbox::outer_pid);
+    let mut gave_up = None;
     tokio::select! {
-        result = session::run(config, alive) => {
+        result = session::run(config, alive, connected) => {
             result?;
             unreachable!("the session loop never ends");
         }
@@ -250,6 +276,10 @@ async fn run(
             // Exec cannot enter a sandbox whose PID 1 is gone: leave, so the
             // gateway sees the sandbox fail instead of every exec failing.
             bail!("the sandbox init exited");
+        }
+        reason = give_up.wait() => {
+            info!("the gateway no longer knows this sandbox: shutting down");
+            gave_up = Some(reason);
         }
         _ = sigterm.recv() => info!("SIGTERM: shutting down"),
         _ = sigint.recv() => info!("SIGINT: shutting down"),
@@ -268,5 +298,8 @@ async fn run(
     }
     sandbox_processes::kill_all(SHUTDOWN_GRACE).await;
     info!("supervisor stopped");
-    Ok(())
+    match gave_up {
+        Some(reason) => bail!(reason),
+        None => Ok(()),
+    }
 }

@@ -22,7 +22,7 @@ use std::sync::Arc;
 
 use openshell_proto::{RelayOpen, gateway_message, relay_open};
 use openshell_sdk::{ClientConfig, ConfigSession, SessionEvent};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info, info_span, warn};
@@ -47,7 +47,12 @@ pub struct SessionConfig {
 
 /// Runs the session forever. `alive` is handed to every relay, so the
 /// caller can wait for all relays to wind down after dropping this future.
-pub async fn run(config: SessionConfig, alive: mpsc::Sender<()>) -> anyhow::Result<()> {
+/// `connected` is true while a session is accepted.
+pub async fn run(
+    config: SessionConfig,
+    alive: mpsc::Sender<()>,
+    connected: watch::Sender<bool>,
+) -> anyhow::Result<()> {
     let (events_tx, mut events) = mpsc::channel(SESSION_EVENTS);
     let session = ConfigSession::builder(config.client.clone(), config.sandbox_id.clone())
         .instance_id(config.instance_id.clone())
@@ -65,6 +70,7 @@ pub async fn run(config: SessionConfig, alive: mpsc::Sender<()>) -> anyhow::Resu
         while let Some(event) = events.recv().await {
             match event {
                 SessionEvent::Accepted(handle) => {
+                    connected.send_replace(true);
                     relays = Relays::default();
                     ctx = Some(RelayContext {
                         channel: handle.client.channel(),
@@ -89,6 +95,7 @@ pub async fn run(config: SessionConfig, alive: mpsc::Sender<()>) -> anyhow::Resu
                     _ => {}
                 },
                 SessionEvent::Ended => {
+                    connected.send_replace(false);
                     relays = Relays::default();
                     ctx = None;
                 }

@@ -6,7 +6,12 @@
 //! gateway's terminal does not reach them, and they outlive a gateway restart:
 //! the new gateway adopts a live supervisor (matched by PID and command line)
 //! or starts a fresh one with a fresh token. `supervisor.pid` in the sandbox
-//! directory names the process for operators and test harnesses.
+//! directory names the process for operators and test harnesses, and is the
+//! fallback when the store has no (or a stale) pid: stopping a sandbox signals
+//! whichever of the two is still a supervisor of that sandbox.
+//!
+//! Starting and stopping one sandbox's supervisor never interleave: callers
+//! hold [`ProcessDriver::lock`] across start-and-record and stop-and-remove.
 //!
 //! Supervisors start clean: an empty environment plus a short allow-list
 //! ([`SUPERVISOR_ENV`]), so no user token, peer token or database URL of the
@@ -16,13 +21,15 @@
 //! namespaces of their own, with the data directory and the gateway's other
 //! secret files hidden (see the supervisor's `isolation` module).
 
+use std::collections::HashMap;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use tokio::sync::mpsc;
+use tokio::sync::{OwnedMutexGuard, mpsc};
 
 /// A supervisor that exited while the driver was watching it.
 #[derive(Debug)]
@@ -38,6 +45,10 @@ pub const SUPERVISOR_ENV: [&str; 6] =
     ["PATH", "LANG", "LC_ALL", "TZ", "RUST_LOG", "RUST_BACKTRACE"];
 /// The descriptor the sandbox token arrives on.
 const TOKEN_FD: i32 = 3;
+/// The file in the sandbox directory naming the supervisor's pid.
+const PID_FILE: &str = "supervisor.pid";
+/// How long a supervisor gets to exit after SIGTERM before its group is killed.
+const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// How sandbox processes are isolated (`--isolation`, resolved at start).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,6 +95,8 @@ pub struct ProcessDriver {
     /// `<sandbox dir>/token` (mode 0600; hidden from the sandbox).
     expose_tokens: bool,
     exits: mpsc::UnboundedSender<SupervisorExit>,
+    /// One lock per sandbox with a start or stop in progress.
+    locks: Mutex<HashMap<String, Weak<tokio::sync::Mutex<()>>>>,
 }
 
 impl ProcessDriver {
@@ -105,6 +118,7 @@ impl ProcessDriver {
                 hide: Vec::new(),
                 expose_tokens: false,
                 exits,
+                locks: Mutex::default(),
             },
             rx,
         )
@@ -133,6 +147,35 @@ impl ProcessDriver {
 
     pub fn sandbox_dir(&self, sandbox_id: &str) -> PathBuf {
         self.data_dir.join("sandboxes").join(sandbox_id)
+    }
+
+    /// Serializes the lifecycle of one sandbox in this process: a create's
+    /// start-and-record and a delete's stop-and-remove never interleave, so
+    /// a delete never misses a supervisor that is being started.
+    pub async fn lock(&self, sandbox_id: &str) -> OwnedMutexGuard<()> {
+        let lock = {
+            let mut locks = self.locks.lock().unwrap();
+            locks.retain(|_, lock| lock.strong_count() > 0);
+            match locks.get(sandbox_id).and_then(Weak::upgrade) {
+                Some(lock) => lock,
+                None => {
+                    let lock = Arc::new(tokio::sync::Mutex::new(()));
+                    locks.insert(sandbox_id.to_owned(), Arc::downgrade(&lock));
+                    lock
+                }
+            }
+        };
+        lock.lock_owned().await
+    }
+
+    /// The pid `supervisor.pid` names, if it is a running supervisor of
+    /// this sandbox.
+    pub fn pid_file_supervisor(&self, sandbox_id: &str) -> Option<i32> {
+        let text = std::fs::read_to_string(self.sandbox_dir(sandbox_id).join(PID_FILE)).ok()?;
+        text.trim()
+            .parse()
+            .ok()
+            .filter(|pid| is_our_supervisor(*pid, sandbox_id))
     }
 
     /// Creates the sandbox's directory and starts its supervisor.
@@ -192,21 +235,25 @@ impl ProcessDriver {
         }
         let mut child = command.spawn()?;
         drop(token_pipe);
+        // From here on the supervisor runs: nothing may fail without
+        // handing its pid back, or nobody would know to stop it.
         let pid = child.id().map(|p| p as i32).unwrap_or_default();
-        tokio::fs::write(dir.join("supervisor.pid"), format!("{pid}\n")).await?;
         let exits = self.exits.clone();
-        let sandbox_id = sandbox_id.to_owned();
+        let owner = sandbox_id.to_owned();
         tokio::spawn(async move {
             let status = match child.wait().await {
                 Ok(status) => status.to_string(),
                 Err(err) => err.to_string(),
             };
             let _ = exits.send(SupervisorExit {
-                sandbox_id,
+                sandbox_id: owner,
                 pid,
                 status,
             });
         });
+        if let Err(err) = tokio::fs::write(dir.join(PID_FILE), format!("{pid}\n")).await {
+            tracing::warn!(sandbox_id, pid, %err, "could not write supervisor.pid");
+        }
         Ok(pid)
     }
 
@@ -225,23 +272,26 @@ impl ProcessDriver {
     }
 
     /// Stops the supervisor (SIGTERM, then SIGKILL of its group after 5 s)
-    /// and removes the sandbox directory.
-    pub async fn stop(&self, sandbox_id: &str, pid: Option<i32>) {
-        if let Some(pid) = pid.filter(|p| is_our_supervisor(*p, sandbox_id)) {
-            signal(pid, libc::SIGTERM);
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-            while is_running(pid) && tokio::time::Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(25)).await;
-            }
-            if is_running(pid) {
-                tracing::warn!(
-                    sandbox_id,
-                    pid,
-                    "supervisor ignored SIGTERM; killing its group"
-                );
-                signal(-pid, libc::SIGKILL);
-            }
+    /// and removes the sandbox directory. `recorded` is the pid the store
+    /// holds; `supervisor.pid` is checked too, so a supervisor whose pid
+    /// never reached the store (or a stale store pid) is still stopped.
+    pub async fn stop(&self, sandbox_id: &str, recorded: Option<i32>) {
+        let mut pids: Vec<i32> = recorded
+            .filter(|pid| is_our_supervisor(*pid, sandbox_id))
+            .into_iter()
+            .collect();
+        if let Some(pid) = self.pid_file_supervisor(sandbox_id)
+            && !pids.contains(&pid)
+        {
+            tracing::info!(
+                sandbox_id,
+                pid,
+                recorded,
+                "stopping the supervisor supervisor.pid names"
+            );
+            pids.push(pid);
         }
+        terminate(sandbox_id, &pids).await;
         let dir = self.sandbox_dir(sandbox_id);
         if let Err(err) = tokio::fs::remove_dir_all(&dir).await
             && err.kind() != std::io::ErrorKind::NotFound
@@ -254,15 +304,28 @@ impl ProcessDriver {
     /// with `--stop-sandboxes-on-exit`).
     pub async fn stop_process(&self, sandbox_id: &str, pid: i32) {
         if is_our_supervisor(pid, sandbox_id) {
-            signal(pid, libc::SIGTERM);
-            let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-            while is_running(pid) && tokio::time::Instant::now() < deadline {
-                tokio::time::sleep(Duration::from_millis(25)).await;
-            }
-            if is_running(pid) {
-                signal(-pid, libc::SIGKILL);
-            }
+            terminate(sandbox_id, &[pid]).await;
         }
+    }
+}
+
+/// SIGTERM to each supervisor, then SIGKILL to the group of any still
+/// running after [`STOP_GRACE`].
+async fn terminate(sandbox_id: &str, pids: &[i32]) {
+    for pid in pids {
+        signal(*pid, libc::SIGTERM);
+    }
+    let deadline = tokio::time::Instant::now() + STOP_GRACE;
+    while pids.iter().any(|pid| is_running(*pid)) && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    for pid in pids.iter().filter(|pid| is_running(**pid)) {
+        tracing::warn!(
+            sandbox_id,
+            pid,
+            "supervisor ignored SIGTERM; killing its group"
+        );
+        signal(-pid, libc::SIGKILL);
     }
 }
 

@@ -6,6 +6,12 @@
 //! `watch` (the in-process hub WatchSandbox streams follow). May import
 //! `auth`, `cluster`, `sessions`, `store` and `validate`; never `config`,
 //! `api` or `serve`.
+//!
+//! Cancellation: tonic drops a handler's future when its client goes away.
+//! The parts of create (insert, start the supervisor, record its pid) and
+//! delete (mark, stop the supervisor, remove the record) that must not be
+//! cut half-way run in a task of their own that the request only awaits, so
+//! a cancelled call never leaves a supervisor that nobody recorded.
 
 pub mod driver;
 pub mod watch;
@@ -178,32 +184,65 @@ impl Sandboxes {
             });
         }
         let (token, token_hash) = auth::new_sandbox_token();
+        let this = self.clone();
+        let started = tokio::spawn(async move {
+            this.insert_and_start(sandbox, &token, &token_hash, policy.as_ref())
+                .await
+        });
+        started.await.unwrap_or_else(|err| {
+            tracing::error!(%err, "sandbox creation task failed");
+            Err(Status::internal("sandbox creation failed"))
+        })
+    }
+
+    /// Stores the new sandbox, starts its supervisor and records the
+    /// supervisor's pid, holding the sandbox's driver lock throughout.
+    async fn insert_and_start(
+        &self,
+        sandbox: Sandbox,
+        token: &str,
+        token_hash: &str,
+        policy: Option<&PolicySeed>,
+    ) -> Result<Sandbox, Status> {
+        let id = id_of(&sandbox).to_owned();
+        let _lifecycle = self.driver.lock(&id).await;
         self.store
-            .insert(&sandbox, &token_hash, &self.host, policy.as_ref())
+            .insert(&sandbox, token_hash, &self.host, policy)
             .await
             .map_err(store_status)?;
         self.hub.publish(Change::Updated(Box::new(sandbox.clone())));
-        match self.driver.start(&id, &token).await {
-            Ok(pid) => {
-                self.store
-                    .swap_supervisor(&id, 0, i64::from(pid), None)
-                    .await
-                    .map_err(store_status)?;
-            }
+        let pid = match self.driver.start(&id, token).await {
+            Ok(pid) => pid,
             Err(err) => {
                 tracing::error!(sandbox_id = id, %err, "could not start supervisor");
-                let failed = self
+                return self
                     .update_phase(
                         &id,
                         SandboxPhase::Error,
                         "DriverFailed",
                         "could not start the supervisor",
                     )
-                    .await?;
-                return Ok(failed);
+                    .await;
+            }
+        };
+        if pid == 0 {
+            return Ok(sandbox);
+        }
+        match self
+            .store
+            .swap_supervisor(&id, 0, i64::from(pid), None)
+            .await
+        {
+            Ok(true) => Ok(sandbox),
+            // `supervisor.pid` names it; a delete finds it there.
+            Err(err) => Err(store_status(err)),
+            Ok(false) => {
+                // Nothing else writes a pid of a sandbox being created.
+                tracing::error!(sandbox_id = id, pid, "sandbox changed while starting");
+                self.driver.stop_process(&id, pid).await;
+                Err(Status::aborted("the sandbox changed while it was starting"))
             }
         }
-        Ok(sandbox)
     }
 
     pub async fn update_phase(
@@ -294,29 +333,57 @@ impl Sandboxes {
         }
     }
 
-    pub async fn delete(&self, req: DeleteSandboxRequest) -> Result<DeleteSandboxResponse, Status> {
+    pub async fn delete(
+        self: &Arc<Self>,
+        req: DeleteSandboxRequest,
+    ) -> Result<DeleteSandboxResponse, Status> {
         validate::workspace(req.workspace_scope.as_ref())?;
         validate::sandbox_name(&req.name)?;
-        let stored = match self.store.get_by_name(&req.name).await {
-            Ok(stored) => stored,
-            Err(StoreError::NotFound) if req.allow_missing => {
-                return Ok(DeleteSandboxResponse {
-                    outcome: DeletionOutcome::AlreadyAbsent as i32,
-                    sandbox_id: String::new(),
-                });
-            }
-            Err(StoreError::NotFound) => {
-                return Err(Status::not_found(format!(
-                    "sandbox {} not found",
-                    validate::quote(&req.name)
-                )));
-            }
+        let id = match self.store.get_by_name(&req.name).await {
+            Ok(stored) => id_of(&stored.sandbox).to_owned(),
+            Err(StoreError::NotFound) => return self.absent(&req),
             Err(err) => return Err(store_status(err)),
         };
-        let id = id_of(&stored.sandbox).to_owned();
+        let this = self.clone();
+        let task_id = id.clone();
+        let deleted = tokio::spawn(async move { this.mark_and_delete(&task_id).await });
+        match deleted.await {
+            Ok(Ok(())) => Ok(DeleteSandboxResponse {
+                outcome: DeletionOutcome::Completed as i32,
+                sandbox_id: id,
+            }),
+            // Deleted by someone else while this call waited for the lock.
+            Ok(Err(StoreError::NotFound)) => self.absent(&req),
+            Ok(Err(err)) => Err(store_status(err)),
+            Err(err) => {
+                tracing::error!(sandbox_id = id, %err, "sandbox deletion task failed");
+                Err(Status::internal("sandbox deletion failed"))
+            }
+        }
+    }
+
+    fn absent(&self, req: &DeleteSandboxRequest) -> Result<DeleteSandboxResponse, Status> {
+        if req.allow_missing {
+            return Ok(DeleteSandboxResponse {
+                outcome: DeletionOutcome::AlreadyAbsent as i32,
+                sandbox_id: String::new(),
+            });
+        }
+        Err(Status::not_found(format!(
+            "sandbox {} not found",
+            validate::quote(&req.name)
+        )))
+    }
+
+    /// Marks the sandbox DELETING, stops its supervisor and removes it,
+    /// holding the sandbox's driver lock (so a create still starting it
+    /// has recorded its pid first).
+    async fn mark_and_delete(&self, id: &str) -> Result<(), StoreError> {
+        let _lifecycle = self.driver.lock(id).await;
+        let stored = self.store.get_by_id(id).await?;
         let sandbox = self
             .store
-            .update(&id, |s| {
+            .update(id, |s| {
                 set_phase(
                     s,
                     SandboxPhase::Deleting,
@@ -327,21 +394,18 @@ impl Sandboxes {
                     .get_or_insert_with(Default::default)
                     .deletion_time = Some(now());
             })
-            .await
-            .map_err(store_status)?;
+            .await?;
         self.hub.publish(Change::Updated(Box::new(sandbox)));
-        self.finish_delete(&id, stored.supervisor_pid).await?;
-        Ok(DeleteSandboxResponse {
-            outcome: DeletionOutcome::Completed as i32,
-            sandbox_id: id,
-        })
+        self.finish_delete(id, stored.supervisor_pid).await
     }
 
-    async fn finish_delete(&self, id: &str, pid: i64) -> Result<(), Status> {
+    /// Stops the supervisor (the store's pid, else `supervisor.pid`),
+    /// removes the directory and the record.
+    async fn finish_delete(&self, id: &str, pid: i64) -> Result<(), StoreError> {
         self.sessions.close(id);
         let pid = i32::try_from(pid).ok().filter(|p| *p > 0);
         self.driver.stop(id, pid).await;
-        self.store.delete(id).await.map_err(store_status)?;
+        self.store.delete(id).await?;
         self.hub.publish(Change::Deleted { id: id.to_owned() });
         tracing::info!(sandbox_id = id, "sandbox deleted");
         Ok(())
@@ -554,12 +618,13 @@ impl Sandboxes {
     /// starting together start one supervisor, not several), and mark
     /// sandboxes whose session nobody holds as waiting.
     pub async fn recover(&self) -> anyhow::Result<()> {
-        for stored in self.store.all().await? {
+        for mut stored in self.store.all().await? {
             let id = id_of(&stored.sandbox).to_owned();
             let phase = phase_of(&stored.sandbox);
             if stored.driver_host != self.host {
                 continue;
             }
+            let _lifecycle = self.driver.lock(&id).await;
             if phase == SandboxPhase::Deleting {
                 self.finish_delete(&id, stored.supervisor_pid).await.ok();
                 continue;
@@ -578,6 +643,18 @@ impl Sandboxes {
             }
             let mut alive = i32::try_from(stored.supervisor_pid)
                 .is_ok_and(|pid| crate::sandboxes::driver::is_our_supervisor(pid, &id));
+            if !alive
+                && let Some(pid) = self.driver.pid_file_supervisor(&id)
+                && self
+                    .store
+                    .swap_supervisor(&id, stored.supervisor_pid, i64::from(pid), None)
+                    .await?
+            {
+                // Started by a gateway that stopped before recording it.
+                tracing::info!(sandbox_id = id, pid, "found a supervisor by supervisor.pid");
+                stored.supervisor_pid = i64::from(pid);
+                alive = true;
+            }
             if alive && !self.driver.runs_as_configured(stored.supervisor_pid as i32) {
                 // Started under another isolation mode (or by a release that
                 // passed the token in its environment): replace it.
