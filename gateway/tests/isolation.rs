@@ -417,7 +417,14 @@ fn without_privileges_namespaces_refuses_and_auto_falls_back_loudly() {
         std::os::unix::fs::PermissionsExt::from_mode(0o777),
     )
     .unwrap();
-    let gateway_bin = openshell_testkit::bin("openshell-gateway");
+    // Copies nobody can run wherever the checkout lives (under /root, say).
+    let copy = |name: &str| {
+        let to = dir.path().join(name);
+        std::fs::copy(openshell_testkit::bin(name), &to).unwrap();
+        to
+    };
+    let gateway_bin = copy("openshell-gateway");
+    let supervisor_bin = copy("openshell-supervisor");
     let serve = |isolation: &str, name: &str| {
         let data = dir.path().join(name);
         let ready = dir.path().join(format!("{name}.ready"));
@@ -439,7 +446,7 @@ fn without_privileges_namespaces_refuses_and_auto_falls_back_loudly() {
             .arg(&ready)
             .args(["--isolation", isolation])
             .arg("--supervisor-bin")
-            .arg(openshell_testkit::bin("openshell-supervisor"))
+            .arg(&supervisor_bin)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
