@@ -379,8 +379,15 @@ fn inherit_as(fd: i32, target: i32) -> std::io::Result<()> {
         } else if libc::dup2(fd, target) < 0 {
             return Err(std::io::Error::last_os_error());
         }
-        // Nothing else this process inherited goes on to the supervisor.
-        libc::syscall(libc::SYS_close_range, target + 1, libc::c_uint::MAX, 0);
+        // Nothing else this process inherited goes on to the supervisor:
+        // marked close-on-exec rather than closed, so the pipe std uses to
+        // report a failed exec keeps working until the exec.
+        libc::syscall(
+            libc::SYS_close_range,
+            target + 1,
+            libc::c_uint::MAX,
+            libc::CLOSE_RANGE_CLOEXEC,
+        );
     }
     Ok(())
 }
