@@ -314,3 +314,67 @@ async fn every_answer_names_the_replica_and_metrics_count_it() {
         );
     }
 }
+
+/// A supervisor that cannot reach the gateway (here: the URL it was given
+/// refuses connections) says why in its sandbox's status, not only in its
+/// own log; the sandbox stays PROVISIONING.
+#[tokio::test]
+async fn a_supervisor_that_cannot_connect_shows_why_in_the_status() {
+    let dead = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = dead.local_addr().unwrap().port();
+    drop(dead);
+    let gw = openshell_testkit::Gateway::start(openshell_testkit::GatewayOptions {
+        extra_args: vec![
+            "--supervisor-url".into(),
+            format!("http://127.0.0.1:{port}"),
+        ],
+        ..openshell_testkit::GatewayOptions::with_token(TOKEN)
+    });
+    let mut client = client(&gw).await;
+    client
+        .create_sandbox(CreateSandboxRequest {
+            name: "stranded".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let ready = loop {
+        let sandbox = client
+            .get_sandbox(GetSandboxRequest {
+                name: "stranded".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .sandbox
+            .unwrap();
+        let status = sandbox.status.clone().unwrap_or_default();
+        let ready = status
+            .conditions
+            .iter()
+            .find(|c| c.r#type == "Ready")
+            .cloned();
+        if let Some(ready) = ready.filter(|c| c.reason == "SupervisorCannotConnect") {
+            assert_eq!(phase(&sandbox), SandboxPhase::Provisioning);
+            break ready;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no reason in the status: {status:?}\n{}",
+            gw.log()
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(ready.status, "False");
+    assert!(
+        ready
+            .message
+            .starts_with("the supervisor cannot reach the gateway: ")
+            && ready.message.len() > "the supervisor cannot reach the gateway: ".len(),
+        "{}",
+        ready.message
+    );
+    assert!(!ready.message.contains(TOKEN));
+}

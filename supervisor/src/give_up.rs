@@ -18,6 +18,7 @@
 //! accepted and ended sessions but not why an attempt failed; probing here
 //! keeps that shared protocol code unchanged.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use openshell_proto::open_shell_client::OpenShellClient;
@@ -78,9 +79,37 @@ pub struct GiveUp {
     pub after: Duration,
     /// True while a session is accepted.
     pub connected: watch::Receiver<bool>,
+    /// Where to say why the gateway cannot be reached (`--status-file`).
+    pub status_file: Option<PathBuf>,
 }
 
+/// Longest reason written to the status file.
+const MAX_STATUS: usize = 240;
+
 impl GiveUp {
+    /// Writes `reason` to the status file (replacing it atomically), or
+    /// removes the file when there is nothing to report.
+    fn report(&self, reason: Option<&str>) {
+        let Some(path) = &self.status_file else {
+            return;
+        };
+        let result = match reason {
+            Some(reason) => {
+                let mut line: String = reason.chars().take(MAX_STATUS).collect();
+                line.push('\n');
+                let tmp = path.with_extension("tmp");
+                std::fs::write(&tmp, line).and_then(|()| std::fs::rename(&tmp, path))
+            }
+            None => match std::fs::remove_file(path) {
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => Ok(()),
+                other => other,
+            },
+        };
+        if let Err(err) = result {
+            debug!(%err, "could not update the status file");
+        }
+    }
+
     /// Resolves once the gateway has denied the sandbox for `after`, with
     /// the reason to exit with. Never resolves for a sandbox the gateway
     /// knows.
@@ -91,6 +120,7 @@ impl GiveUp {
         loop {
             if *self.connected.borrow_and_update() {
                 streak.reset();
+                self.report(None);
                 if self.connected.changed().await.is_err() {
                     // The session is gone for good: nothing to watch.
                     return std::future::pending().await;
@@ -113,10 +143,22 @@ impl GiveUp {
                 tokio::time::timeout(PROBE_TIMEOUT, client.get_sandbox_config(request)).await;
             let (denied, code) = match &answer {
                 Ok(Err(status)) => {
-                    debug!(error = %transport::describe_status(status), "sandbox probe failed");
+                    let reason = transport::describe_status(status);
+                    debug!(error = %reason, "sandbox probe failed");
+                    // No replica answered: the gateway cannot be reached
+                    // (refused, TLS, DNS...). Say so where the driver looks.
+                    let answered = status.metadata().contains_key("x-openshell-served-by");
+                    self.report((!answered).then_some(reason.as_str()));
                     (is_denial(status.code()), Some(status.code()))
                 }
-                Ok(Ok(_)) | Err(_) => (false, None),
+                Ok(Ok(_)) => {
+                    self.report(None);
+                    (false, None)
+                }
+                Err(_) => {
+                    self.report(Some("no answer within 5 s"));
+                    (false, None)
+                }
             };
             let denied_for = streak.answer(denied, Instant::now());
             if denied {

@@ -98,6 +98,12 @@ struct Cli {
         value_parser = clap::value_parser!(u64).range(100..),
     )]
     give_up_after_ms: u64,
+    /// While no session is accepted, why the gateway cannot be reached is
+    /// written here (one line, no secrets), and the file is removed once a
+    /// session is accepted; the process driver shows it in the sandbox's
+    /// status.
+    #[arg(long, value_name = "PATH")]
+    status_file: Option<PathBuf>,
 }
 
 fn main() -> ExitCode {
@@ -244,6 +250,7 @@ async fn run(
         sandbox_id: cli.sandbox_id.clone(),
         after: Duration::from_millis(cli.give_up_after_ms),
         connected: connected_rx,
+        status_file: cli.status_file.clone(),
     };
     let config = SessionConfig {
         client,

@@ -30,9 +30,9 @@ pub struct GatewayLayer {
 }
 
 impl<S> tower::Layer<S> for GatewayLayer {
-    type Service = GatewayService<S>;
+    type Service = LayeredService<S>;
     fn layer(&self, inner: S) -> Self::Service {
-        GatewayService {
+        LayeredService {
             inner,
             layer: self.clone(),
         }
@@ -40,12 +40,12 @@ impl<S> tower::Layer<S> for GatewayLayer {
 }
 
 #[derive(Clone)]
-pub struct GatewayService<S> {
+pub struct LayeredService<S> {
     inner: S,
     layer: GatewayLayer,
 }
 
-impl<S, ReqBody> tower::Service<Request<ReqBody>> for GatewayService<S>
+impl<S, ReqBody> tower::Service<Request<ReqBody>> for LayeredService<S>
 where
     S: tower::Service<Request<ReqBody>, Response = Response<tonic::body::Body>>
         + Clone

@@ -43,6 +43,9 @@ pub struct SupervisorExit {
 /// Nothing secret: the sandbox token goes through a pipe.
 pub const SUPERVISOR_ENV: [&str; 6] =
     ["PATH", "LANG", "LC_ALL", "TZ", "RUST_LOG", "RUST_BACKTRACE"];
+/// In a sandbox's directory: why its supervisor cannot reach the gateway,
+/// written by the supervisor while it has no session.
+pub const STATUS_FILE: &str = "supervisor.status";
 /// The descriptor the sandbox token arrives on.
 const TOKEN_FD: i32 = 3;
 /// The file in the sandbox directory naming the supervisor's pid.
@@ -145,6 +148,11 @@ impl ProcessDriver {
         self
     }
 
+    /// Where the sandbox directories are.
+    pub fn sandboxes_root(&self) -> PathBuf {
+        self.data_dir.join("sandboxes")
+    }
+
     pub fn sandbox_dir(&self, sandbox_id: &str) -> PathBuf {
         self.data_dir.join("sandboxes").join(sandbox_id)
     }
@@ -207,6 +215,8 @@ impl ProcessDriver {
             .arg(&workdir)
             .arg("--token-fd")
             .arg(TOKEN_FD.to_string())
+            .arg("--status-file")
+            .arg(dir.join(STATUS_FILE))
             .env_clear()
             .envs(
                 SUPERVISOR_ENV

@@ -188,6 +188,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     });
     sandboxes.recover().await.context("recovering sandboxes")?;
     tokio::spawn(sandboxes.clone().follow_events());
+    tokio::spawn(sandboxes.clone().report_unreachable_gateways());
     if let Some(cluster) = &cluster {
         tokio::spawn(send_sessions_home(
             cluster.clone(),

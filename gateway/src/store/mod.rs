@@ -14,7 +14,10 @@
 //! credentials are stored only as SHA-256 hashes.
 //!
 //! Folder: this module (every SQL statement of the gateway) and `layout`
-//! (the data directory). The lowest layer: imports no other module.
+//! (the data directory). The lowest layer: imports no other module. This
+//! file stays one piece on purpose: each function is one statement (or one
+//! transaction) with its dialect differences, and keeping them together
+//! keeps the schema and every query that depends on it in one place.
 
 pub mod layout;
 

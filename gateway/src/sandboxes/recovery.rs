@@ -1,0 +1,241 @@
+//! What keeps the process driver's world and the store in step outside of
+//! requests: supervisors that exited, recovery at start (adopt, replace or
+//! restart each local sandbox's supervisor), following other replicas'
+//! sandbox events, and stopping every supervisor on exit.
+
+use super::*;
+
+impl Sandboxes {
+    pub async fn on_supervisor_exit(&self, exit: SupervisorExit) {
+        let Ok(stored) = self.store.get_by_id(&exit.sandbox_id).await else {
+            return;
+        };
+        // A replaced or deliberately stopped supervisor is not a failure.
+        if stored.supervisor_pid != i64::from(exit.pid)
+            || phase_of(&stored.sandbox) == SandboxPhase::Deleting
+            || self.sessions.is_shutting_down()
+        {
+            return;
+        }
+        tracing::warn!(
+            sandbox_id = exit.sandbox_id,
+            status = exit.status,
+            "supervisor exited"
+        );
+        let _ = self
+            .update_phase(
+                &exit.sandbox_id,
+                SandboxPhase::Error,
+                "SupervisorExited",
+                &format!("supervisor exited: {}", exit.status),
+            )
+            .await;
+    }
+
+    /// At start-up: finish interrupted deletions, adopt live supervisors,
+    /// restart dead ones (claiming each with a compare-and-swap so replicas
+    /// starting together start one supervisor, not several), and mark
+    /// sandboxes whose session nobody holds as waiting.
+    pub async fn recover(&self) -> anyhow::Result<()> {
+        for mut stored in self.store.all().await? {
+            let id = id_of(&stored.sandbox).to_owned();
+            let phase = phase_of(&stored.sandbox);
+            if stored.driver_host != self.host {
+                continue;
+            }
+            let _lifecycle = self.driver.lock(&id).await;
+            if phase == SandboxPhase::Deleting {
+                self.finish_delete(&id, stored.supervisor_pid).await.ok();
+                continue;
+            }
+            let held_elsewhere = self.cluster.is_some()
+                && matches!(self.store.owner(&id, OWNER_TTL).await, Ok(Some(_)));
+            if phase == SandboxPhase::Ready && !held_elsewhere {
+                self.update_phase(
+                    &id,
+                    SandboxPhase::Unknown,
+                    "GatewayRestarted",
+                    "waiting for the supervisor to reconnect",
+                )
+                .await
+                .ok();
+            }
+            let mut alive = i32::try_from(stored.supervisor_pid)
+                .is_ok_and(|pid| crate::sandboxes::driver::is_our_supervisor(pid, &id));
+            if !alive
+                && let Some(pid) = self.driver.pid_file_supervisor(&id)
+                && self
+                    .store
+                    .swap_supervisor(&id, stored.supervisor_pid, i64::from(pid), None)
+                    .await?
+            {
+                // Started by a gateway that stopped before recording it.
+                tracing::info!(sandbox_id = id, pid, "found a supervisor by supervisor.pid");
+                stored.supervisor_pid = i64::from(pid);
+                alive = true;
+            }
+            if alive && !self.driver.runs_as_configured(stored.supervisor_pid as i32) {
+                // Started under another isolation mode (or by a release that
+                // passed the token in its environment): replace it.
+                tracing::info!(
+                    sandbox_id = id,
+                    pid = stored.supervisor_pid,
+                    "replacing a supervisor started with other isolation"
+                );
+                self.driver
+                    .stop_process(&id, stored.supervisor_pid as i32)
+                    .await;
+                alive = false;
+            }
+            if alive {
+                tracing::info!(
+                    sandbox_id = id,
+                    pid = stored.supervisor_pid,
+                    "adopted running supervisor"
+                );
+                continue;
+            }
+            let claim = -i64::from(std::process::id());
+            if !self
+                .store
+                .swap_supervisor(&id, stored.supervisor_pid, claim, None)
+                .await?
+            {
+                continue;
+            }
+            let (token, hash) = auth::new_sandbox_token();
+            match self.driver.start(&id, &token).await {
+                Ok(pid) => {
+                    self.store
+                        .swap_supervisor(&id, claim, i64::from(pid), Some(&hash))
+                        .await?;
+                    tracing::info!(sandbox_id = id, pid, "restarted supervisor");
+                }
+                Err(err) => {
+                    tracing::error!(sandbox_id = id, %err, "could not restart supervisor");
+                    self.store.swap_supervisor(&id, claim, 0, None).await?;
+                    self.update_phase(
+                        &id,
+                        SandboxPhase::Error,
+                        "DriverFailed",
+                        "could not start the supervisor",
+                    )
+                    .await
+                    .ok();
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Feeds this replica's watchers with changes any replica wrote, by
+    /// following `sandbox_events`. Local writes are also published directly;
+    /// watchers drop versions they have already seen.
+    pub async fn follow_events(self: Arc<Self>) {
+        let mut last = match self.store.last_event_seq().await {
+            Ok(seq) => seq,
+            Err(err) => {
+                tracing::error!(%err, "cannot read the event log; cross-replica watch disabled");
+                return;
+            }
+        };
+        let mut tick = tokio::time::interval(Duration::from_millis(200));
+        let mut pruned = tokio::time::Instant::now();
+        loop {
+            tick.tick().await;
+            let events = match self.store.events_after(last, 500).await {
+                Ok(events) => events,
+                Err(err) => {
+                    tracing::warn!(%err, "reading sandbox events failed");
+                    continue;
+                }
+            };
+            for event in events {
+                last = event.seq;
+                if event.deleted {
+                    self.hub.publish(Change::Deleted {
+                        id: event.sandbox_id,
+                    });
+                } else if let Ok(stored) = self.store.get_by_id(&event.sandbox_id).await {
+                    self.hub.publish(Change::Updated(Box::new(stored.sandbox)));
+                }
+            }
+            if pruned.elapsed() > Duration::from_secs(60) {
+                pruned = tokio::time::Instant::now();
+                let _ = self.store.prune_events(Duration::from_secs(600)).await;
+            }
+        }
+    }
+
+    /// Stops every supervisor (used by `--stop-sandboxes-on-exit`).
+    pub async fn stop_all_supervisors(&self) {
+        let Ok(all) = self.store.all().await else {
+            return;
+        };
+        for stored in all {
+            if stored.driver_host == self.host
+                && let Ok(pid) = i32::try_from(stored.supervisor_pid)
+                && pid > 0
+            {
+                self.driver.stop_process(id_of(&stored.sandbox), pid).await;
+            }
+        }
+    }
+}
+
+/// How often supervisors' status files are looked at.
+const STATUS_EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+/// Reason of the Ready condition of a sandbox whose supervisor cannot reach
+/// the gateway.
+pub const CANNOT_CONNECT: &str = "SupervisorCannotConnect";
+
+impl Sandboxes {
+    /// Shows why a local supervisor cannot reach the gateway (its status
+    /// file: a refused connect, a TLS failure) in its sandbox's Ready
+    /// condition while the sandbox waits for a session (PROVISIONING or
+    /// UNKNOWN), so the cause is in `GetSandbox` and not only in the
+    /// supervisor's log. An accepted session sets the condition back.
+    pub async fn report_unreachable_gateways(self: Arc<Self>) {
+        let mut tick = tokio::time::interval(STATUS_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Ok(entries) = std::fs::read_dir(self.driver.sandboxes_root()) else {
+                continue;
+            };
+            for entry in entries.flatten() {
+                let Ok(text) = std::fs::read_to_string(entry.path().join(driver::STATUS_FILE))
+                else {
+                    continue;
+                };
+                let Some(id) = entry.file_name().to_str().map(str::to_owned) else {
+                    continue;
+                };
+                self.report_unreachable(&id, text.trim()).await;
+            }
+        }
+    }
+
+    async fn report_unreachable(&self, id: &str, reason: &str) {
+        let Ok(stored) = self.store.get_by_id(id).await else {
+            return;
+        };
+        let phase = phase_of(&stored.sandbox);
+        if !matches!(phase, SandboxPhase::Provisioning | SandboxPhase::Unknown) {
+            return;
+        }
+        // Written by our own supervisor (no client input); bounded anyway.
+        let reason: String = reason.chars().take(240).collect();
+        let message = format!("the supervisor cannot reach the gateway: {reason}");
+        let shown = stored
+            .sandbox
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.iter().find(|c| c.r#type == "Ready"))
+            .is_some_and(|c| c.reason == CANNOT_CONNECT && c.message == message);
+        if !shown && let Err(status) = self.update_phase(id, phase, CANNOT_CONNECT, &message).await
+        {
+            tracing::debug!(sandbox_id = id, %status, "could not show the supervisor's trouble");
+        }
+    }
+}
