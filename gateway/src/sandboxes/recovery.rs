@@ -217,25 +217,45 @@ impl Sandboxes {
     }
 
     async fn report_unreachable(&self, id: &str, reason: &str) {
-        let Ok(stored) = self.store.get_by_id(id).await else {
-            return;
-        };
-        let phase = phase_of(&stored.sandbox);
-        if !matches!(phase, SandboxPhase::Provisioning | SandboxPhase::Unknown) {
-            return;
-        }
         // Written by our own supervisor (no client input); bounded anyway.
         let reason: String = reason.chars().take(240).collect();
         let message = format!("the supervisor cannot reach the gateway: {reason}");
-        let shown = stored
-            .sandbox
-            .status
-            .as_ref()
-            .and_then(|s| s.conditions.iter().find(|c| c.r#type == "Ready"))
-            .is_some_and(|c| c.reason == CANNOT_CONNECT && c.message == message);
-        if !shown && let Err(status) = self.update_phase(id, phase, CANNOT_CONNECT, &message).await
-        {
-            tracing::debug!(sandbox_id = id, %status, "could not show the supervisor's trouble");
+        let Ok(stored) = self.store.get_by_id(id).await else {
+            return;
+        };
+        if !waiting_for_session(&stored.sandbox, &message) {
+            return;
+        }
+        // Checked again under the row lock: a session accepted since the
+        // read above has made the sandbox READY, which stays.
+        let updated = self
+            .store
+            .update(id, |sandbox| {
+                if waiting_for_session(sandbox, &message) {
+                    let phase = phase_of(sandbox);
+                    set_phase(sandbox, phase, CANNOT_CONNECT, &message);
+                }
+            })
+            .await;
+        match updated {
+            Ok(sandbox) => self.hub.publish(Change::Updated(Box::new(sandbox))),
+            Err(err) => {
+                tracing::debug!(sandbox_id = id, %err, "could not show the supervisor's trouble")
+            }
         }
     }
+}
+
+/// PROVISIONING or UNKNOWN, and not already showing `message`.
+fn waiting_for_session(sandbox: &Sandbox, message: &str) -> bool {
+    let shown = sandbox
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.iter().find(|c| c.r#type == "Ready"))
+        .is_some_and(|c| c.reason == CANNOT_CONNECT && c.message == message);
+    !shown
+        && matches!(
+            phase_of(sandbox),
+            SandboxPhase::Provisioning | SandboxPhase::Unknown
+        )
 }
