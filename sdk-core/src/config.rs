@@ -28,8 +28,8 @@ pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(30);
 /// Default largest message the client accepts.
 pub const DEFAULT_MAX_MESSAGE_SIZE: usize = 16 * 1024 * 1024;
 
-/// Owner-routing settings (see [`ClientConfigBuilder::owner_routing`]); the
-/// [`routing`](crate::routing) layer reads them.
+/// Owner-routing settings (see [`ClientConfigBuilder::owner_routing`]),
+/// read by the routing layer above this module.
 #[derive(Debug, Clone, Copy)]
 pub struct RoutingConfig {
     /// Send replica hints at all.

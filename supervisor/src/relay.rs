@@ -3,8 +3,10 @@
 //! The gateway sends `RelayOpen{channel_id, target}` on the session; the
 //! supervisor claims the channel by opening `RelayStream` on the same
 //! connection with `init{channel_id}` as the first frame, then runs the
-//! target (a TCP connection in [`crate::forward`], a process in
-//! [`crate::exec`]) over that stream.
+//! target over that stream. This module holds what every relay shares
+//! (claiming, reporting a failure, draining); the targets build on it (TCP
+//! connections in `forward`, processes in `exec`), and the session picks
+//! the target.
 //!
 //! Every relay runs in its own task with a cancel signal owned by the
 //! session: `relay_close`, the end of the session, and supervisor shutdown

@@ -148,15 +148,20 @@ fn walk_module(
     depth: usize,
     collector: &mut Collector<'_>,
 ) -> anyhow::Result<()> {
-    let items = match &module.content {
-        Some((_, items)) => items.clone(),
+    let (attrs, items) = match &module.content {
+        Some((_, items)) => (Vec::new(), items.clone()),
         None => {
             let file = module_file(src, path)?;
             collector.file = file.clone();
-            parse(&file)?.items
+            let parsed = parse(&file)?;
+            (parsed.attrs, parsed.items)
         }
     };
     collector.depth = depth;
+    // The file's own `//!` docs: an intra-doc link names a module too.
+    for attr in &attrs {
+        collector.visit_attribute(attr);
+    }
     for item in &items {
         match item {
             syn::Item::Mod(child) if !is_test(&child.attrs) => {
@@ -307,6 +312,23 @@ impl<'ast> Visit<'ast> for Collector<'_> {
         syn::visit::visit_path(self, path);
     }
 
+    /// Doc comments: a link such as [`x`](crate::y) ties the module to `y`
+    /// as much as a `use` does (rustdoc resolves it, and the reader follows
+    /// it), so it counts.
+    fn visit_attribute(&mut self, attr: &'ast syn::Attribute) {
+        if attr.path().is_ident("doc")
+            && let syn::Meta::NameValue(doc) = &attr.meta
+            && let syn::Expr::Lit(syn::ExprLit {
+                lit: syn::Lit::Str(text),
+                ..
+            }) = &doc.value
+        {
+            for segments in doc_paths(&text.value()) {
+                self.reference(&segments);
+            }
+        }
+    }
+
     fn visit_macro(&mut self, mac: &'ast syn::Macro) {
         self.tokens(&mac.tokens);
         syn::visit::visit_macro(self, mac);
@@ -325,9 +347,30 @@ impl<'ast> Visit<'ast> for Collector<'_> {
     }
 }
 
-/// Every elementary cycle is overkill: one cycle per strongly connected
-/// component of more than one module (or a module naming itself through
-/// `super`, which cannot happen here) is enough to act on.
+/// `crate::a::b` and `super::a` paths written in doc text, as segments.
+fn doc_paths(text: &str) -> Vec<Vec<String>> {
+    let is_ident = |c: char| c.is_ascii_alphanumeric() || c == '_';
+    let mut found = Vec::new();
+    for (at, _) in text
+        .match_indices("crate::")
+        .chain(text.match_indices("super::"))
+    {
+        if text[..at].chars().next_back().is_some_and(is_ident) {
+            continue;
+        }
+        let segments: Vec<String> = text[at..]
+            .split("::")
+            .map(|s| s.chars().take_while(|c| is_ident(*c)).collect::<String>())
+            .take_while(|s| !s.is_empty())
+            .collect();
+        found.push(segments);
+    }
+    found
+}
+
+/// One shortest cycle through each module no earlier cycle named: every
+/// module that sits on a cycle is reported, without listing every
+/// elementary cycle.
 fn cycles(graph: &Graph) -> Vec<Vec<String>> {
     let mut out = Vec::new();
     let mut reported: BTreeSet<String> = BTreeSet::new();
@@ -432,16 +475,21 @@ mod tests {
             "use super::a::Y;\n#[cfg(test)]\nmod tests { use crate::c::Z; }\n",
         )
         .unwrap();
-        std::fs::write(dir.join("src/c.rs"), "pub const VALUE: u8 = 1;\n").unwrap();
+        std::fs::write(
+            dir.join("src/c.rs"),
+            "//! Read by [`a`](crate::a).\npub const VALUE: u8 = 1;\n",
+        )
+        .unwrap();
         let g = crate_graph(&dir.join("src/lib.rs")).unwrap();
         let edges: Vec<(String, String)> = g.edges.keys().cloned().collect();
         assert_eq!(
             edges,
-            [("a", "b"), ("a", "c"), ("b", "a")]
+            [("a", "b"), ("a", "c"), ("b", "a"), ("c", "a")]
                 .map(|(x, y)| (x.to_owned(), y.to_owned()))
                 .to_vec()
         );
-        assert_eq!(cycles(&g).len(), 1);
+        // a <-> b, and c <-> a through c's doc link.
+        assert_eq!(cycles(&g).len(), 2);
         std::fs::remove_dir_all(dir).unwrap();
     }
 }
