@@ -187,7 +187,7 @@ impl Postgres {
             assert!(status.success());
         }
         let data = dir.path().join("pgdata");
-        let password = format!("pg{:032x}", crate::rand_u128());
+        let password = format!("pg{:032x}", rand::random::<u128>());
         let pwfile = dir.path().join("pwfile");
         std::fs::write(&pwfile, &password).unwrap();
         // SAFETY: getuid has no preconditions.

@@ -410,21 +410,7 @@ pub fn pids_with_env(key: &str, value: &str) -> Vec<i32> {
 
 /// A unique value for [`pids_with_env`].
 pub fn marker() -> String {
-    format!("m{:032x}", rand_u128())
-}
-
-pub(crate) fn rand_u128() -> u128 {
-    use std::hash::{BuildHasher, Hasher};
-    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
-    hasher.write_u128(
-        std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .unwrap_or_default()
-            .as_nanos(),
-    );
-    let high = hasher.finish();
-    hasher.write_u32(std::process::id());
-    (u128::from(high) << 64) | u128::from(hasher.finish())
+    format!("m{:032x}", rand::random::<u128>())
 }
 
 /// A value from a process's environment.

@@ -14,18 +14,13 @@ pub(super) struct SpawnFailure {
 impl SpawnFailure {
     pub(super) fn new(argv0: &str, reason: impl std::fmt::Display, exit_code: i32) -> Self {
         Self {
-            message: format!("openshell-supervisor: cannot run `{argv0}`: {reason}\n"),
+            message: crate::os_error::cannot_run_message(argv0, reason),
             exit_code,
         }
     }
 
     pub(super) fn from_io(argv0: &str, context: Option<String>, err: &io::Error) -> Self {
-        // Like a shell: 126 when the file is there but cannot be executed.
-        let exit_code = match err.raw_os_error() {
-            Some(libc::EACCES | libc::EPERM | libc::ENOEXEC | libc::EISDIR) => 126,
-            _ if err.kind() == io::ErrorKind::PermissionDenied => 126,
-            _ => 127,
-        };
+        let exit_code = crate::os_error::cannot_run_code(err);
         let reason = crate::os_error::describe(err);
         match context {
             Some(context) => Self::new(argv0, format!("{context}: {reason}"), exit_code),

@@ -104,7 +104,7 @@ fn become_program(argv0: &str, cwd: &OsString, cwd_c: &CString, argv: &[CString]
             String::from_utf8_lossy(cwd.as_bytes()),
             text(&err)
         );
-        exit_with(argv0, reason, code_for(&err));
+        exit_with(argv0, reason, crate::os_error::cannot_run_code(&err));
     }
     // Whatever the supervisor's parents left open stays out of the sandbox.
     super::init::close_from(3);
@@ -116,7 +116,7 @@ fn become_program(argv0: &str, cwd: &OsString, cwd_c: &CString, argv: &[CString]
         );
     }
     let err = exec_searching_path(argv);
-    exit_with(argv0, text(&err), code_for(&err));
+    exit_with(argv0, text(&err), crate::os_error::cannot_run_code(&err));
 }
 
 /// Runs `argv` like a shell does, returning only on failure: a name with a
@@ -245,29 +245,17 @@ fn end_like(child: libc::pid_t) -> ExitCode {
     ExitCode::from((128 + signal) as u8)
 }
 
-/// The same exit code a direct spawn gives.
-fn code_for(err: &io::Error) -> i32 {
-    match err.raw_os_error() {
-        Some(libc::EACCES | libc::EPERM | libc::ENOEXEC | libc::EISDIR) => 126,
-        _ => 127,
-    }
-}
-
 fn text(err: &io::Error) -> String {
     crate::os_error::describe(err)
 }
 
-fn message(argv0: &str, reason: impl std::fmt::Display) -> String {
-    format!("openshell-supervisor: cannot run `{argv0}`: {reason}\n")
-}
-
 fn fail(argv0: &str, reason: impl std::fmt::Display, code: u8) -> ExitCode {
-    let _ = io::stderr().write_all(message(argv0, reason).as_bytes());
+    let _ = io::stderr().write_all(crate::os_error::cannot_run_message(argv0, reason).as_bytes());
     ExitCode::from(code)
 }
 
 fn exit_with(argv0: &str, reason: impl std::fmt::Display, code: i32) -> ! {
-    let _ = io::stderr().write_all(message(argv0, reason).as_bytes());
+    let _ = io::stderr().write_all(crate::os_error::cannot_run_message(argv0, reason).as_bytes());
     // SAFETY: _exit ends the forked child without running the parent's
     // destructors or atexit handlers.
     unsafe { libc::_exit(code) }
