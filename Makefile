@@ -17,7 +17,7 @@ up: build
 	./target/debug/openshell-gateway up --replicas $(REPLICAS) --listen $(LISTEN) --data-dir $(RUN_DIR)/data \
 		$(if $(CONFIG_DELIVERY_MODE),--config-delivery-mode $(CONFIG_DELIVERY_MODE))
 
-test: setup build lint check-modules check-generated lint-python test-rust test-python conformance check-docs check-wheel
+test: setup build lint check-modules check-generated lint-python lint-typescript test-rust test-python test-typescript conformance check-docs check-wheel check-npm-install lint-go test-go check-go-release
 
 setup:
 	@bash scripts/setup.sh
@@ -47,12 +47,17 @@ TARGET_DIR := $(or $(CARGO_TARGET_DIR),$(CURDIR)/target)
 .PHONY: generate check-generated python lint-python test-python conformance check-docs check-wheel
 
 # Regenerates every generated file from proto/ (method table, Python message
-# modules and typed raw stubs, docs/PARITY.md).
-generate: setup
+# modules and typed raw stubs, TypeScript protobuf-es types and typed raw
+# stubs, Go message packages and raw stubs, docs/PARITY.md). `node`:
+# protoc-gen-es comes from sdk-typescript's pinned dev dependencies; `go-deps`:
+# protoc-gen-go from the Go module's. The C header of bindings/c is written by
+# its build script, only when asked (every other build checks it).
+generate: setup node go-deps
 	$(CARGO) run -q -p sdkgen -- --python $(PYTHON)
+	OPENSHELL_WRITE_HEADER=1 $(CARGO) build -q -p openshell-c
 
 # Fails when a generated file differs from what `make generate` would write.
-check-generated: setup
+check-generated: setup node go-deps
 	$(CARGO) run -q -p sdkgen -- --check --python $(PYTHON)
 
 # Builds the extension module into the venv (debug, editable install).
@@ -69,7 +74,7 @@ test-python: build python
 	cd sdk-python && $(PYTHON) -m pytest -q
 
 # The judge's own tests first (no cluster), then every runner on a cluster.
-conformance: build python
+conformance: build python typescript conformance-go
 	$(PYTHON) conformance/harness --self-test
 	$(PYTHON) conformance/harness
 
@@ -77,19 +82,131 @@ conformance: build python
 # rust blocks are compiled as binaries of a scratch crate in the target dir and
 # run, python blocks run with the venv, sh commands run, against a 3-replica
 # cluster the check starts on loopback (127.0.0.1:17670 when free).
-check-docs: build python
+check-docs: build python typescript
 	$(PYTHON) docs-check/check_docs.py
 
 # `pip install ./sdk-python` into a clean venv (PEP 517 abi3 wheel, release).
 check-wheel:
 	bash scripts/check-wheel.sh
 
-# `make bench BENCH=config` (or sdk, routing, all) runs another benchmark.
+# ---------------------------------------------------------------- TypeScript
+# SDK (sdk-typescript, package @openshell/sdk, over the napi-rs addon in
+# bindings/node). `npm ci` installs the pinned Node packages from the
+# committed lockfile; the package's own install script builds the addon once
+# (debug) on the one cargo target dir.
+.PHONY: node typescript lint-typescript test-typescript check-npm-install
+
+node: setup
+	cd sdk-typescript && CARGO_TARGET_DIR=$(TARGET_DIR) npm ci --no-audit --no-fund -q
+
+# Compiles the package, its tests and the conformance runner into dist/.
+typescript: node
+	cd sdk-typescript && ./node_modules/.bin/tsc -p tsconfig.json
+
+# tsc --noEmit (strict), then biome: one tool for lint and format.
+lint-typescript: node
+	cd sdk-typescript && ./node_modules/.bin/tsc -p tsconfig.json --noEmit && ./node_modules/.bin/biome check .
+
+# node:test suites against a real cluster the tests start (sdk-typescript/test).
+test-typescript: build typescript
+	cd sdk-typescript && CARGO_TARGET_DIR=$(TARGET_DIR) node --test --test-timeout=600000 dist/test/main.test.js
+
+# `npm install` of a clean copy of sdk-typescript (no node_modules, dist or
+# native) into a temporary project, as on a fresh machine
+# (scripts/check-npm-install.sh); the working tree's sdk-typescript is untouched.
+check-npm-install:
+	CARGO_TARGET_DIR=$(TARGET_DIR) bash scripts/check-npm-install.sh
+
+# ---------------------------------------------------------------- Go SDK
+# (sdk-go, module example.invalid/openshell/sdk-go, over the C ABI in
+# bindings/c through cgo). `make go-native` is the one build step before
+# `go test` works in the repository: the static library (debug, on the one
+# cargo target dir; its build fails on a stale header) linked where cgo looks.
+.PHONY: go-deps go-native lint-go test-go conformance-go check-go-release
+
+GO ?= $(shell command -v go 2>/dev/null || echo /usr/local/go/bin/go)
+GOFMT ?= $(dir $(GO))gofmt
+GO_PLATFORM = $(shell $(GO) env GOOS)_$(shell $(GO) env GOARCH)
+
+# Downloads the module's dependencies once (a no-op when cached).
+go-deps:
+	cd sdk-go && $(GO) mod download
+
+go-native: go-deps
+	$(CARGO) build -q -p openshell-c
+	mkdir -p sdk-go/internal/native/lib/$(GO_PLATFORM)
+	ln -sf $(TARGET_DIR)/debug/libopenshell_c.a sdk-go/internal/native/lib/$(GO_PLATFORM)/libopenshell_c.a
+
+lint-go: go-native
+	@out="$$($(GOFMT) -l sdk-go)"; if [ -n "$$out" ]; then echo "gofmt -l:"; echo "$$out"; exit 1; fi
+	cd sdk-go && $(GO) vet ./...
+
+# A release as `go get` users get it (debug archive here): scripts/release-go.sh
+# writes a release commit and a module proxy directory, then a consumer
+# module builds against it with cargo off PATH.
+check-go-release: go-native
+	CARGO_TARGET_DIR=$(TARGET_DIR) bash scripts/release-go.sh v0.0.0-ci --profile debug --scratch --out $(TARGET_DIR)/go-release
+	CARGO_TARGET_DIR=$(TARGET_DIR) bash scripts/check-go-consumer.sh $(TARGET_DIR)/go-release v0.0.0-ci
+
+# The Go conformance runner, next to the other binaries the harness runs.
+conformance-go: go-native
+	cd sdk-go && $(GO) build -o $(TARGET_DIR)/debug/openshell-conformance-go ./conformance
+
+# go test -race against a real cluster the tests start (sdk-go/*_test.go).
+test-go: build go-native
+	cd sdk-go && CARGO_TARGET_DIR=$(TARGET_DIR) $(GO) test -race -count=1 -timeout 20m ./...
+
+# `make bench BENCH=config` (or sdk, routing, typescript, go, languages, dataplane,
+# scale, all) runs another benchmark; none of them is part of `make test`.
+# Every one installs iperf3 and socat first (scripts/bench-setup.sh,
+# idempotent). typescript also needs the release addon and dist/bench; go
+# runs its own program (bench-go); languages builds every language's
+# program (bench-languages).
 BENCH ?= gateway
 
-bench:
+bench: $(if $(filter typescript all,$(BENCH)),typescript)
+	bash scripts/bench-setup.sh
+ifeq ($(BENCH),go)
+	$(MAKE) bench-go
+else ifeq ($(BENCH),languages)
+	$(MAKE) bench-languages
+else
 	$(CARGO) build --release --workspace --bins
-	OPENSHELL_BIN_DIR=$(CURDIR)/target/release ./target/release/openshell-bench $(BENCH)
+	$(if $(filter typescript all,$(BENCH)),$(CARGO) build --release -p openshell-sdk-node)
+	OPENSHELL_BIN_DIR=$(TARGET_DIR)/release $(TARGET_DIR)/release/openshell-bench $(BENCH)
+endif
+
+# `make bench BENCH=languages`: one table for every language (BENCHMARKS.md).
+# One release cargo build of what it runs (gateway, supervisor, the
+# benchmark, the C library for Go, the Node addon) and the Python extension
+# in release into the venv (maturin, same target dir); the Node packages
+# without a debug addon build, tsc; the Go program against the release
+# static library. Then `openshell-bench languages` starts one gateway, one
+# sandbox and an edge and runs every language's program.
+.PHONY: bench-languages
+bench-languages: setup go-deps
+	$(CARGO) build --release -p openshell-gateway -p openshell-supervisor -p openshell-bench \
+		-p openshell-c -p openshell-sdk-node
+	cd sdk-python && VIRTUAL_ENV=$(VENV) CARGO_TARGET_DIR=$(TARGET_DIR) \
+		$(VENV)/bin/maturin develop --release -q
+	cd sdk-typescript && OPENSHELL_SDK_SKIP_BUILD=1 npm ci --no-audit --no-fund -q \
+		&& ./node_modules/.bin/tsc -p tsconfig.json
+	cd sdk-go/bench && CGO_LDFLAGS="$(TARGET_DIR)/release/libopenshell_c.a -ldl -lm -lpthread" \
+		$(GO) build -tags openshell_external -o $(TARGET_DIR)/release/openshell-go-bench .
+	OPENSHELL_BIN_DIR=$(TARGET_DIR)/release OPENSHELL_BENCH_PYTHON=$(PYTHON) \
+		$(TARGET_DIR)/release/openshell-bench languages
+
+# `make bench BENCH=go`: the Go program of the languages table alone
+# (sdk-go/bench, its own module so the SDK does not depend on grpc-go),
+# against a release gateway it starts: the Go SDK (release static library)
+# beside grpc-go.
+.PHONY: bench-go
+bench-go: go-deps
+	$(CARGO) build --release -p openshell-gateway -p openshell-supervisor -p openshell-edge --bins
+	$(CARGO) build --release -p openshell-c
+	cd sdk-go/bench && CGO_LDFLAGS="$(TARGET_DIR)/release/libopenshell_c.a -ldl -lm -lpthread" \
+		$(GO) build -tags openshell_external -o $(TARGET_DIR)/release/openshell-go-bench .
+	OPENSHELL_BIN_DIR=$(TARGET_DIR)/release $(TARGET_DIR)/release/openshell-go-bench
 
 clean-run:
 	rm -rf $(RUN_DIR)

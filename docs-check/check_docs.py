@@ -8,6 +8,12 @@ Fenced blocks are taken by language:
   workspace's lock file and profiles, so it shares every compiled dependency
   with ``make build``. All are compiled (warnings are errors), then run.
 - ``python``: each block is a file run with the project venv's Python.
+- ``typescript``: each block is a module compiled with sdk-typescript's pinned
+  ``tsc`` (strict, NodeNext) against ``@openshell/sdk`` from the tree, then
+  run with ``node``.
+- ``go``: each block is the ``main.go`` of a scratch module that requires
+  sdk-go from the tree (a ``replace`` directive; ``make go-native`` has
+  linked the static library), run with ``go run``.
 - ``sh``: the blocks of one README run in order, command by command, from
   the repository root (see ``ShellRunner``).
 - ``text``: output, not run. Any other language is an error.
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import re
 import shlex
@@ -481,6 +488,84 @@ def check_python(ctx: Context, blocks: list[Block]) -> None:
         ctx.report(block, "ok" if rc == 0 else "FAIL", took if rc == 0 else f"exit {rc}")
 
 
+# ---------------------------------------------------------------- typescript
+
+TS_LANGS = {"typescript", "ts"}
+
+
+def check_typescript(ctx: Context, blocks: list[Block]) -> None:
+    """Compiles every block in one strict tsc run, then runs each with node."""
+    if not blocks:
+        return
+    base = ctx.work / "typescript"
+    scope = base / "node_modules" / "@openshell"
+    scope.mkdir(parents=True, exist_ok=True)
+    package = ROOT / "sdk-typescript"
+    for link, to in (
+        (scope / "sdk", package),
+        (base / "node_modules" / "@types", package / "node_modules" / "@types"),
+    ):
+        if not link.is_symlink():
+            link.symlink_to(to)
+    write_if_changed(base / "package.json", '{"type": "module"}\n')
+    # Exactly the setup the README's TypeScript quick start tells a user to
+    # use (package.json "type": "module" above, these compiler options): a
+    # block that needs more does not run for a user either.
+    options = {
+        "target": "ES2022",
+        "module": "NodeNext",
+        "strict": True,
+        "types": ["node"],
+        "outDir": "dist",
+    }
+    config = {"compilerOptions": options, "include": ["*.ts"]}
+    write_if_changed(base / "tsconfig.json", json.dumps(config, indent=2) + "\n")
+    for block in blocks:
+        write_if_changed(base / f"{block.name}.ts", block.text)
+    log = ctx.work / "logs" / "typescript-tsc.log"
+    tsc = [str(package / "node_modules" / ".bin" / "tsc"), "-p", str(base)]
+    if run_logged(tsc, ctx, log, SNIPPET_TIMEOUT, env=ctx.env, cwd=base) != 0:
+        for block in blocks:
+            ctx.report(block, "FAIL", f"tsc failed (see {log})")
+        return
+    for block in blocks:
+        log = ctx.work / "logs" / f"{block.name}.log"
+        started = time.monotonic()
+        program = [str(shutil.which("node") or "node"), str(base / "dist" / f"{block.name}.js")]
+        rc = run_logged(program, ctx, log, SNIPPET_TIMEOUT, env=ctx.env, cwd=base)
+        took = f"({time.monotonic() - started:.1f} s)"
+        ctx.report(block, "ok" if rc == 0 else "FAIL", took if rc == 0 else f"exit {rc}")
+
+
+# ---------------------------------------------------------------- go
+
+GO_MODULE = "example.invalid/openshell/sdk-go"
+
+
+def go_binary() -> str:
+    return shutil.which("go") or "/usr/local/go/bin/go"
+
+
+def check_go(ctx: Context, blocks: list[Block]) -> None:
+    """Each block is main.go of its own module over sdk-go from the tree."""
+    for block in blocks:
+        base = ctx.work / "go" / block.name
+        base.mkdir(parents=True, exist_ok=True)
+        go_mod = (
+            f"module docscheck/{block.name.replace('-', '_')}\n\ngo 1.24\n\n"
+            f"require {GO_MODULE} v0.0.0\n\nreplace {GO_MODULE} => {ROOT / 'sdk-go'}\n"
+        )
+        write_if_changed(base / "go.mod", go_mod)
+        write_if_changed(base / "go.sum", (ROOT / "sdk-go" / "go.sum").read_text())
+        write_if_changed(base / "main.go", block.text)
+        log = ctx.work / "logs" / f"{block.name}.log"
+        started = time.monotonic()
+        env = dict(ctx.env, GOFLAGS="-mod=mod")
+        rc = run_logged([go_binary(), "run", "."], ctx, log, SNIPPET_TIMEOUT, env=env, cwd=base)
+        took = f"({time.monotonic() - started:.1f} s)"
+        ctx.report(block, "ok" if rc == 0 else "FAIL", took if rc == 0 else f"exit {rc}")
+
+
 # ---------------------------------------------------------------- sh
 
 
@@ -705,11 +790,12 @@ def main() -> int:
     blocks: list[Block] = []
     for relative in args.files:
         blocks.extend(extract_blocks(relative))
-    unknown = [b for b in blocks if b.lang not in {"rust", "python", *SH_LANGS, *IGNORED_LANGS}]
+    known = {"rust", "python", "go", *TS_LANGS, *SH_LANGS, *IGNORED_LANGS}
+    unknown = [b for b in blocks if b.lang not in known]
     for block in unknown:
         print(
             f"check-docs: {block.where}: language {block.lang!r} is not checked "
-            f"(use rust, python, sh, or text for output)"
+            f"(use rust, python, typescript, go, sh, or text for output)"
         )
     if args.list or unknown:
         for block in blocks:
@@ -736,6 +822,8 @@ def main() -> int:
         start_cluster(ctx)
         check_rust(ctx, [b for b in blocks if b.lang == "rust"])
         check_python(ctx, [b for b in blocks if b.lang == "python"])
+        check_typescript(ctx, [b for b in blocks if b.lang in TS_LANGS])
+        check_go(ctx, [b for b in blocks if b.lang == "go"])
         for relative in args.files:
             sh = [b for b in blocks if b.file == relative and b.lang in SH_LANGS]
             if not sh:

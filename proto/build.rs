@@ -33,6 +33,12 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         // Ordered maps in configuration messages: their encoding is
         // deterministic, so snapshots can be hashed and compared.
         .btree_map(".openshell.sandbox.v1")
+        // Data-plane payloads as `bytes::Bytes`: decoding slices the
+        // received buffer instead of copying it, and a relay hands the same
+        // buffer on. Exec output stays `Vec<u8>` for the C binding's sake.
+        .bytes(".openshell.v1.TcpForwardFrame.data")
+        .bytes(".openshell.v1.RelayFrame.data")
+        .bytes(".openshell.v1.ExecSandboxInput.stdin")
         .build_client(true)
         .build_server(true)
         .compile_fds(compiler.file_descriptor_set())?;

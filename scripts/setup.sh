@@ -58,6 +58,29 @@ fi
 if [ ! -e /usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1 ]; then
   install_deb faketime
 fi
+# The SSH tests drive the system's own OpenSSH client (ssh, scp, sftp,
+# ssh-keyscan, ssh-keygen) and rsync, on both ends of the connection; the
+# CLI's `ssh-proxy --port` tests start an sshd inside a sandbox (server).
+if ! command -v ssh >/dev/null 2>&1 || ! command -v ssh-keyscan >/dev/null 2>&1; then
+  install_deb openssh-client
+fi
+if [ ! -x /usr/sbin/sshd ]; then
+  install_deb openssh-server
+fi
+if ! command -v rsync >/dev/null 2>&1; then
+  install_deb rsync
+fi
+# TypeScript SDK: Node 20.17 or newer with npm (the Node packages themselves
+# are pinned by sdk-typescript/package-lock.json and installed by `make node`).
+if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then
+  echo "setup: Node.js 20.17 or newer with npm is required (https://nodejs.org)"
+  exit 1
+fi
+if ! node -e 'const [a,b]=process.versions.node.split(".").map(Number);process.exit(a>20||(a===20&&b>=17)?0:1)'; then
+  echo "setup: Node.js $(node --version) is too old: 20.17 or newer is required"
+  exit 1
+fi
+
 # Python SDK: the project venv (.venv, gitignored) with the pinned tools of
 # sdk-python/requirements-dev.txt. pip runs only when the venv is new or the
 # pins changed (the installed pins are remembered in the venv).

@@ -42,7 +42,7 @@ async fn forward_copy(client: &mut OpenShellClient<Channel>, sandbox: &str, port
         let chunk = vec![7u8; CHUNK];
         for _ in 0..forward_bytes() / CHUNK {
             let frame = TcpForwardFrame {
-                payload: Some(tcp_forward_frame::Payload::Data(chunk.clone())),
+                payload: Some(tcp_forward_frame::Payload::Data(chunk.clone().into())),
             };
             if tx.send(frame).await.is_err() {
                 return;

@@ -21,18 +21,42 @@
 //!   store.
 //! - `openshell-bench isolation` (`isolation.rs`): exec round trips with
 //!   `--isolation namespaces` against `none`.
-//! - `openshell-bench all`: every one of them.
+//! - `openshell-bench typescript` (`typescript.rs`): `@openshell/sdk`
+//!   against a `@grpc/grpc-js` client: the TypeScript program of
+//!   `languages` alone.
+//! - `openshell-bench languages` (`languages.rs`): one table for every
+//!   language, each SDK beside its native gRPC client (unary p50/p99, 100
+//!   concurrent callers, forward with iperf3 on both ends, exec stdout),
+//!   with raw loopback and equal-hop socat relay chains as limits. The
+//!   per-language programs follow `contract`; the Rust one is
+//!   `openshell-bench languages-rust` (`lang_rust.rs`).
+//! - `openshell-bench scale` (`scale.rs`): gateway memory per idle
+//!   supervisor session and per open forward, exec round trips per second
+//!   at 64 concurrent callers.
+//! - `openshell-bench dataplane` (`dataplane.rs`): iperf3 through the
+//!   SDK's forward via the edge and direct to the replica, against raw
+//!   loopback and chains of plain TCP relays (socat) with as many hops, and
+//!   the CPU time each process on the path spends per GB.
+//! - `openshell-bench all`: every one of them but `languages` and `scale`.
 //!
 //! `OPENSHELL_BENCH_FORWARD_MIB` sets the bytes per forward copy (default
 //! 256 MiB).
 
 mod config;
+mod contract;
+mod dataplane;
 mod gateway;
+mod iperf;
 mod isolation;
+mod lang_rust;
+mod languages;
 mod loopback;
 mod measure;
 mod routing;
+mod scale;
 mod sdk;
+mod tonic_pump;
+mod typescript;
 
 #[tokio::main]
 async fn main() {
@@ -42,16 +66,23 @@ async fn main() {
         Some("routing") => routing::run().await,
         Some("config") => config::run().await,
         Some("isolation") => isolation::run().await,
+        Some("typescript") => typescript::run().await,
+        Some("languages") => languages::run().await,
+        Some("languages-rust") => lang_rust::run().await,
+        Some("scale") => scale::run().await,
+        Some("dataplane") => dataplane::run().await,
         Some("all") => {
             gateway::run().await;
             sdk::run().await;
             routing::run().await;
             config::run().await;
             isolation::run().await;
+            typescript::run().await;
+            dataplane::run().await;
         }
         Some(other) => {
             eprintln!(
-                "unknown benchmark {other:?}; try: gateway, sdk, routing, config, isolation, all"
+                "unknown benchmark {other:?}; try: gateway, sdk, routing, config, isolation, typescript, languages, scale, dataplane, all"
             );
             std::process::exit(2);
         }

@@ -172,7 +172,7 @@ OPS: dict[str, Op] = {
             "unrouted_retry": (COUNT, checks.delta_equals("unrouted_retry", "unrouted retries")),
         },
     ),
-    "stop_owner_then_exec": Op(
+    "unroute_owner_then_exec": Op(
         {**TARGET, "command": STRS},
         {
             "stdout": EXEC_OUT["stdout"],

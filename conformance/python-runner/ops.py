@@ -111,15 +111,68 @@ async def exec_repeat(r: Runner, step: dict[str, Any]) -> Result:
     return {"runs": runs}
 
 
-async def routing_stats_delta(r: Runner, step: dict[str, Any]) -> Result:
-    def counters() -> dict[str, int]:
-        stats = r.client.routing_stats()
-        return {"hinted": stats.hinted, "unrouted_retry": stats.unrouted_retries}
+def counters(r: Runner) -> dict[str, int]:
+    stats = r.client.routing_stats()
+    return {"hinted": stats.hinted, "unrouted_retry": stats.unrouted_retries}
 
-    before = counters()
+
+async def routing_stats_delta(r: Runner, step: dict[str, Any]) -> Result:
+    before = counters(r)
     for _ in range(step["count"]):
         await r.client.exec(r.target(step), step["command"])
-    return {"routing_before": before, "routing_after": counters()}
+    return {"routing_before": before, "routing_after": counters(r)}
+
+
+CONTROL_TIMEOUT = 30.0  # the harness answers once its edge reloaded (within 10 s)
+
+
+async def ask_harness(control: str, request: str) -> None:
+    """One line to the harness's control port (README: "Replica control");
+    its answer must be ``ok``."""
+    host, _, port = control.rpartition(":")
+
+    async def exchange() -> str:
+        reader, writer = await asyncio.open_connection(host, int(port))
+        try:
+            writer.write(request.encode() + b"\n")
+            await writer.drain()
+            return (await reader.readline()).decode(errors="replace").strip()
+        finally:
+            writer.close()
+
+    try:
+        answer = await asyncio.wait_for(exchange(), CONTROL_TIMEOUT)
+    except TimeoutError:
+        raise StepFailed(f"the harness did not answer {request!r} in 30 s") from None
+    if answer != "ok":
+        raise StepFailed(f"the harness refused {request!r}: {answer}")
+
+
+async def unroute_owner_then_exec(r: Runner, step: dict[str, Any]) -> Result:
+    """The unrouted retry: the harness points the owner's route at a dead
+    port, the exec goes out hinted to it, and the routes are restored after."""
+    if r.control is None:
+        raise StepFailed("no OPENSHELL_CONFORMANCE_CONTROL: no replica control")
+    name = r.target(step)
+    answer = await r.client.raw.get_sandbox_with_metadata(
+        openshell_pb2.GetSandboxRequest(name=name), metadata=[("x-openshell-want-owner", "1")]
+    )
+    owner = next((v for k, v in answer.metadata if k == "x-openshell-owner"), None)
+    if owner is None:
+        raise StepFailed(f"GetSandbox {name} named no owner replica")
+    await ask_harness(r.control, f"unroute {owner}")
+    before = counters(r)
+    try:
+        result = await exec_(r, step)
+    finally:
+        after = counters(r)
+        await ask_harness(r.control, "restore")
+    return {
+        **result,
+        "unrouted_replica": owner,
+        "routing_before": before,
+        "routing_after": after,
+    }
 
 
 async def interactive(r: Runner, step: dict[str, Any]) -> Result:
@@ -266,6 +319,7 @@ OPS: dict[str, Callable[[Runner, dict[str, Any]], Awaitable[Result]]] = {
     "exec_stream": exec_stream,
     "exec_repeat": exec_repeat,
     "routing_stats_delta": routing_stats_delta,
+    "unroute_owner_then_exec": unroute_owner_then_exec,
     "interactive": interactive,
     "forward": forward,
     "raw_unary": raw_unary,

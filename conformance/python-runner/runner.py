@@ -35,6 +35,7 @@ from openshell_sdk import AsyncClient, OpenShellError
 
 DEFAULT_SCENARIOS = Path(__file__).resolve().parents[1] / "scenarios.json"
 DATA_DIR_VAR = "OPENSHELL_CONFORMANCE_DATA_DIR"
+CONTROL_VAR = "OPENSHELL_CONFORMANCE_CONTROL"
 STEP_LIMIT = 120.0
 PLACEHOLDER = re.compile(r"\$\{([a-z][a-z0-9]*)\}")
 
@@ -58,9 +59,15 @@ class Runner:
         self.ready: set[str] = set()
         data_dir = os.environ.get(DATA_DIR_VAR)
         self.data_dir = Path(data_dir) if data_dir else None
+        # The harness's control port changes the routes in front of the
+        # cluster (``unroute_owner_then_exec``).
+        self.control = os.environ.get(CONTROL_VAR) or None
         # The SDK has the routing counters; a config session needs a sandbox
-        # token, read from the supervisor in the cluster's data directory.
+        # token, read from the supervisor in the cluster's data directory;
+        # making a replica unreachable is the harness's job.
         self.caps = ["routing_stats"] + (["push_config"] if self.data_dir else [])
+        if self.control:
+            self.caps.append("replica_control")
 
     def name(self, alias: str) -> str:
         self.named.add(self.prefix + alias)

@@ -52,9 +52,7 @@ class RecordedRuns(unittest.TestCase):
                 failed = {k: v.detail for k, v in got.items() if v.status == "fail"}
                 self.assertEqual(failed, {})
                 skipped = {k: v.detail for k, v in got.items() if v.status == "skip"}
-                self.assertEqual(
-                    skipped, {"routing.unrouted_retry": "runner lacks capability: replica_control"}
-                )
+                self.assertEqual(skipped, {})
 
     def test_wrong_expectations_fail_every_runner(self) -> None:
         wrong = {
@@ -65,6 +63,8 @@ class RecordedRuns(unittest.TestCase):
             ("forward.concurrent", "min_accepted"): 9,
             ("routing.owner_reported", "metadata_prefix"): ["x-openshell-owner", "nobody-"],
             ("routing.client_counters", "hinted_min"): 50,
+            ("routing.unrouted_retry", "unrouted_retry_delta"): 0,
+            ("routing.unrouted_retry", "stdout"): "ko\n",
             ("push_config.delivery", "rejected"): 2,
             ("push_config.delivery", "max_latency"): 0.0001,
             ("push_config.no_push_polls", "applied_settings"): {"color": "red"},

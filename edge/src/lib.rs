@@ -65,6 +65,11 @@ const PEER_SERVICE_PREFIX: &str = "/openshell.peer.v1.";
 /// HTTP/2 windows on both sides: the 64 KiB default throttles bulk forwards.
 const STREAM_WINDOW: u32 = 2 << 20;
 const CONNECTION_WINDOW: u32 = 16 << 20;
+/// Largest HTTP/2 frame the edge accepts, from clients and from replicas.
+/// A DATA frame is passed on as it arrived, so with the replicas' and the
+/// SDK's same setting one 64 KiB gRPC data frame crosses every hop as one
+/// HTTP/2 frame instead of five (the 16 KiB default).
+const MAX_FRAME_SIZE: u32 = 256 * 1024;
 const KEEPALIVE: Duration = Duration::from_secs(20);
 /// How long open client connections may drain after SIGTERM.
 const DRAIN: Duration = Duration::from_secs(5);
@@ -106,6 +111,10 @@ pub struct EdgeArgs {
     /// milliseconds only after every other replica.
     #[arg(long, default_value_t = 3000, value_name = "MS")]
     fail_timeout_ms: u64,
+    /// Concurrent HTTP/2 streams one client connection may open (further
+    /// streams wait for a free slot on the client side).
+    #[arg(long, default_value_t = 4096, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    max_streams_per_connection: u32,
 }
 
 pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {

@@ -8,6 +8,7 @@ use crate::EdgeArgs;
 use crate::EdgeBody;
 use crate::KEEPALIVE;
 use crate::MAX_CONNECTIONS_PER_REPLICA;
+use crate::MAX_FRAME_SIZE;
 use crate::NOT_FORWARDED;
 use crate::PEER_SERVICE_PREFIX;
 use crate::REPLICA_HEADER;
@@ -77,8 +78,10 @@ impl Edge {
             .initial_stream_window_size(STREAM_WINDOW)
             .initial_connection_window_size(CONNECTION_WINDOW)
             .adaptive_window(false)
-            // No per-connection stream limit, like the replicas behind it.
-            .max_concurrent_streams(None)
+            .max_frame_size(MAX_FRAME_SIZE)
+            // One client connection cannot take unbounded streams (and the
+            // memory behind them); the replicas bound theirs the same way.
+            .max_concurrent_streams(args.max_streams_per_connection)
             .keep_alive_interval(KEEPALIVE)
             .keep_alive_timeout(KEEPALIVE);
         let mut client = ClientBuilder::new(TokioExecutor::new());
@@ -87,6 +90,7 @@ impl Edge {
             .initial_stream_window_size(STREAM_WINDOW)
             .initial_connection_window_size(CONNECTION_WINDOW)
             .adaptive_window(false)
+            .max_frame_size(MAX_FRAME_SIZE)
             .keep_alive_interval(KEEPALIVE)
             .keep_alive_timeout(KEEPALIVE)
             .keep_alive_while_idle(true);
@@ -199,10 +203,16 @@ impl Edge {
         let count = routes.list.len();
         if count > 0 {
             let start = self.next.fetch_add(1, Ordering::Relaxed) % count;
-            let (fresh, failed): (Vec<_>, Vec<_>) = (0..count)
+            // Replicas whose connect failed a moment ago go last; before
+            // them, those still waiting for a first connection, so an
+            // unhinted call never waits on a replica that may not answer
+            // while another one can take it now.
+            let (failed, rest): (Vec<_>, Vec<_>) = (0..count)
                 .map(|i| &routes.list[(start + i) % count])
-                .partition(|r| !r.recently_failed(self.fail_timeout));
-            for replica in fresh.into_iter().chain(failed) {
+                .partition(|r| r.recently_failed(self.fail_timeout));
+            let (connecting, fresh): (Vec<_>, Vec<_>) =
+                rest.into_iter().partition(|r| r.connecting());
+            for replica in fresh.into_iter().chain(connecting).chain(failed) {
                 tracing::debug!(path = %req.uri().path(), replica = %replica.id, "routing unhinted call");
                 match self.attempt(replica, req, Route::Unhinted).await {
                     Attempt::Answered(response) => return response,
@@ -220,7 +230,7 @@ impl Edge {
 
     pub(crate) async fn attempt(
         &self,
-        replica: &Replica,
+        replica: &Arc<Replica>,
         mut req: Request<Incoming>,
         route: Route,
     ) -> Attempt {
@@ -244,9 +254,7 @@ impl Edge {
                     Some(back) => {
                         tracing::debug!(replica = %replica.id, error = %err.error(), "connection closed before the request was sent");
                         replica
-                            .pool
-                            .lock()
-                            .await
+                            .pool()
                             .retain(|u| !Arc::ptr_eq(&u.streams, &slot.streams));
                         req = back;
                     }
@@ -267,90 +275,125 @@ impl Edge {
 
     /// A connection to the replica with room for one more stream: an open
     /// one, else a new one (up to MAX_CONNECTIONS_PER_REPLICA, after which the
-    /// least loaded one queues the stream).
+    /// least loaded one queues the stream). The pool is only locked to look
+    /// and to count; dials run unlocked (see `upstream`).
     pub(crate) async fn checkout(
         &self,
-        replica: &Replica,
+        replica: &Arc<Replica>,
     ) -> anyhow::Result<(SendRequest<Incoming>, StreamSlot)> {
-        let mut pool = replica.pool.lock().await;
-        pool.retain(|u| !u.sender.is_closed());
-        if let Some(upstream) = pool.iter().find(|u| u.has_room()) {
-            return Ok(upstream.checkout());
-        }
         let least_loaded =
             |pool: &[Upstream]| pool.iter().min_by_key(|u| u.load()).map(Upstream::checkout);
-        if pool.len() >= MAX_CONNECTIONS_PER_REPLICA {
-            return Ok(least_loaded(&pool).expect("the pool is full"));
-        }
-        let dialled = tokio::time::timeout(self.connect_timeout, self.dial(replica))
-            .await
-            .unwrap_or_else(|_| {
-                Err(anyhow!(
-                    "connect timed out after {:?}",
-                    self.connect_timeout
-                ))
-            });
-        match dialled {
-            Ok((sender, limit)) => {
-                replica.set_failed(false);
-                let upstream = Upstream {
-                    sender,
-                    streams: Arc::new(AtomicUsize::new(0)),
-                    limit,
-                };
-                let checked_out = upstream.checkout();
-                pool.push(upstream);
-                Ok(checked_out)
-            }
-            Err(err) => {
-                replica.set_failed(true);
-                self.metrics
-                    .connect_failures
-                    .fetch_add(1, Ordering::Relaxed);
+        // A new connection may be filled by other callers before this one
+        // gets to it: a few rounds, then queue on the least loaded one.
+        for _ in 0..3 {
+            let mut dial = {
+                let pool = replica.pool();
+                if let Some(upstream) = pool.iter().find(|u| u.has_room()) {
+                    return Ok(upstream.checkout());
+                }
+                if pool.len() >= MAX_CONNECTIONS_PER_REPLICA {
+                    return Ok(least_loaded(&pool).expect("the pool is full"));
+                }
+                drop(pool);
+                self.join_or_start_dial(replica)
+            };
+            let outcome = match dial.wait_for(Option::is_some).await {
+                Ok(outcome) => outcome.clone().expect("waited for an outcome"),
+                Err(_) => Err("the dial task ended without an outcome".to_owned()),
+            };
+            if let Err(err) = outcome {
                 // Connections that are merely full still work: h2 queues.
-                least_loaded(&pool).ok_or(err)
+                return least_loaded(&replica.pool()).ok_or_else(|| anyhow!(err));
             }
         }
+        least_loaded(&replica.pool()).ok_or_else(|| anyhow!("every new connection closed"))
     }
 
-    /// A new connection and its (live) concurrent-stream limit.
-    pub(crate) async fn dial(
-        &self,
-        replica: &Replica,
-    ) -> anyhow::Result<(SendRequest<Incoming>, Arc<AtomicUsize>)> {
-        let target = &replica.target;
-        let stream = TcpStream::connect((target.host.as_str(), target.port))
-            .await
-            .with_context(|| format!("connecting to {}", target.authority))?;
-        stream.set_nodelay(true)?;
-        let (sender, conn) = self
-            .client
-            .handshake(TokioIo::new(stream))
-            .await
-            .context("HTTP/2 handshake")?;
-        let limit = Arc::new(AtomicUsize::new(conn.current_max_send_streams()));
-        let id = replica.id.clone();
-        let published = limit.clone();
+    /// The dial in flight to the replica, or a new one in its own task: it
+    /// adds the connection to the pool, records success or failure, and then
+    /// publishes the outcome.
+    fn join_or_start_dial(&self, replica: &Arc<Replica>) -> crate::upstream::DialOutcome {
+        let mut dialing = replica
+            .dialing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(outcome) = dialing.as_ref() {
+            return outcome.clone();
+        }
+        let (publish, outcome) = tokio::sync::watch::channel(None);
+        *dialing = Some(outcome.clone());
+        drop(dialing);
+        let replica = replica.clone();
+        let client = self.client.clone();
         let metrics = self.metrics.clone();
-        metrics.upstream_connections.fetch_add(1, Ordering::Relaxed);
+        let timeout = self.connect_timeout;
         tokio::spawn(async move {
-            let mut conn = std::pin::pin!(conn);
-            // The limit arrives (and may change) in SETTINGS frames, which
-            // only the connection task sees.
-            let ended = std::future::poll_fn(|cx| {
-                let poll = conn.as_mut().poll(cx);
-                published.store(conn.current_max_send_streams(), Ordering::Relaxed);
-                poll
-            })
-            .await;
-            metrics.upstream_connections.fetch_sub(1, Ordering::Relaxed);
-            if let Err(err) = ended {
-                tracing::debug!(replica = %id, %err, "upstream connection ended with an error");
-            }
+            let dialled = tokio::time::timeout(timeout, dial(&client, &metrics, &replica))
+                .await
+                .unwrap_or_else(|_| Err(anyhow!("connect timed out after {timeout:?}")));
+            let result = match dialled {
+                Ok((sender, limit)) => {
+                    replica.pool().push(Upstream {
+                        sender,
+                        streams: Arc::new(AtomicUsize::new(0)),
+                        limit,
+                    });
+                    replica.set_failed(false);
+                    Ok(())
+                }
+                Err(err) => {
+                    replica.set_failed(true);
+                    metrics.connect_failures.fetch_add(1, Ordering::Relaxed);
+                    Err(format!("{err:#}"))
+                }
+            };
+            *replica
+                .dialing
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = None;
+            publish.send_replace(Some(result));
         });
-        tracing::debug!(replica = %replica.id, addr = %target.authority, "connected to replica");
-        Ok((sender, limit))
+        outcome
     }
+}
+
+/// A new connection to the replica and its (live) concurrent-stream limit.
+async fn dial(
+    client: &ClientBuilder,
+    metrics: &Arc<EdgeMetrics>,
+    replica: &Replica,
+) -> anyhow::Result<(SendRequest<Incoming>, Arc<AtomicUsize>)> {
+    let target = &replica.target;
+    let stream = TcpStream::connect((target.host.as_str(), target.port))
+        .await
+        .with_context(|| format!("connecting to {}", target.authority))?;
+    stream.set_nodelay(true)?;
+    let (sender, conn) = client
+        .handshake(TokioIo::new(stream))
+        .await
+        .context("HTTP/2 handshake")?;
+    let limit = Arc::new(AtomicUsize::new(conn.current_max_send_streams()));
+    let id = replica.id.clone();
+    let published = limit.clone();
+    let metrics = metrics.clone();
+    metrics.upstream_connections.fetch_add(1, Ordering::Relaxed);
+    tokio::spawn(async move {
+        let mut conn = std::pin::pin!(conn);
+        // The limit arrives (and may change) in SETTINGS frames, which
+        // only the connection task sees.
+        let ended = std::future::poll_fn(|cx| {
+            let poll = conn.as_mut().poll(cx);
+            published.store(conn.current_max_send_streams(), Ordering::Relaxed);
+            poll
+        })
+        .await;
+        metrics.upstream_connections.fetch_sub(1, Ordering::Relaxed);
+        if let Err(err) = ended {
+            tracing::debug!(replica = %id, %err, "upstream connection ended with an error");
+        }
+    });
+    tracing::debug!(replica = %replica.id, addr = %target.authority, "connected to replica");
+    Ok((sender, limit))
 }
 
 pub(crate) fn replica_hint(headers: &HeaderMap) -> Hint {

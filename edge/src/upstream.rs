@@ -1,22 +1,36 @@
 //! Connections to one replica: HTTP/2 connections opened on demand, the
-//! streams counted on each, and when a connect last failed.
+//! streams counted on each, the connect in flight, and when a connect last
+//! failed.
+//!
+//! No lock here is held across an await: a replica that never answers a
+//! connect (a dropped SYN, a full backlog) must not queue every call to it
+//! behind one dial. One dial runs at a time per replica, in its own task;
+//! every call that needs a new connection meanwhile waits for that dial's
+//! outcome (bounded by the connect timeout) instead of starting its own.
 
 use crate::routes::Target;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use hyper::body::Incoming;
 use hyper::client::conn::http2::SendRequest;
+use tokio::sync::watch;
+
+/// The outcome of a dial in flight: `None` until it ends, then `Ok` (the
+/// new connection is in the pool) or the reason it failed.
+pub(crate) type DialOutcome = watch::Receiver<Option<Result<(), String>>>;
 
 /// One configured replica: its address, a small pool of HTTP/2 connections
-/// (opened on demand, dropped when they close) and when a connect last failed.
+/// (opened on demand, dropped when they close), the dial in flight and when
+/// a connect last failed.
 pub(crate) struct Replica {
     pub(crate) id: String,
     pub(crate) target: Target,
-    pub(crate) pool: tokio::sync::Mutex<Vec<Upstream>>,
+    pool: Mutex<Vec<Upstream>>,
+    pub(crate) dialing: Mutex<Option<DialOutcome>>,
     pub(crate) failed_at: Mutex<Option<Instant>>,
 }
 
@@ -91,9 +105,28 @@ impl Replica {
         Self {
             id,
             target,
-            pool: tokio::sync::Mutex::new(Vec::new()),
+            pool: Mutex::new(Vec::new()),
+            dialing: Mutex::new(None),
             failed_at: Mutex::new(None),
         }
+    }
+
+    /// The connection pool, closed connections dropped. Never held across
+    /// an await.
+    pub(crate) fn pool(&self) -> MutexGuard<'_, Vec<Upstream>> {
+        let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
+        pool.retain(|u| !u.sender.is_closed());
+        pool
+    }
+
+    /// A dial is in flight and no open connection can take a stream now:
+    /// a call sent here would wait for that dial.
+    pub(crate) fn connecting(&self) -> bool {
+        self.dialing
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some()
+            && !self.pool().iter().any(Upstream::has_room)
     }
 
     pub(crate) fn recently_failed(&self, window: Duration) -> bool {

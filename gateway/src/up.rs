@@ -39,6 +39,14 @@ pub struct UpArgs {
     /// Passed to every replica (see `serve --isolation`).
     #[arg(long, value_enum, env = "OPENSHELL_ISOLATION", default_value = "auto")]
     isolation: crate::sandboxes::driver::IsolationArg,
+    /// Passed to every replica (see `serve --database-max-connections`).
+    #[arg(long, default_value_t = crate::store::POOL_SIZE,
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    database_max_connections: u32,
+    /// Passed to every replica (see `serve --database-timeout-ms`).
+    #[arg(long, default_value_t = crate::store::DEFAULT_DEADLINE.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    database_timeout_ms: u64,
     /// Tests only: passed to every replica (see `serve`).
     #[arg(long, hide = true)]
     expose_sandbox_tokens: bool,
@@ -112,6 +120,10 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
                 ])
                 .args(["--replica-id", &id, "--supervisor-url", &edge_url])
                 .args(["--config-delivery-mode", mode])
+                .arg("--database-max-connections")
+                .arg(args.database_max_connections.to_string())
+                .arg("--database-timeout-ms")
+                .arg(args.database_timeout_ms.to_string())
                 .arg("--isolation")
                 .arg(isolation)
                 .args(

@@ -224,6 +224,18 @@ pub fn frame_size(what: &str, len: usize) -> Result<(), Status> {
     Ok(())
 }
 
+/// An SSH host key fingerprint as OpenSSH prints a SHA-256 one:
+/// `SHA256:` and 43 characters of unpadded base64 (or empty: none).
+pub fn host_key_fingerprint(value: &str) -> bool {
+    value.is_empty()
+        || value.strip_prefix("SHA256:").is_some_and(|b64| {
+            b64.len() == 43
+                && b64
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'+' || b == b'/')
+        })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -155,7 +155,7 @@ async fn exec_rejects_bad_requests() {
     // Interactive: the first message must be start.
     let err = match client
         .exec_sandbox_interactive(tokio_stream::iter(vec![ExecSandboxInput {
-            payload: Some(exec_sandbox_input::Payload::Stdin(b"hi".to_vec())),
+            payload: Some(exec_sandbox_input::Payload::Stdin(b"hi".to_vec().into())),
         }]))
         .await
     {
@@ -173,7 +173,9 @@ async fn exec_rejects_bad_requests() {
             ))),
         },
         ExecSandboxInput {
-            payload: Some(exec_sandbox_input::Payload::Stdin(vec![0; 2 * 1024 * 1024])),
+            payload: Some(exec_sandbox_input::Payload::Stdin(
+                vec![0; 2 * 1024 * 1024].into(),
+            )),
         },
     ];
     let response = client
@@ -204,7 +206,7 @@ async fn forward_rejects_bad_frames_and_targets() {
     let err = forward_error(
         &mut client,
         vec![TcpForwardFrame {
-            payload: Some(tcp_forward_frame::Payload::Data(b"x".to_vec())),
+            payload: Some(tcp_forward_frame::Payload::Data(b"x".to_vec().into())),
         }],
     )
     .await;
@@ -230,7 +232,9 @@ async fn forward_rejects_bad_frames_and_targets() {
         vec![
             forward_init("fwd", "127.0.0.1", port.into()),
             TcpForwardFrame {
-                payload: Some(tcp_forward_frame::Payload::Data(vec![0; 2 * 1024 * 1024])),
+                payload: Some(tcp_forward_frame::Payload::Data(
+                    vec![0; 2 * 1024 * 1024].into(),
+                )),
             },
         ],
     )

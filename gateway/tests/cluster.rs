@@ -35,6 +35,25 @@ fn metric(gw: &Gateway, sample: &str) -> f64 {
     metric_value(&gw.metrics(), sample).unwrap_or(0.0)
 }
 
+const SHUTDOWN_REDIRECTS: &str = r#"openshell_server_session_redirects_total{reason="shutdown"}"#;
+const OFFRING_ADMISSIONS: &str = "openshell_server_session_offring_admissions_total";
+
+/// Replicas of these options write their final metrics into `dir` as they
+/// exit (read with [`final_metric`]).
+fn with_final_metrics(mut opts: ClusterOptions, dir: &std::path::Path) -> ClusterOptions {
+    opts.extra_args
+        .extend(["--metrics-on-exit".to_owned(), dir.display().to_string()]);
+    opts
+}
+
+/// A sample of the metrics `replica` wrote into `dir` when it last exited.
+fn final_metric(dir: &std::path::Path, replica: &str, sample: &str) -> f64 {
+    let path = dir.join(format!("{replica}.metrics"));
+    let text = std::fs::read_to_string(&path)
+        .unwrap_or_else(|err| panic!("{replica} left no final metrics ({err})"));
+    metric_value(&text, sample).unwrap_or_else(|| panic!("no {sample} in:\n{text}"))
+}
+
 async fn wait_ring(cluster: &TestCluster, members: f64) {
     for gw in &cluster.replicas {
         let ok = eventually(Duration::from_secs(15), || {
@@ -180,7 +199,7 @@ async fn forward_and_interactive_exec_are_relayed_by_peers() {
         })),
     }];
     frames.extend(payload.chunks(50_000).map(|c| TcpForwardFrame {
-        payload: Some(tcp_forward_frame::Payload::Data(c.to_vec())),
+        payload: Some(tcp_forward_frame::Payload::Data(c.to_vec().into())),
     }));
     let mut stream = gw0
         .forward_tcp(tokio_stream::iter(frames))
@@ -203,7 +222,7 @@ async fn forward_and_interactive_exec_are_relayed_by_peers() {
             ))),
         },
         ExecSandboxInput {
-            payload: Some(exec_sandbox_input::Payload::Stdin(vec![b'z'; 4321])),
+            payload: Some(exec_sandbox_input::Payload::Stdin(vec![b'z'; 4321].into())),
         },
     ];
     let out = collect(
@@ -225,7 +244,8 @@ async fn forward_and_interactive_exec_are_relayed_by_peers() {
 
 #[tokio::test]
 async fn a_stopping_replica_redirects_its_supervisors_to_the_remaining_ring() {
-    let mut cluster = TestCluster::start(options(3, None));
+    let exits = tempfile::tempdir().unwrap();
+    let mut cluster = TestCluster::start(with_final_metrics(options(3, None), exits.path()));
     wait_ring(&cluster, 3.0).await;
     let mut gw0 = client(&cluster.replicas[0]).await;
     // A sandbox owned by a replica other than gw-0 (the supervisors' address).
@@ -243,7 +263,14 @@ async fn a_stopping_replica_redirects_its_supervisors_to_the_remaining_ring() {
     let (name, id, owner) = chosen.expect("a sandbox off gw-0");
     let remaining: Vec<&str> = ids.iter().copied().filter(|r| *r != owner).collect();
     let next = ring_owner(&remaining, &id);
+    let held = metric(
+        cluster.replica(&owner),
+        "openshell_server_supervisor_sessions",
+    );
+    assert!(held >= 1.0, "{owner} holds no session");
     cluster.replica_mut(&owner).stop();
+    // Every session it held was redirected, and counted as such.
+    assert_eq!(final_metric(exits.path(), &owner, SHUTDOWN_REDIRECTS), held);
 
     let mut new_owner = None;
     for _ in 0..100 {
@@ -302,6 +329,11 @@ async fn a_stranger_cannot_take_over_a_live_session() {
     };
     assert_eq!(err.code(), Code::Unavailable, "{err:?}");
     assert!(err.message().contains("owned by another"), "{err:?}");
+    // A refused redirected hello is no off-ring admission.
+    assert_eq!(
+        metric_value(&cluster.replica(other).metrics(), OFFRING_ADMISSIONS),
+        Some(0.0)
+    );
     // The real session is untouched.
     assert_eq!(
         owner_via(&mut gw0, "guarded").await.as_deref(),
@@ -311,6 +343,78 @@ async fn a_stranger_cannot_take_over_a_live_session() {
         sh(&mut gw0, "guarded", "echo mine").await.stdout_text(),
         "mine\n"
     );
+}
+
+#[tokio::test]
+async fn a_redirected_supervisor_off_its_ring_owner_is_admitted_and_counted() {
+    // No supervisors of our own: the test speaks for the sandbox.
+    let mut opts = options(2, None);
+    opts.extra_args
+        .extend(["--driver", "none"].map(String::from));
+    let cluster = TestCluster::start(opts);
+    wait_ring(&cluster, 2.0).await;
+    let mut gw0 = client(&cluster.replicas[0]).await;
+    let sandbox = gw0
+        .create_sandbox(CreateSandboxRequest {
+            name: "landed".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .sandbox
+        .unwrap();
+    let id = sandbox.metadata.unwrap().id;
+    let owner = ring_owner(&["gw-0", "gw-1"], &id);
+    let other = if owner == "gw-0" { "gw-1" } else { "gw-0" };
+    let token = sandbox_token(&cluster.replicas[0].store_dir(), &id).expect("sandbox token");
+    let hello = |redirected: bool| SupervisorMessage {
+        payload: Some(supervisor_message::Payload::Hello(SupervisorHello {
+            sandbox_id: id.clone(),
+            instance_id: "landed-supervisor".into(),
+            connection_epoch: 1,
+            redirected,
+            supports_session_redirect: true,
+            ..Default::default()
+        })),
+    };
+    let first = |gw: &'static str, redirected: bool| {
+        let (cluster, token, hello) = (&cluster, &token, hello(redirected));
+        async move {
+            let mut supervisor = client_with(cluster.replica(gw), Some(token)).await;
+            let mut inbound = supervisor
+                .connect_supervisor(tokio_stream::iter(vec![hello]))
+                .await
+                .expect("session")
+                .into_inner();
+            inbound.message().await.unwrap().unwrap().payload
+        }
+    };
+
+    // Not yet redirected: sent to the ring owner, nothing admitted.
+    match first(other, false).await {
+        Some(gateway_message::Payload::SessionRedirect(redirect)) => {
+            assert_eq!(redirect.owner_replica_id, owner);
+        }
+        other => panic!("expected a redirect, got {other:?}"),
+    }
+    assert_eq!(
+        metric(cluster.replica(other), OFFRING_ADMISSIONS),
+        0.0,
+        "a redirect is no admission"
+    );
+    // Redirected, but landing off the ring owner (the ring changed in
+    // between, as it does in a rolling restart): admitted where it landed,
+    // and counted there only.
+    assert!(
+        matches!(
+            first(other, true).await,
+            Some(gateway_message::Payload::SessionAccepted(_))
+        ),
+        "a redirected supervisor is admitted where it lands"
+    );
+    assert_eq!(metric(cluster.replica(other), OFFRING_ADMISSIONS), 1.0);
+    assert_eq!(metric(cluster.replica(&owner), OFFRING_ADMISSIONS), 0.0);
 }
 
 #[tokio::test]
@@ -374,6 +478,7 @@ async fn the_peer_service_answers_only_replicas() {
             sandbox_id: "00000000-0000-0000-0000-000000000000".into(),
             relay_open: None,
             requester_replica_id: requester.into(),
+            ..Default::default()
         })),
     };
     let call =
@@ -467,7 +572,8 @@ async fn all_on_ring_owner(
 
 #[tokio::test]
 async fn a_rolling_restart_loses_nothing_and_ends_on_the_ring() {
-    let mut cluster = TestCluster::start(options(3, None));
+    let exits = tempfile::tempdir().unwrap();
+    let mut cluster = TestCluster::start(with_final_metrics(options(3, None), exits.path()));
     wait_ring(&cluster, 3.0).await;
     let ring = ["gw-0", "gw-1", "gw-2"];
     let mut sandboxes = Vec::new();
@@ -492,22 +598,9 @@ async fn a_rolling_restart_loses_nothing_and_ends_on_the_ring() {
             "openshell_server_supervisor_sessions",
         );
         cluster.replica_mut(replica).stop();
-        let log = cluster.replica(replica).log();
-        let redirected: f64 = log
-            .lines()
-            .filter(|l| l.contains("redirected supervisors to the remaining replicas"))
-            .filter_map(|l| {
-                l.split("redirects=")
-                    .nth(1)?
-                    .split_whitespace()
-                    .next()?
-                    .parse()
-                    .ok()
-            })
-            .next_back()
-            .unwrap_or(0.0);
         assert_eq!(
-            redirected, held,
+            final_metric(exits.path(), replica, SHUTDOWN_REDIRECTS),
+            held,
             "{replica}: the shutdown redirect count matches its sessions"
         );
         cluster.replica_mut(replica).restart();
@@ -646,17 +739,24 @@ async fn a_skewed_clock_neither_keeps_a_dead_replica_nor_drops_a_live_one() {
         - seconds_of_day(cluster.replica("gw-0")).await)
         .rem_euclid(86_400);
     assert!((590..=610).contains(&skew), "gw-1 is {skew} s ahead");
-    // Everyone sees everyone, over several refreshes and TTLs.
-    for _ in 0..3 {
-        wait_ring(&cluster, 3.0).await;
-        assert!(
-            eventually(Duration::from_secs(10), || metric(
-                &behind,
-                "openshell_server_ring_members"
-            ) == 3.0)
-            .await
-        );
-        tokio::time::sleep(Duration::from_secs(2)).await;
+    // Everyone sees everyone, and keeps seeing everyone: sampled all along
+    // two member TTLs (3 s each, 20 refreshes), no replica's view ever drops
+    // a member, whatever its clock says.
+    wait_ring(&cluster, 3.0).await;
+    assert!(
+        eventually(Duration::from_secs(10), || metric(
+            &behind,
+            "openshell_server_ring_members"
+        ) == 3.0)
+        .await
+    );
+    let span = std::time::Instant::now();
+    while span.elapsed() < Duration::from_secs(6) {
+        for gw in cluster.replicas.iter().chain([&behind]) {
+            let seen = metric(gw, "openshell_server_ring_members");
+            assert_eq!(seen, 3.0, "a replica's ring dropped a member");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     // The fast replica dies: the others drop it within the TTL.
     cluster.replica_mut("gw-1").kill();

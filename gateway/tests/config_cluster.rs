@@ -417,10 +417,6 @@ async fn failed_builds_back_off_and_recover_without_closing_the_session() {
         Duration::from_secs(10),
     )
     .await;
-    // A hung database: reconcile builds time out (5 s) and back off.
-    pg.pause();
-    tokio::time::sleep(Duration::from_secs(8)).await;
-    pg.resume();
     let failed = |gw: &Gateway| {
         metric(
             gw,
@@ -430,7 +426,17 @@ async fn failed_builds_back_off_and_recover_without_closing_the_session() {
             r#"openshell_server_config_build_duration_seconds_count{part="sandbox_config",trigger="retry",outcome="error"}"#,
         )
     };
-    assert!(failed(&gw) >= 1.0, "{}", gw.metrics());
+    // A hung database: reconcile builds time out (5 s) and back off. It
+    // stays hung until one failed build is counted.
+    pg.pause();
+    let timed_out =
+        openshell_testkit::eventually(Duration::from_secs(20), || failed(&gw) >= 1.0).await;
+    pg.resume();
+    assert!(
+        timed_out,
+        "no config build failed on a hung database:\n{}",
+        gw.metrics()
+    );
     // The session stayed up, and the next write goes through.
     set(&mut client, "sturdy", "after", string("recovered")).await;
     wait_config(&path, Duration::from_secs(10), |c| {

@@ -6,7 +6,6 @@
 mod common;
 
 use std::os::unix::fs::PermissionsExt;
-use std::time::Duration;
 
 use common::*;
 use openshell_proto::*;
@@ -39,8 +38,10 @@ async fn driver_none_writes_a_private_token_and_starts_no_supervisor() {
     assert_eq!(mode & 0o777, 0o600, "token file mode {mode:o}");
     assert!(!dir.join("supervisor.pid").exists());
     assert!(gw.supervisor_pids().is_empty());
-    // Nothing connects on its own.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Nothing connects on its own: no process was started that could (no
+    // PID file, no supervisor above; waiting would prove no more), and the
+    // gateway holds no session until the one below.
+    assert_eq!(gw.metric("openshell_server_supervisor_sessions"), Some(0.0));
     let got = client
         .get_sandbox(GetSandboxRequest {
             name: "recordonly".into(),
@@ -81,6 +82,7 @@ async fn driver_none_writes_a_private_token_and_starts_no_supervisor() {
         "{first:?}"
     );
     wait_phase(&mut client, "recordonly", SandboxPhase::Ready).await;
+    assert_eq!(gw.metric("openshell_server_supervisor_sessions"), Some(1.0));
     drop(tx);
 
     client

@@ -202,7 +202,7 @@ async fn interactive_exec_uses_a_pty_takes_stdin_and_resizes() {
                 .await
                 .unwrap();
                 tx.send(input(exec_sandbox_input::Payload::Stdin(
-                    b"ping\n".to_vec(),
+                    b"ping\n".to_vec().into(),
                 )))
                 .await
                 .unwrap();
@@ -230,10 +230,12 @@ async fn interactive_exec_without_tty_closes_stdin_when_the_client_does() {
             ))),
         },
         ExecSandboxInput {
-            payload: Some(exec_sandbox_input::Payload::Stdin(vec![b'x'; 100_000])),
+            payload: Some(exec_sandbox_input::Payload::Stdin(
+                vec![b'x'; 100_000].into(),
+            )),
         },
         ExecSandboxInput {
-            payload: Some(exec_sandbox_input::Payload::Stdin(vec![b'y'; 23])),
+            payload: Some(exec_sandbox_input::Payload::Stdin(vec![b'y'; 23].into())),
         },
     ];
     let stream = client

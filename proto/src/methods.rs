@@ -77,6 +77,22 @@ pub static METHODS: &[MethodInfo] = &[
         owner_routed_field: Some("init.sandbox"),
     },
     MethodInfo {
+        path: "/openshell.v1.OpenShell/CreateSshSession",
+        name: "CreateSshSession",
+        kind: StreamingKind::Unary,
+        request: "openshell.v1.CreateSshSessionRequest",
+        response: "openshell.v1.CreateSshSessionResponse",
+        owner_routed_field: None,
+    },
+    MethodInfo {
+        path: "/openshell.v1.OpenShell/RevokeSshSession",
+        name: "RevokeSshSession",
+        kind: StreamingKind::Unary,
+        request: "openshell.v1.RevokeSshSessionRequest",
+        response: "openshell.v1.RevokeSshSessionResponse",
+        owner_routed_field: None,
+    },
+    MethodInfo {
         path: "/openshell.v1.OpenShell/GetSandboxConfig",
         name: "GetSandboxConfig",
         kind: StreamingKind::Unary,

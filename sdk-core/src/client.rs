@@ -67,6 +67,35 @@ impl Client {
         self.inner.router.stats()
     }
 
+    /// Takes `replica` as the owner of `sandbox`, as if an owner lookup had
+    /// just answered it: owner-routed streams for the sandbox opened within
+    /// the owner cache's TTL go out hinted to `replica` without a
+    /// `GetSandbox`. For callers that already know the owner (an ssh
+    /// `ProxyCommand` started with it). A wrong guess costs what a stale
+    /// cache entry costs: a replica the edge cannot route gets the single
+    /// unrouted retry (and is forgotten); a live replica that is not the
+    /// owner relays the stream. `invalid_config` for a replica id that is
+    /// empty or not 1..=63 of `[A-Za-z0-9._-]`.
+    pub fn assume_owner(&self, sandbox: &str, replica: &str) -> Result<(), Error> {
+        let valid = (1..=63).contains(&replica.len())
+            && replica
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'));
+        if !valid {
+            return Err(Error::invalid_config(format!(
+                "replica id {:?} is not 1 to 63 of [A-Za-z0-9._-]",
+                replica.chars().take(64).collect::<String>()
+            )));
+        }
+        if sandbox.is_empty() {
+            return Err(Error::invalid_config("assume_owner needs a sandbox name"));
+        }
+        self.inner
+            .router
+            .remember(sandbox, Some(replica.to_owned()));
+        Ok(())
+    }
+
     /// The tonic channel every call of this client rides on. For callers
     /// that need typed tonic stubs on the same HTTP/2 connection (a
     /// supervisor claiming relays on the connection of its session); they

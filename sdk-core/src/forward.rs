@@ -1,5 +1,6 @@
 //! TCP forwarding: a local listener whose connections reach a loopback port
-//! inside a sandbox's host.
+//! inside a sandbox's host, or one stream over any reader and writer
+//! ([`Client::forward_io`], what an ssh `ProxyCommand` needs).
 //!
 //! The data plane stays in Rust: [`Client::forward`] binds the listener, and
 //! every accepted connection is pumped over its own `ForwardTcp` stream in
@@ -7,23 +8,33 @@
 //! [`ForwardHandle`] (address, counters, `close()`), never a per-chunk
 //! callback.
 //!
-//! Per connection: the first frame is `init{sandbox, tcp{127.0.0.1, port}}`,
-//! then `data` frames of at most 64 KiB. Half-close is kept end to end: EOF
+//! Per connection: the first frame is `init{sandbox, tcp{127.0.0.1, port}}`
+//! (or `ssh{}` for the sandbox's SSH server, [`ForwardTarget::Ssh`], and
+//! the SSH session token when there is one), then `data` frames of at most
+//! 64 KiB. Half-close is kept end to end: EOF
 //! on the local socket closes the request stream; an `eof` frame from the
 //! gateway shuts down the local socket's write side; the end of the gateway's
 //! stream closes the socket.
+//!
+//! Bytes are copied as little as the transport allows: a socket read lands
+//! behind a few bytes of headroom, where the frame's protobuf header is
+//! written, so the read buffer is the encoded frame; received frames are
+//! decoded as slices of the buffer they arrived in, and the frames that are
+//! ready together go to the socket in one vectored write.
 
 use std::fmt;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use bytes::{Bytes, BytesMut};
+use std::io::IoSlice;
+
+use bytes::{Buf, BufMut, Bytes, BytesMut};
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use openshell_proto as pb;
 use openshell_proto::tcp_forward_frame::Payload as FramePayload;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream, ToSocketAddrs};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
@@ -34,8 +45,28 @@ use crate::metadata::Metadata;
 use crate::paths;
 use crate::raw::{CallContext, RawSender, decode};
 
-/// Largest payload of one `data` frame.
+/// Largest payload of one `data` frame: the chunk size of the public
+/// protocol, which every gateway accepts.
 pub const MAX_FRAME: usize = 64 * 1024;
+/// Room in front of a read for the `data` field's tag (1 byte) and length
+/// (a varint: 3 bytes up to 2 MiB).
+const HEADER_ROOM: usize = 4;
+/// Frames from the gateway written to the socket in one vectored write, at
+/// most.
+const WRITE_BATCH: usize = 16;
+/// Reads are split off blocks of this size; a block is used again once the
+/// frames cut from it are sent, so reads do not allocate (and fault in)
+/// fresh memory each time.
+const READ_BLOCK: usize = 4 * (HEADER_ROOM + MAX_FRAME);
+
+/// What a forward reaches inside the sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ForwardTarget {
+    /// A TCP port on loopback inside the sandbox's host.
+    Tcp(u16),
+    /// The sandbox's SSH server (the supervisor's embedded one).
+    Ssh,
+}
 
 /// Counters of a forward, as of the moment [`ForwardHandle::stats`] was called.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -83,7 +114,7 @@ impl ForwardHandle {
         &self.sandbox
     }
 
-    /// The port inside the sandbox's host.
+    /// The port inside the sandbox's host (0 for [`ForwardTarget::Ssh`]).
     pub fn remote_port(&self) -> u16 {
         self.remote_port
     }
@@ -137,6 +168,59 @@ impl fmt::Debug for ForwardHandle {
 }
 
 impl Client {
+    /// Pumps one `ForwardTcp` stream between `reader` / `writer` and
+    /// `target` inside `sandbox`, until the gateway ends the stream: bytes
+    /// read go to the target, bytes from the target are written (and
+    /// flushed) to `writer`. EOF on `reader` half-closes the stream; the
+    /// target's EOF shuts `writer` down. This is what an ssh
+    /// `ProxyCommand` runs over its stdin and stdout. With an SSH session
+    /// token ([`Client::create_ssh_session`]) the stream carries it, as
+    /// [`forward_to`](Self::forward_to)'s do.
+    ///
+    /// The stream is owner-routed like every forward: hinted to the
+    /// sandbox's owner (from the cache, a lookup, or
+    /// [`Client::assume_owner`]), with the single unrouted retry when the
+    /// edge proves it never forwarded the hinted attempt. `options.cancel`
+    /// ends the stream (`cancelled`); `options.deadline` bounds it.
+    /// Returns the bytes moved each way.
+    pub async fn forward_io<R, W>(
+        &self,
+        sandbox: &str,
+        target: ForwardTarget,
+        ssh_session_token: Option<&str>,
+        reader: R,
+        writer: W,
+        options: CallOptions,
+    ) -> Result<ForwardStats, Error>
+    where
+        R: AsyncRead + Unpin,
+        W: AsyncWrite + Unpin,
+    {
+        if sandbox.is_empty() {
+            return Err(Error::invalid_config("forward needs a sandbox name"));
+        }
+        if target == ForwardTarget::Tcp(0) {
+            return Err(Error::invalid_config(
+                "forward needs a remote port (1-65535)",
+            ));
+        }
+        let resolved = Resolved::new(self, &options, DeadlineKind::Stream);
+        let ctx = CallContext::new(paths::FORWARD_TCP, Metadata::new(), resolved.clone())?;
+        let stream = self.open_stream(ctx, Some(init_frame(sandbox, target, ssh_session_token)));
+        let (sender, receiver) = stream.split();
+        let counters = Counters::default();
+        let pumped = pump_io(reader, writer, sender, receiver.into_stream(), &counters);
+        let result = resolved.guard(pumped).await;
+        let stats = ForwardStats {
+            connections_accepted: 1,
+            connections_active: 0,
+            connections_failed: u64::from(result.is_err()),
+            bytes_in: counters.bytes_in.load(Ordering::Relaxed),
+            bytes_out: counters.bytes_out.load(Ordering::Relaxed),
+        };
+        result.map(|()| stats)
+    }
+
     /// Binds `local_addr` (for example `"127.0.0.1:0"`) and forwards every
     /// connection to `remote_port` on loopback inside `sandbox`'s host.
     ///
@@ -149,14 +233,40 @@ impl Client {
         local_addr: impl ToSocketAddrs,
         options: CallOptions,
     ) -> Result<ForwardHandle, Error> {
+        self.forward_to(
+            sandbox,
+            ForwardTarget::Tcp(remote_port),
+            None,
+            local_addr,
+            options,
+        )
+        .await
+    }
+
+    /// Like [`forward`](Self::forward), to any [`ForwardTarget`], and with
+    /// an SSH session token ([`Client::create_ssh_session`]) when given:
+    /// each connection's stream carries it, so a client without a user
+    /// token can forward to that one sandbox.
+    pub async fn forward_to(
+        &self,
+        sandbox: &str,
+        target: ForwardTarget,
+        ssh_session_token: Option<&str>,
+        local_addr: impl ToSocketAddrs,
+        options: CallOptions,
+    ) -> Result<ForwardHandle, Error> {
         if sandbox.is_empty() {
             return Err(Error::invalid_config("forward needs a sandbox name"));
         }
-        if remote_port == 0 {
+        if target == ForwardTarget::Tcp(0) {
             return Err(Error::invalid_config(
                 "forward needs a remote port (1-65535)",
             ));
         }
+        let remote_port = match target {
+            ForwardTarget::Tcp(port) => port,
+            ForwardTarget::Ssh => 0,
+        };
         let listener = TcpListener::bind(local_addr)
             .await
             .map_err(|e| Error::io("binding the forward listener", &e))?;
@@ -170,7 +280,7 @@ impl Client {
         let accept = AcceptLoop {
             client: self.clone(),
             listener,
-            init: init_frame(sandbox, remote_port),
+            init: init_frame(sandbox, target, ssh_session_token),
             resolved,
             counters: Arc::clone(&counters),
             tasks: tasks.clone(),
@@ -190,25 +300,89 @@ impl Client {
 }
 
 /// The first frame of every connection's stream.
-fn init_frame(sandbox: &str, port: u16) -> Bytes {
+fn init_frame(sandbox: &str, target: ForwardTarget, token: Option<&str>) -> Bytes {
+    let target = match target {
+        ForwardTarget::Tcp(port) => pb::tcp_forward_init::Target::Tcp(pb::TcpRelayTarget {
+            host: "127.0.0.1".into(),
+            port: u32::from(port),
+        }),
+        ForwardTarget::Ssh => pb::tcp_forward_init::Target::Ssh(pb::SshRelayTarget {}),
+    };
     let frame = pb::TcpForwardFrame {
         payload: Some(FramePayload::Init(pb::TcpForwardInit {
             sandbox: sandbox.to_owned(),
-            target: Some(pb::tcp_forward_init::Target::Tcp(pb::TcpRelayTarget {
-                host: "127.0.0.1".into(),
-                port: u32::from(port),
-            })),
+            target: Some(target),
+            authorization_token: token.unwrap_or_default().to_owned(),
             ..Default::default()
         })),
     };
     Bytes::from(prost::Message::encode_to_vec(&frame))
 }
 
-fn data_frame(data: &[u8]) -> Bytes {
-    let frame = pb::TcpForwardFrame {
-        payload: Some(FramePayload::Data(data.to_vec())),
-    };
-    Bytes::from(prost::Message::encode_to_vec(&frame))
+/// `TcpForwardFrame{data}` tag: field 2, length-delimited.
+const DATA_TAG: u8 = 2 << 3 | 2;
+
+/// Reads at most `MAX_FRAME` bytes from `reader` into a fresh frame buffer
+/// and returns them encoded as a `TcpForwardFrame{data}`, without copying
+/// the payload: the header goes into the room left in front of it. `None`
+/// at EOF.
+async fn read_data_frame<R: tokio::io::AsyncRead + Unpin>(
+    reader: &mut R,
+    buf: &mut BytesMut,
+) -> std::io::Result<Option<(Bytes, usize)>> {
+    buf.clear();
+    if buf.capacity() < HEADER_ROOM + MAX_FRAME {
+        buf.reserve(READ_BLOCK);
+    }
+    buf.put_bytes(0, HEADER_ROOM);
+    let n = reader.read_buf(&mut (&mut *buf).limit(MAX_FRAME)).await?;
+    if n == 0 {
+        return Ok(None);
+    }
+    let header = data_header(n);
+    let start = HEADER_ROOM - header.len();
+    buf[start..HEADER_ROOM].copy_from_slice(&header);
+    Ok(Some((buf.split().freeze().slice(start..), n)))
+}
+
+/// The tag and length varint of a `data` field of `len` bytes.
+fn data_header(len: usize) -> Vec<u8> {
+    let mut header = Vec::with_capacity(HEADER_ROOM);
+    header.push(DATA_TAG);
+    prost::encoding::encode_varint(len as u64, &mut header);
+    debug_assert!(header.len() <= HEADER_ROOM);
+    header
+}
+
+/// Writes every buffer, in order, with as few (vectored) writes as the
+/// socket takes.
+async fn write_all_vectored<W: tokio::io::AsyncWrite + Unpin>(
+    writer: &mut W,
+    bufs: &mut [Bytes],
+) -> std::io::Result<()> {
+    let mut first = 0;
+    while first < bufs.len() {
+        if bufs[first].is_empty() {
+            first += 1;
+            continue;
+        }
+        let slices: Vec<IoSlice<'_>> = bufs[first..].iter().map(|b| IoSlice::new(b)).collect();
+        let mut written = writer.write_vectored(&slices).await?;
+        if written == 0 {
+            return Err(std::io::ErrorKind::WriteZero.into());
+        }
+        while written > 0 {
+            let len = bufs[first].len();
+            if written >= len {
+                written -= len;
+                first += 1;
+            } else {
+                bufs[first].advance(written);
+                written = 0;
+            }
+        }
+    }
+    Ok(())
 }
 
 struct AcceptLoop {
@@ -301,52 +475,93 @@ impl AcceptLoop {
 async fn pump(
     socket: TcpStream,
     sender: RawSender,
-    mut frames: BoxStream<'static, Result<Bytes, Error>>,
+    frames: BoxStream<'static, Result<Bytes, Error>>,
     counters: &Counters,
 ) -> Result<(), Error> {
-    let (mut local_read, mut local_write) = socket.into_split();
+    let (local_read, local_write) = socket.into_split();
+    pump_io(local_read, local_write, sender, frames, counters).await
+}
 
+/// [`pump`] over any reader and writer: the local side's bytes go up as
+/// `data` frames, its EOF closes the request stream; the gateway's `data`
+/// frames are written down, its `eof` shuts the writer down.
+async fn pump_io<R, W>(
+    mut local_read: R,
+    mut local_write: W,
+    sender: RawSender,
+    frames: BoxStream<'static, Result<Bytes, Error>>,
+    counters: &Counters,
+) -> Result<(), Error>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin,
+{
     let upstream = async {
-        let mut buf = BytesMut::with_capacity(MAX_FRAME);
+        let mut buf = BytesMut::new();
         loop {
-            buf.clear();
-            let n = local_read
-                .read_buf(&mut buf)
+            let read = read_data_frame(&mut local_read, &mut buf)
                 .await
                 .map_err(|e| Error::io("reading from the local connection", &e))?;
-            if n == 0 {
+            let Some((frame, n)) = read else {
                 // Local EOF: half-close the request stream.
                 sender.close();
                 return Ok::<(), Error>(());
-            }
-            sender.send(data_frame(&buf[..n])).await?;
+            };
+            sender.send(frame).await?;
             counters.bytes_out.fetch_add(n as u64, Ordering::Relaxed);
         }
     };
 
     let downstream = async {
-        while let Some(frame) = frames.next().await {
-            let frame: pb::TcpForwardFrame = decode(paths::FORWARD_TCP, frame?)?;
-            match frame.payload {
-                Some(FramePayload::Data(data)) => {
-                    local_write
-                        .write_all(&data)
-                        .await
-                        .map_err(|e| Error::io("writing to the local connection", &e))?;
-                    counters
-                        .bytes_in
-                        .fetch_add(data.len() as u64, Ordering::Relaxed);
+        // The frames that are ready together (at most WRITE_BATCH) are
+        // decoded, then their data goes out in one vectored write.
+        let mut batches = frames.ready_chunks(WRITE_BATCH);
+        let mut data = Vec::with_capacity(WRITE_BATCH);
+        while let Some(batch) = batches.next().await {
+            let mut eof = false;
+            let mut failed = None;
+            for frame in batch {
+                let frame = match frame
+                    .and_then(|f| decode::<pb::TcpForwardFrame>(paths::FORWARD_TCP, f))
+                {
+                    Ok(frame) => frame,
+                    Err(err) => {
+                        failed = Some(err);
+                        break;
+                    }
+                };
+                match frame.payload {
+                    Some(FramePayload::Data(bytes)) if !eof => data.push(bytes),
+                    Some(FramePayload::Data(_)) => {}
+                    Some(FramePayload::Eof(_)) => eof = true,
+                    Some(FramePayload::Init(_)) => {
+                        failed = Some(Error::protocol(
+                            "ForwardTcp: unexpected init frame from the gateway",
+                        ));
+                        break;
+                    }
+                    None => {}
                 }
-                Some(FramePayload::Eof(_)) => {
-                    // The sandbox side will send no more: pass the half-close on.
-                    let _ = local_write.shutdown().await;
-                }
-                Some(FramePayload::Init(_)) => {
-                    return Err(Error::protocol(
-                        "ForwardTcp: unexpected init frame from the gateway",
-                    ));
-                }
-                None => {}
+            }
+            // What arrived before a failure is still delivered.
+            let len: usize = data.iter().map(Bytes::len).sum();
+            write_all_vectored(&mut local_write, &mut data)
+                .await
+                .map_err(|e| Error::io("writing to the local connection", &e))?;
+            // A pipe or a buffered writer (`forward_io`'s stdout) holds bytes
+            // until flushed; a socket's flush is free.
+            local_write
+                .flush()
+                .await
+                .map_err(|e| Error::io("writing to the local connection", &e))?;
+            data.clear();
+            counters.bytes_in.fetch_add(len as u64, Ordering::Relaxed);
+            if let Some(err) = failed {
+                return Err(err);
+            }
+            if eof {
+                // The sandbox side will send no more: pass the half-close on.
+                let _ = local_write.shutdown().await;
             }
         }
         Ok::<(), Error>(())
@@ -398,9 +613,76 @@ mod tests {
         (client.unwrap(), accepted.unwrap().0)
     }
 
+    /// `data` encoded the way the pump does it: through a read.
+    fn encoded_data(payload: &[u8]) -> Bytes {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let mut reader = payload;
+        let mut buf = BytesMut::new();
+        let (frame, n) = rt
+            .block_on(read_data_frame(&mut reader, &mut buf))
+            .unwrap()
+            .unwrap();
+        assert_eq!(n, payload.len());
+        frame
+    }
+
+    #[test]
+    fn frames_built_in_place_decode_as_prost_encodes_them() {
+        // Every varint length size, and the largest frame.
+        for len in [1, 127, 128, 16_383, 16_384, MAX_FRAME] {
+            let payload: Vec<u8> = (0..len).map(|i| (i % 251) as u8).collect();
+            let frame = encoded_data(&payload);
+            let expected = pb::TcpForwardFrame {
+                payload: Some(FramePayload::Data(Bytes::from(payload.clone()))),
+            }
+            .encode_to_vec();
+            assert_eq!(frame, expected, "len {len}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_read_never_makes_a_frame_larger_than_max_frame() {
+        let payload = vec![3u8; 3 * MAX_FRAME + 10];
+        let mut reader = &payload[..];
+        let mut buf = BytesMut::new();
+        let mut total = 0;
+        while let Some((frame, n)) = read_data_frame(&mut reader, &mut buf).await.unwrap() {
+            assert!(n <= MAX_FRAME);
+            let decoded = pb::TcpForwardFrame::decode(frame).unwrap();
+            let Some(FramePayload::Data(data)) = decoded.payload else {
+                panic!("not data")
+            };
+            assert_eq!(data.len(), n);
+            total += n;
+        }
+        assert_eq!(total, payload.len());
+    }
+
+    #[tokio::test]
+    async fn vectored_writes_deliver_every_buffer_in_order() {
+        // A pipe smaller than the data forces partial vectored writes.
+        let (mut writer, mut reader) = tokio::io::duplex(1000);
+        let mut bufs: Vec<Bytes> = (0..20u8)
+            .map(|i| Bytes::from(vec![i; 777]))
+            .chain([Bytes::new()])
+            .collect();
+        let expected: Vec<u8> = bufs.iter().flat_map(|b| b.to_vec()).collect();
+        let reading = tokio::spawn(async move {
+            let mut got = Vec::new();
+            reader.read_to_end(&mut got).await.unwrap();
+            got
+        });
+        write_all_vectored(&mut writer, &mut bufs).await.unwrap();
+        drop(writer);
+        assert_eq!(reading.await.unwrap(), expected);
+    }
+
     #[test]
     fn init_frame_targets_loopback() {
-        let frame = pb::TcpForwardFrame::decode(init_frame("box", 8080)).unwrap();
+        let frame =
+            pb::TcpForwardFrame::decode(init_frame("box", ForwardTarget::Tcp(8080), None)).unwrap();
         let Some(FramePayload::Init(init)) = frame.payload else {
             panic!("not init")
         };
@@ -409,8 +691,21 @@ mod tests {
             panic!("not tcp")
         };
         assert_eq!((tcp.host.as_str(), tcp.port), ("127.0.0.1", 8080));
-        let data = pb::TcpForwardFrame::decode(data_frame(b"abc")).unwrap();
-        assert_eq!(data.payload, Some(FramePayload::Data(b"abc".to_vec())));
+        let frame =
+            pb::TcpForwardFrame::decode(init_frame("box", ForwardTarget::Ssh, Some("t"))).unwrap();
+        let Some(FramePayload::Init(init)) = frame.payload else {
+            panic!("not init")
+        };
+        assert!(matches!(
+            init.target,
+            Some(pb::tcp_forward_init::Target::Ssh(_))
+        ));
+        assert_eq!(init.authorization_token, "t");
+        let data = pb::TcpForwardFrame::decode(encoded_data(b"abc")).unwrap();
+        assert_eq!(
+            data.payload,
+            Some(FramePayload::Data(Bytes::from_static(b"abc")))
+        );
     }
 
     #[tokio::test]
@@ -428,7 +723,10 @@ mod tests {
         // Local -> gateway, then local EOF half-closes the request stream.
         local_client.write_all(b"hello").await.unwrap();
         let sent = pb::TcpForwardFrame::decode(up_rx.recv().await.unwrap()).unwrap();
-        assert_eq!(sent.payload, Some(FramePayload::Data(b"hello".to_vec())));
+        assert_eq!(
+            sent.payload,
+            Some(FramePayload::Data(Bytes::from_static(b"hello")))
+        );
         local_client.shutdown().await.unwrap();
         assert!(
             up_rx.recv().await.is_none(),
@@ -438,7 +736,7 @@ mod tests {
         // Gateway -> local still flows after the local half-close; eof ends
         // the local read side.
         down_tx
-            .send(frame(FramePayload::Data(b"world".to_vec())))
+            .send(frame(FramePayload::Data(Bytes::from_static(b"world"))))
             .await
             .unwrap();
         down_tx
@@ -462,7 +760,7 @@ mod tests {
         let (up_tx, _up_rx) = mpsc::channel::<Bytes>(16);
         let sender = RawSender::detached(up_tx, CancellationToken::new());
         let frames = futures::stream::iter(vec![
-            frame(FramePayload::Data(b"partial".to_vec())),
+            frame(FramePayload::Data(Bytes::from_static(b"partial"))),
             Err(Error::from(tonic::Status::unavailable("supervisor gone"))),
         ])
         .boxed();

@@ -34,7 +34,8 @@
 //! - **Curated**: [`Client::health`], [`Client::sandboxes`] ([`Sandboxes`]:
 //!   create, get, list, delete, wait_ready, wait_deleted, watch),
 //!   [`Client::exec`], [`Client::exec_stream`], [`Client::exec_interactive`],
-//!   [`Client::forward`]. The data planes of exec and forward run in Rust.
+//!   [`Client::forward`], [`Client::forward_io`]. The data planes of exec
+//!   and forward run in Rust.
 //! - **Raw** ([`raw`]): [`Client::raw_unary`] and [`Client::raw_stream`] call
 //!   any method of the proto by path with encoded request bytes and string
 //!   metadata. This is the boundary the bindings export; protobuf messages
@@ -73,7 +74,7 @@
 //! | [`raw`] | the bytes boundary and the one call path |
 //! | [`sandboxes`] | health and sandbox lifecycle |
 //! | [`exec`] | buffered, streaming and interactive exec, the output collector |
-//! | [`forward`] | local TCP listener pumped over `ForwardTcp` |
+//! | [`forward`] | local TCP listener pumped over `ForwardTcp`; one stream over any reader and writer |
 //! | [`config_session`] | [`ConfigSession`]: the supervisor side of the session, with push config, poll fallback, redirects |
 //!
 //! # Layering
@@ -91,7 +92,7 @@
 //! | 4 | `routing` | `config`, `error`, `metadata` |
 //! | 5 | `client` | `auth`, `config`, `error`, `routing`, `transport` |
 //! | 6 | `raw` | layers 0 to 5 |
-//! | 7 | `sandboxes`, `exec`, `forward`, `config_session` | layers 0 to 6, never each other |
+//! | 7 | `sandboxes`, `exec`, `forward`, `config_session`, `ssh` | layers 0 to 6, never each other |
 //!
 //! Where a lower layer needs something of a higher one, it is passed in:
 //! the router decides when a sandbox's owner must be looked up, and the
@@ -115,6 +116,7 @@ pub mod metadata;
 pub mod raw;
 pub mod routing;
 pub mod sandboxes;
+pub mod ssh;
 pub mod transport;
 
 pub use auth::{AccessToken, TokenProvider};
@@ -128,7 +130,7 @@ pub use error::{Error, Result};
 pub use exec::{
     ExecEvent, ExecInput, ExecOutput, ExecRequest, ExecStream, InteractiveExec, OutputCollector,
 };
-pub use forward::{ForwardHandle, ForwardStats};
+pub use forward::{ForwardHandle, ForwardStats, ForwardTarget};
 pub use metadata::Metadata;
 pub use raw::{RawReceiver, RawResponse, RawSender, RawStream};
 pub use routing::RoutingStats;
@@ -136,6 +138,7 @@ pub use sandboxes::{
     CreateSandbox, DeletionOutcome, Health, ListSandboxes, Sandbox, SandboxPhase, SandboxWatch,
     Sandboxes, ServiceStatus,
 };
+pub use ssh::SshSession;
 pub use tokio_util::sync::CancellationToken;
 
 /// The generated wire types and method table.
@@ -152,6 +155,8 @@ pub(crate) mod paths {
     pub const EXEC_SANDBOX: &str = "/openshell.v1.OpenShell/ExecSandbox";
     pub const EXEC_SANDBOX_INTERACTIVE: &str = "/openshell.v1.OpenShell/ExecSandboxInteractive";
     pub const FORWARD_TCP: &str = "/openshell.v1.OpenShell/ForwardTcp";
+    pub const CREATE_SSH_SESSION: &str = "/openshell.v1.OpenShell/CreateSshSession";
+    pub const REVOKE_SSH_SESSION: &str = "/openshell.v1.OpenShell/RevokeSshSession";
 
     #[cfg(test)]
     mod tests {
@@ -169,6 +174,8 @@ pub(crate) mod paths {
                 (super::EXEC_SANDBOX, ServerStreaming),
                 (super::EXEC_SANDBOX_INTERACTIVE, BidiStreaming),
                 (super::FORWARD_TCP, BidiStreaming),
+                (super::CREATE_SSH_SESSION, Unary),
+                (super::REVOKE_SSH_SESSION, Unary),
             ];
             for (path, kind) in expected {
                 let method = openshell_proto::method(path).unwrap_or_else(|| panic!("{path}"));

@@ -31,7 +31,9 @@ impl Metadata {
 
     /// Appends a pair (keys may repeat).
     pub fn append(&mut self, key: impl Into<String>, value: impl Into<String>) {
-        self.0.push((key.into().to_ascii_lowercase(), value.into()));
+        let mut key = key.into();
+        key.make_ascii_lowercase();
+        self.0.push((key, value.into()));
     }
 
     /// Builder form of [`Metadata::append`].
@@ -73,11 +75,17 @@ impl Metadata {
         Self::from_headers(&map.clone().into_headers())
     }
 
+    /// [`Metadata::from_tonic`] of metadata the caller owns (no copy of the map).
+    pub(crate) fn from_tonic_owned(map: MetadataMap) -> Self {
+        Self::from_headers(&map.into_headers())
+    }
+
     pub(crate) fn from_headers(headers: &http::HeaderMap) -> Self {
-        let mut out = Metadata::new();
+        let mut out = Metadata(Vec::with_capacity(headers.len()));
         for (name, value) in headers {
             if let Ok(v) = value.to_str() {
-                out.append(name.as_str(), v);
+                // Header names are lowercase already.
+                out.0.push((name.as_str().to_owned(), v.to_owned()));
             }
         }
         out

@@ -430,7 +430,7 @@ mod tests {
 
         // A data frame first (not init): no sandbox, no hint.
         let data = TcpForwardFrame {
-            payload: Some(tcp_forward_frame::Payload::Data(vec![1, 2])),
+            payload: Some(tcp_forward_frame::Payload::Data(vec![1, 2].into())),
         };
         assert_eq!(
             sandbox_name(forward, "init.sandbox", &Bytes::from(data.encode_to_vec())),

@@ -48,15 +48,30 @@ pub struct Sandbox {
 impl Sandbox {
     /// Lifts the common fields out of the wire message.
     pub fn from_proto(proto: pb::Sandbox) -> Self {
-        let meta = proto.metadata.clone().unwrap_or_default();
-        let status = proto.status.clone().unwrap_or_default();
+        // Copies the few fields it keeps, not the whole metadata and status.
+        let (id, name, labels, resource_version) = match &proto.metadata {
+            Some(m) => (
+                m.id.clone(),
+                m.name.clone(),
+                m.labels
+                    .iter()
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect(),
+                m.resource_version,
+            ),
+            None => Default::default(),
+        };
+        let (phase, exit_code) = proto
+            .status
+            .as_ref()
+            .map_or((0, None), |s| (s.phase, s.exit_code));
         Self {
-            id: meta.id,
-            name: meta.name,
-            phase: SandboxPhase::try_from(status.phase).unwrap_or(SandboxPhase::Unknown),
-            labels: meta.labels.into_iter().collect(),
-            exit_code: status.exit_code,
-            resource_version: meta.resource_version,
+            id,
+            name,
+            phase: SandboxPhase::try_from(phase).unwrap_or(SandboxPhase::Unknown),
+            labels,
+            exit_code,
+            resource_version,
             proto,
         }
     }
@@ -548,6 +563,7 @@ mod tests {
                 }],
                 exit_code: None,
             }),
+            host_key_fingerprint: String::new(),
         }
     }
 

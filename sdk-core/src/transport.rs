@@ -9,6 +9,10 @@ use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 use crate::config::ClientConfig;
 use crate::error::Error;
 
+/// Largest HTTP/2 frame the client accepts (SETTINGS_MAX_FRAME_SIZE; the
+/// default is 16 KiB).
+const MAX_FRAME_SIZE: u32 = 256 * 1024;
+
 const USER_AGENT: &str = concat!("openshell-sdk-rust/", env!("CARGO_PKG_VERSION"));
 
 /// The tonic endpoint for a configuration: address, timeouts, keepalive, TLS.
@@ -21,6 +25,8 @@ pub fn endpoint(config: &ClientConfig) -> Result<Endpoint, Error> {
         // Exec output and forwards are bulk streams; 64 KiB windows throttle them.
         .initial_stream_window_size(2 << 20)
         .initial_connection_window_size(16 << 20)
+        // 64 KiB data frames arrive as one HTTP/2 frame each, not five.
+        .max_frame_size(MAX_FRAME_SIZE)
         .tcp_keepalive(config.keepalive)
         .keep_alive_timeout(config.keepalive_timeout);
     if let Some(interval) = config.keepalive {

@@ -311,3 +311,100 @@ async fn a_connection_to_a_closed_remote_port_ends_and_counts_as_failed() {
         .unwrap_err();
     assert_eq!(err.code(), "io", "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn forward_io_pumps_one_stream_over_any_reader_and_writer() {
+    let gw = start();
+    let client = client(&gw).await;
+    create_ready(&client, "fwd-io").await;
+    let (port, _server) = echo_server().await;
+
+    // 1 MiB through a duplex pipe, both ways at once, with half-close.
+    let data = pattern(99, PER_CONNECTION);
+    let (ours, theirs) = tokio::io::duplex(64 * 1024);
+    let (read, write) = tokio::io::split(theirs);
+    let pumping = client.forward_io(
+        "fwd-io",
+        openshell_sdk::ForwardTarget::Tcp(port),
+        None,
+        read,
+        write,
+        CallOptions::new(),
+    );
+    let (mut our_read, mut our_write) = tokio::io::split(ours);
+    let sent = data.clone();
+    let talking = async move {
+        let writer = async {
+            our_write.write_all(&sent).await.unwrap();
+            our_write.shutdown().await.unwrap();
+        };
+        let reader = async {
+            let mut back = Vec::new();
+            our_read.read_to_end(&mut back).await.unwrap();
+            back
+        };
+        let ((), back) = tokio::join!(writer, reader);
+        back
+    };
+    let (stats, back) = within(60, "forward_io", async { tokio::join!(pumping, talking) }).await;
+    let stats = stats.expect("forward_io");
+    assert!(back == data, "data differs");
+    assert_eq!(stats.bytes_out, PER_CONNECTION as u64);
+    assert_eq!(stats.bytes_in, PER_CONNECTION as u64);
+    assert_eq!(stats.connections_failed, 0);
+
+    // A missing sandbox fails with the gateway's code.
+    let (_ours, theirs) = tokio::io::duplex(1024);
+    let (read, write) = tokio::io::split(theirs);
+    let err = within(
+        30,
+        "forward_io to a missing sandbox",
+        client.forward_io(
+            "no-such",
+            openshell_sdk::ForwardTarget::Tcp(port),
+            None,
+            read,
+            write,
+            CallOptions::new(),
+        ),
+    )
+    .await
+    .unwrap_err();
+    assert_eq!(err.code(), "not_found", "{err}");
+
+    // Cancelling ends it with `cancelled`.
+    let token = CancellationToken::new();
+    let (_ours, theirs) = tokio::io::duplex(1024);
+    let (read, write) = tokio::io::split(theirs);
+    let pumping = client.forward_io(
+        "fwd-io",
+        openshell_sdk::ForwardTarget::Tcp(port),
+        None,
+        read,
+        write,
+        CallOptions::new().cancel_token(token.clone()),
+    );
+    let cancel = async {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        token.cancel();
+    };
+    let (result, ()) = within(30, "cancelled forward_io", async {
+        tokio::join!(pumping, cancel)
+    })
+    .await;
+    assert_eq!(result.unwrap_err().code(), "cancelled");
+
+    // Bad arguments are refused before any I/O.
+    for (sandbox, target) in [
+        ("", openshell_sdk::ForwardTarget::Tcp(1)),
+        ("fwd-io", openshell_sdk::ForwardTarget::Tcp(0)),
+    ] {
+        let (_ours, theirs) = tokio::io::duplex(16);
+        let (read, write) = tokio::io::split(theirs);
+        let err = client
+            .forward_io(sandbox, target, None, read, write, CallOptions::new())
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), "invalid_config");
+    }
+}

@@ -25,6 +25,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("exec", 7),
     ("forward", 7),
     ("config_session", 7),
+    ("ssh", 7),
 ];
 
 fn src() -> PathBuf {

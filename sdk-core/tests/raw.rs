@@ -288,7 +288,9 @@ async fn raw_stream_bidi_interactive_exec_with_half_close() {
         .expect("send start");
     for part in [&b"hello "[..], b"raw ", b"bidi"] {
         stream
-            .send(input(exec_sandbox_input::Payload::Stdin(part.to_vec())))
+            .send(input(exec_sandbox_input::Payload::Stdin(
+                part.to_vec().into(),
+            )))
             .await
             .expect("send stdin");
     }

@@ -690,3 +690,94 @@ async fn a_single_replica_gateway_gets_no_hints() {
     assert_eq!((stats.hinted, stats.unhinted), (0, 3), "{stats:?}");
     assert_eq!(stats.owner_lookups, 1, "no owner is cached too");
 }
+
+/// One `forward_io` stream to the echo server: `payload` there and back.
+async fn forward_io_once(client: &Client, sandbox: &str, port: u16, payload: &[u8]) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (mut ours, theirs) = tokio::io::duplex(64 * 1024);
+    let (read, write) = tokio::io::split(theirs);
+    let pumping = client.forward_io(
+        sandbox,
+        openshell_sdk::ForwardTarget::Tcp(port),
+        None,
+        read,
+        write,
+        CallOptions::new(),
+    );
+    let talking = async {
+        ours.write_all(payload).await.unwrap();
+        let mut back = vec![0u8; payload.len()];
+        ours.read_exact(&mut back).await.unwrap();
+        assert_eq!(back, payload);
+        // Our EOF half-closes the stream; the echo server closes; the
+        // stream ends.
+        drop(ours);
+    };
+    let (stats, ()) = within(30, "forward_io round trip", async {
+        tokio::join!(pumping, talking)
+    })
+    .await;
+    let stats = stats.expect("forward_io");
+    assert_eq!(stats.bytes_out, payload.len() as u64);
+    assert_eq!(stats.bytes_in, payload.len() as u64);
+}
+
+#[tokio::test]
+async fn an_assumed_owner_skips_the_lookup_and_a_wrong_one_costs_what_a_stale_cache_does() {
+    let setup = Setup::start(EdgeKind::BuiltIn).await;
+    let client = setup.client(true).await;
+    let id = ready_sandbox(&client, "assumed").await;
+    let owner = setup.owner_of(&id);
+    let other = setup.ids().into_iter().find(|r| *r != owner).unwrap();
+    let port = echo_server().await;
+    // A fresh client: nothing cached.
+    let client = setup.client(true).await;
+
+    // The right owner: hinted, no GetSandbox, lands on the owner.
+    let local_before = routed_on(setup.cluster.replica(&owner), "local", "tcp");
+    client.assume_owner("assumed", &owner).unwrap();
+    forward_io_once(&client, "assumed", port, b"to the owner").await;
+    let stats = client.routing_stats();
+    assert_eq!(
+        (stats.owner_lookups, stats.hinted, stats.unrouted_retries),
+        (0, 1, 0),
+        "{stats:?}"
+    );
+    assert_eq!(
+        routed_on(setup.cluster.replica(&owner), "local", "tcp"),
+        local_before + 1.0
+    );
+
+    // A live replica that is not the owner: relayed, never retried.
+    let peer_before = setup.routed("peer", "tcp");
+    client.assume_owner("assumed", &other).unwrap();
+    forward_io_once(&client, "assumed", port, b"through a peer").await;
+    let stats = client.routing_stats();
+    assert_eq!(
+        (stats.owner_lookups, stats.hinted, stats.unrouted_retries),
+        (0, 2, 0),
+        "{stats:?}"
+    );
+    assert_eq!(setup.routed("peer", "tcp"), peer_before + 1.0);
+
+    // A replica the edge cannot reach: one unrouted retry, then it works.
+    setup.break_route(&owner).await;
+    client.assume_owner("assumed", &owner).unwrap();
+    forward_io_once(&client, "assumed", port, b"after one retry").await;
+    let stats = client.routing_stats();
+    assert_eq!(
+        (stats.owner_lookups, stats.unrouted_retries),
+        (0, 1),
+        "{stats:?}"
+    );
+
+    // Bad replica ids are refused before any I/O.
+    for bad in ["", "a b", "gw/0", &"x".repeat(64)] {
+        let err = client.assume_owner("assumed", bad).unwrap_err();
+        assert_eq!(err.code(), "invalid_config", "{bad:?}");
+    }
+    assert_eq!(
+        client.assume_owner("", "gw-0").unwrap_err().code(),
+        "invalid_config"
+    );
+}

@@ -394,3 +394,49 @@ async def test_many_concurrent_calls(aclient: AsyncClient, ready_sandbox: str) -
         *(aclient.exec(ready_sandbox, ["echo", str(i)]) for i in range(20))
     )
     assert [r.stdout for r in results] == [f"{i}\n".encode() for i in range(20)]
+
+
+async def test_calls_settle_on_the_loop_that_made_them(
+    cluster: Cluster, aclient: AsyncClient, ready_sandbox: str
+) -> None:
+    """Results reach each event loop through its own waker: calls from a loop
+    in another thread complete there, while this loop's calls complete here."""
+    results: list[str] = []
+
+    def other_loop() -> None:
+        async def calls() -> list[str]:
+            async with AsyncClient(cluster.endpoint) as client:
+                got = await asyncio.gather(
+                    *(client.sandboxes.get(ready_sandbox) for _ in range(50))
+                )
+                return [s.name for s in got]
+
+        results.extend(asyncio.run(calls()))
+
+    thread = threading.Thread(target=other_loop)
+    thread.start()
+    here = await asyncio.gather(*(aclient.sandboxes.get(ready_sandbox) for _ in range(200)))
+    await asyncio.to_thread(thread.join, 60)
+    assert not thread.is_alive()
+    assert [s.name for s in here] == [ready_sandbox] * 200
+    assert results == [ready_sandbox] * 50
+
+
+async def test_a_cancelled_call_leaves_the_others_alone(
+    aclient: AsyncClient, ready_sandbox: str
+) -> None:
+    """A task cancelled while its result may already be queued is cancelled
+    (not settled), and calls completing in the same wake-up still settle."""
+    for _ in range(20):
+        tasks = [asyncio.create_task(aclient.sandboxes.get(ready_sandbox)) for _ in range(10)]
+        await asyncio.sleep(0)
+        tasks[0].cancel()
+        done = await asyncio.gather(*tasks, return_exceptions=True)
+        assert isinstance(done[0], asyncio.CancelledError) or done[0].name == ready_sandbox
+        assert all(not isinstance(d, BaseException) and d.name == ready_sandbox for d in done[1:])
+
+
+async def test_a_core_error_settles_the_future_with_its_exception(aclient: AsyncClient) -> None:
+    """A core error raised by a spawned future arrives as the typed exception."""
+    with pytest.raises(osdk.NotFoundError):
+        await aclient.sandboxes.get(unique("missing"))

@@ -254,7 +254,12 @@ async def test_poll_gateway_delivers_through_the_apply_callback(polled: Target) 
                 if seen and seen[-1].setting(key) == value:
                     break
                 await asyncio.sleep(0.02)
-        stats = s.stats()
+        # The callback returns before the core counts its answer: wait for the count.
+        for _ in range(250):
+            stats = s.stats()
+            if stats.applied >= 3:
+                break
+            await asyncio.sleep(0.02)
         assert [u.mode for u in seen] == [DeliveryMode.POLL] * 3
         assert seen[-1].settings == {"color": "blue", "verdict": "yes"}
         assert (stats.applied, stats.rejected) == (3, 1)

@@ -8,6 +8,10 @@
 //! | `proto/src/methods.rs` | the method table sdk-core routes by (`openshell_proto::METHODS`) |
 //! | `sdk-python/src/openshell_sdk/_proto/*_pb2.py(i)` | Python message types (`grpc_tools.protoc`) |
 //! | `sdk-python/src/openshell_sdk/raw.py`, `raw_sync.py` | typed raw stubs for every RPC |
+//! | `sdk-typescript/src/gen/openshell/*_pb.ts` | protobuf-es message types (`@bufbuild/protoc-gen-es`, fed a request built here) |
+//! | `sdk-typescript/src/gen/raw.ts` | typed TypeScript raw stubs for every RPC |
+//! | `sdk-go/proto/*/*.pb.go` | Go message types (`protoc-gen-go`, fed a request built from protox's descriptors) |
+//! | `sdk-go/raw_generated.go` | Go typed raw stubs for every RPC |
 //! | `docs/PARITY.md` | per RPC and language: curated or raw only |
 //!
 //! The proto files are compiled with protox (no system `protoc`); only the
@@ -17,9 +21,11 @@
 //! `--check` generates everything in memory and compares it with the tree
 //! instead of writing: it exits non-zero and names every stale file.
 
+mod golang;
 mod methods;
 mod parity;
 mod python;
+mod typescript;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -38,6 +44,7 @@ struct Args {
     root: PathBuf,
     check: bool,
     python: Option<PathBuf>,
+    protoc_gen_es: Option<PathBuf>,
 }
 
 fn parse_args() -> anyhow::Result<Args> {
@@ -45,6 +52,7 @@ fn parse_args() -> anyhow::Result<Args> {
         root: Path::new(env!("CARGO_MANIFEST_DIR")).join(".."),
         check: false,
         python: None,
+        protoc_gen_es: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(arg) = it.next() {
@@ -52,9 +60,12 @@ fn parse_args() -> anyhow::Result<Args> {
             "--check" => args.check = true,
             "--root" => args.root = it.next().context("--root needs a directory")?.into(),
             "--python" => args.python = Some(it.next().context("--python needs a path")?.into()),
+            "--protoc-gen-es" => {
+                args.protoc_gen_es = Some(it.next().context("--protoc-gen-es needs a path")?.into())
+            }
             "-h" | "--help" => {
                 println!(
-                    "usage: sdkgen [--check] [--root DIR] [--python PYTHON]\n\
+                    "usage: sdkgen [--check] [--root DIR] [--python PYTHON] [--protoc-gen-es PLUGIN]\n\
                      Writes the generated files (or, with --check, fails when any is stale)."
                 );
                 std::process::exit(0);
@@ -108,6 +119,13 @@ fn generate(args: &Args, contract: &Contract) -> anyhow::Result<Outputs> {
         methods::rust_table(contract)?,
     );
     python::generate(&args.root, args.python.as_deref(), contract, &mut out)?;
+    typescript::generate(
+        &args.root,
+        args.protoc_gen_es.as_deref(),
+        contract,
+        &mut out,
+    )?;
+    golang::generate(&args.root, contract, &mut out)?;
     out.insert(
         "docs/PARITY.md".into(),
         parity::report(&args.root, contract)?,
@@ -117,7 +135,15 @@ fn generate(args: &Args, contract: &Contract) -> anyhow::Result<Outputs> {
 
 /// Directories whose every file is generated: a file there that sdkgen no
 /// longer writes is stale too.
-const OWNED_DIRS: [&str; 1] = ["sdk-python/src/openshell_sdk/_proto"];
+const OWNED_DIRS: &[&str] = &[
+    "sdk-python/src/openshell_sdk/_proto",
+    "sdk-typescript/src/gen/openshell",
+    "sdk-go/proto/openshellv1",
+    "sdk-go/proto/datamodelv1",
+    "sdk-go/proto/sandboxv1",
+    "sdk-go/proto/optionsv1",
+    "sdk-go/proto/peerv1",
+];
 
 fn stale_files(root: &Path, outputs: &Outputs) -> anyhow::Result<Vec<String>> {
     let mut stale = Vec::new();

@@ -69,7 +69,21 @@ const LANGUAGES: &[Language] = &[
                 "`Client::exec_interactive`",
                 "pub async fn exec_interactive(",
             ),
-            c("ForwardTcp", "`Client::forward`", "pub async fn forward("),
+            c(
+                "ForwardTcp",
+                "`Client::forward` / `forward_to`",
+                "pub async fn forward_to(",
+            ),
+            c(
+                "CreateSshSession",
+                "`Client::create_ssh_session`",
+                "pub async fn create_ssh_session(",
+            ),
+            c(
+                "RevokeSshSession",
+                "`Client::revoke_ssh_session`",
+                "pub async fn revoke_ssh_session(",
+            ),
             c(
                 "GetSandboxConfig",
                 "`ConfigSession` (polls it when not pushed)",
@@ -144,15 +158,121 @@ const LANGUAGES: &[Language] = &[
     },
     Language {
         name: "TypeScript",
-        sources: None,
-        raw: "",
-        curated: &[],
+        sources: Some("sdk-typescript/src"),
+        raw: "`client.raw.<method>` (camelCase; protobuf-es types)",
+        curated: &[
+            c("Health", "`client.health`", "async health("),
+            c(
+                "CreateSandbox",
+                "`client.sandboxes.create`",
+                "  create(options: CreateSandboxOptions",
+            ),
+            c("GetSandbox", "`client.sandboxes.get`", "  get(name: string"),
+            c(
+                "ListSandboxes",
+                "`client.sandboxes.list`",
+                "  list(options: ListSandboxesOptions",
+            ),
+            c(
+                "DeleteSandbox",
+                "`client.sandboxes.delete`",
+                "  delete(name: string",
+            ),
+            c(
+                "WatchSandbox",
+                "`client.sandboxes.watch` / `waitReady` / `waitDeleted`",
+                "async watch(name: string",
+            ),
+            c(
+                "ExecSandbox",
+                "`client.exec` / `execStream`",
+                "  execStream(sandbox: string",
+            ),
+            c(
+                "ExecSandboxInteractive",
+                "`client.execInteractive`",
+                "async execInteractive(",
+            ),
+            c("ForwardTcp", "`client.forward`", "async forward("),
+            c(
+                "GetSandboxConfig",
+                "`ConfigSession` (polls it when not pushed)",
+                "export class ConfigSession ",
+            ),
+            c(
+                "GetSandboxProviderEnvironment",
+                "`ConfigSession` (polls it when not pushed)",
+                "export class ConfigSession ",
+            ),
+            c(
+                "ConnectSupervisor",
+                "`ConfigSession` (supervisor side, configuration only)",
+                "export class ConfigSession ",
+            ),
+        ],
     },
     Language {
         name: "Go",
-        sources: None,
-        raw: "",
-        curated: &[],
+        sources: Some("sdk-go"),
+        raw: "`client.Raw().<Method>` (typed; protoc-gen-go messages)",
+        curated: &[
+            c("Health", "`client.Health`", "func (c *Client) Health("),
+            c(
+                "CreateSandbox",
+                "`Sandboxes().Create`",
+                "func (s *Sandboxes) Create(",
+            ),
+            c(
+                "GetSandbox",
+                "`Sandboxes().Get`",
+                "func (s *Sandboxes) Get(",
+            ),
+            c(
+                "ListSandboxes",
+                "`Sandboxes().List`",
+                "func (s *Sandboxes) List(",
+            ),
+            c(
+                "DeleteSandbox",
+                "`Sandboxes().Delete`",
+                "func (s *Sandboxes) Delete(",
+            ),
+            c(
+                "WatchSandbox",
+                "`Sandboxes().Watch` / `WaitReady` / `WaitDeleted`",
+                "func (s *Sandboxes) Watch(",
+            ),
+            c(
+                "ExecSandbox",
+                "`client.Exec` / `ExecStream`",
+                "func (c *Client) ExecStream(",
+            ),
+            c(
+                "ExecSandboxInteractive",
+                "`client.ExecInteractive`",
+                "func (c *Client) ExecInteractive(",
+            ),
+            c(
+                "ForwardTcp",
+                "`client.Forward`",
+                "func (c *Client) Forward(",
+            ),
+            c(
+                "GetSandboxConfig",
+                "`ConfigSession` (polls it when not pushed)",
+                "func NewConfigSession(",
+            ),
+            c(
+                "GetSandboxProviderEnvironment",
+                "`ConfigSession` (polls it when not pushed)",
+                "func NewConfigSession(",
+            ),
+            c(
+                "ConnectSupervisor",
+                "`ConfigSession` (supervisor side, configuration only)",
+                "func NewConfigSession(",
+            ),
+        ],
     },
 ];
 
@@ -167,7 +287,10 @@ fn sources_text(root: &Path, dir: &str) -> anyhow::Result<String> {
             let path = entry?.path();
             if path.is_dir() {
                 stack.push(path);
-            } else if matches!(path.extension().and_then(|e| e.to_str()), Some("rs" | "py")) {
+            } else if matches!(
+                path.extension().and_then(|e| e.to_str()),
+                Some("rs" | "py" | "ts" | "go")
+            ) {
                 let content = std::fs::read_to_string(&path)?;
                 if !content.contains(MARKER) {
                     text.push_str(&content);

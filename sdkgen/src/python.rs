@@ -417,13 +417,13 @@ impl Stubs {
     fn sync_module(&self) -> String {
         let mut code = format!(
             "# {MARKER}\n\
-             \"\"\"The sync twin of ``raw``: the same stubs, run on the sync client's\n\
-             private event loop. Get one from ``Client.raw``.\n\
+             \"\"\"The sync twin of ``raw``: the same stubs over the sync client's blocking\n\
+             native calls (no event loop). Get one from ``Client.raw``.\n\
              \"\"\"\n\
              \n\
              from __future__ import annotations\n\
              \n\
-             from ._background_loop import BackgroundLoop\n\
+             from ._blocking import run\n\
              {imports}\n\
              from ._raw_runtime import MetadataLike, RawResponse, SyncBidiStream, SyncServerStream\n\
              from .raw import AsyncRaw\n\
@@ -434,9 +434,8 @@ impl Stubs {
              class SyncRaw:\n    \
              \"\"\"Every RPC of the service, typed, blocking. Get one from ``Client.raw``.\"\"\"\n\
              \n    \
-             def __init__(self, raw: AsyncRaw, loop: BackgroundLoop) -> None:\n        \
-             self._raw = raw\n        \
-             self._loop = loop\n",
+             def __init__(self, raw: AsyncRaw) -> None:\n        \
+             self._raw = raw\n",
             imports = self.imports.join("\n"),
         );
         for rpc in &self.rpcs {
@@ -457,7 +456,7 @@ impl Stubs {
                             "    def {snake}{suffix}(\n        self,\n        request: {req},\n        \
                              *,\n        metadata: MetadataLike = (),\n        \
                              timeout: float | None = None,\n    ) -> {ret}:\n{doc}        \
-                             return self._loop.run(\n            \
+                             return run(\n            \
                              self._raw.{snake}{suffix}(request, metadata=metadata, timeout=timeout)\n        \
                              )\n",
                             snake = rpc.snake,
@@ -475,8 +474,8 @@ impl Stubs {
                          *,\n        metadata: MetadataLike = (),\n        \
                          timeout: float | None = None,\n    ) -> SyncServerStream[{resp}]:\n{doc}        \
                          return SyncServerStream(\n            \
-                         self._raw.{snake}(request, metadata=metadata, timeout=timeout),\n            \
-                         self._loop,\n        )\n",
+                         self._raw.{snake}(request, metadata=metadata, timeout=timeout)\n        \
+                         )\n",
                         snake = rpc.snake,
                         req = rpc.request,
                         resp = rpc.response,
@@ -489,9 +488,7 @@ impl Stubs {
                         "    def {snake}(\n        self,\n        *,\n        \
                          metadata: MetadataLike = (),\n        \
                          timeout: float | None = None,\n    ) -> SyncBidiStream[{req}, {resp}]:\n{doc}        \
-                         return SyncBidiStream(\n            \
-                         self._raw.{snake}(metadata=metadata, timeout=timeout),\n            \
-                         self._loop,\n        )\n",
+                         return SyncBidiStream(self._raw.{snake}(metadata=metadata, timeout=timeout))\n",
                         snake = rpc.snake,
                         req = rpc.request,
                         resp = rpc.response,

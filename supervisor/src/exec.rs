@@ -167,11 +167,36 @@ enum Ending {
     Cancelled(&'static str),
 }
 
+/// What an exec runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Program {
+    /// The request's `command`.
+    Command,
+    /// The supervisor's built-in SFTP server (`ssh::sftp`) on stdin and
+    /// stdout, started like any program: inside the sandbox, as its uid.
+    Sftp,
+}
+
 /// Runs one exec relay to its end: spawn, pump, exit event.
 ///
 /// `out` is the relay's outbound side; `inbound` its inbound frames (after
 /// `init`). `cancel` resolving kills the process.
 pub async fn run<S>(
+    request: ExecSandboxRequest,
+    settings: &ExecSettings,
+    out: mpsc::Sender<RelayFrame>,
+    inbound: S,
+    cancel: impl Future<Output = ()>,
+) where
+    S: Stream<Item = Result<RelayFrame, tonic::Status>> + Unpin,
+{
+    run_program(Program::Command, request, settings, out, inbound, cancel).await
+}
+
+/// [`run`] for any [`Program`]; the SSH server drives its channels with it
+/// over in-process channels instead of a relay stream.
+pub async fn run_program<S>(
+    program: Program,
     request: ExecSandboxRequest,
     settings: &ExecSettings,
     out: mpsc::Sender<RelayFrame>,
@@ -182,7 +207,7 @@ pub async fn run<S>(
 {
     let mut cancel = pin!(cancel);
     let argv0 = request.command.first().cloned().unwrap_or_default();
-    let ending = match start(&request, settings) {
+    let ending = match start(program, &request, settings) {
         Ok((running, io)) => {
             debug!(argv0, tty = request.tty, "exec started");
             supervise(running, io, &request, &out, &mut inbound, cancel.as_mut()).await

@@ -48,6 +48,9 @@ use anyhow::{Context, bail};
 pub const INIT_COMMAND: &str = "__sandbox-init";
 /// First argument that runs the binary as an exec helper.
 pub const ENTER_COMMAND: &str = "__sandbox-enter";
+/// First argument that runs the binary as the SSH server's SFTP server on
+/// stdin and stdout, as whoever started it (`--isolation none`).
+pub const SFTP_COMMAND: &str = "__sftp-server";
 /// First argument that checks whether namespaces are available here (the
 /// gateway asks before it starts; exit 0 or the reason on stderr).
 pub const CHECK_COMMAND: &str = "__isolation-check";
@@ -201,6 +204,22 @@ pub fn enter_command(
         .args(argv)
         // The helper chdirs inside the sandbox; on the host it starts in a
         // directory that always exists.
+        .current_dir("/");
+    Ok(command)
+}
+
+/// A command that runs the built-in SFTP server inside the sandbox whose
+/// init is `init_pid`, in `cwd`, as the sandbox's uid: the exec helper with
+/// `--sftp`, which serves SFTP itself where it would exec a program.
+pub fn enter_sftp_command(init_pid: i32, cwd: &Path) -> std::io::Result<tokio::process::Command> {
+    let exe = std::env::current_exe()?;
+    let mut command = tokio::process::Command::new(exe);
+    command
+        .arg(ENTER_COMMAND)
+        .arg(enter::SFTP_FLAG)
+        .arg(init_pid.to_string())
+        .arg(cwd)
+        .arg("sftp-server")
         .current_dir("/");
     Ok(command)
 }

@@ -27,6 +27,8 @@ mod os_error;
 mod relay;
 mod sandbox_processes;
 mod session;
+mod sftp;
+mod ssh;
 mod transport;
 
 use std::ffi::OsString;
@@ -98,6 +100,12 @@ struct Cli {
         value_parser = clap::value_parser!(u64).range(100..),
     )]
     give_up_after_ms: u64,
+    /// The sandbox's SSH host key (ed25519, OpenSSH format): read, or made
+    /// (mode 0600) when missing. Keep it where sandbox processes cannot read
+    /// it. Without it, SSH relays get a key that lives as long as the
+    /// process.
+    #[arg(long, value_name = "PATH")]
+    ssh_host_key: Option<PathBuf>,
     /// While no session is accepted, why the gateway cannot be reached is
     /// written here (one line, no secrets), and the file is removed once a
     /// session is accepted; the process driver shows it in the sandbox's
@@ -113,6 +121,10 @@ fn main() -> ExitCode {
     match args.get(1).and_then(|arg| arg.to_str()) {
         Some(isolation::INIT_COMMAND) => return isolation::init::main(&args[2..]),
         Some(isolation::ENTER_COMMAND) => return isolation::enter::main(&args[2..]),
+        Some(isolation::SFTP_COMMAND) => {
+            isolation::init::non_dumpable();
+            return ExitCode::from(sftp::serve_stdio());
+        }
         Some(isolation::CHECK_COMMAND) => {
             return match isolation::check_namespaces() {
                 Ok(()) => ExitCode::SUCCESS,
@@ -252,11 +264,30 @@ async fn run(
         connected: connected_rx,
         status_file: cli.status_file.clone(),
     };
+    let host_key = match &cli.ssh_host_key {
+        Some(path) => ssh::HostKey::load_or_create(path),
+        None => Ok(ssh::HostKey::generate()),
+    };
+    let ssh_server = match &host_key {
+        Ok(key) => {
+            info!(fingerprint = key.fingerprint(), "ssh host key");
+            Some(ssh::config(key))
+        }
+        Err(err) => {
+            error!("{err:#}; ssh relays will be refused");
+            None
+        }
+    };
     let config = SessionConfig {
         client,
         sandbox_id: cli.sandbox_id.clone(),
         instance_id,
         token,
+        ssh_host_key_fingerprint: host_key
+            .as_ref()
+            .map(ssh::HostKey::fingerprint)
+            .unwrap_or_default(),
+        ssh_server,
         exec: Arc::new(ExecSettings {
             sandbox_init: sandbox.as_ref().map(isolation::Sandbox::init_pid),
             ..ExecSettings::new(cli.sandbox_id, workdir)

@@ -9,7 +9,9 @@
 //! polled every 10 s when it does not, applied either way by
 //! [`config_apply`](crate::config_apply).
 //!
-//! This module serves the relays the gateway announces on that session.
+//! This module serves the relays the gateway announces on that session:
+//! TCP (`forward`), exec (`exec`) and SSH (`ssh`, also a relay without a
+//! target, as in the public protocol).
 //! Relays belong to the session that announced them: when the session ends,
 //! for whatever reason, every relay it started is cancelled (processes are
 //! killed, sockets closed). Relay claims ride the session's connection and,
@@ -25,7 +27,7 @@ use openshell_sdk::{ClientConfig, ConfigSession, SessionEvent};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::{Instrument, debug, info, info_span, warn};
+use tracing::{Instrument, debug, info_span, warn};
 
 use crate::exec::{self, ExecSettings};
 use crate::forward;
@@ -43,6 +45,11 @@ pub struct SessionConfig {
     pub instance_id: String,
     pub token: BearerToken,
     pub exec: Arc<ExecSettings>,
+    /// Reported in the hello; empty without an SSH server.
+    pub ssh_host_key_fingerprint: String,
+    /// The embedded SSH server's settings (host key included); `None`
+    /// refuses SSH relays.
+    pub ssh_server: Option<Arc<russh::server::Config>>,
 }
 
 /// Runs the session forever. `alive` is handed to every relay, so the
@@ -56,6 +63,7 @@ pub async fn run(
     let (events_tx, mut events) = mpsc::channel(SESSION_EVENTS);
     let session = ConfigSession::builder(config.client.clone(), config.sandbox_id.clone())
         .instance_id(config.instance_id.clone())
+        .ssh_host_key_fingerprint(config.ssh_host_key_fingerprint.clone())
         .apply(crate::config_apply::applier(config.exec.clone()))
         .session_events(events_tx)
         .build()?;
@@ -81,9 +89,12 @@ pub async fn run(
                     });
                 }
                 SessionEvent::Message(message) => match (message.payload, &ctx) {
-                    (Some(gateway_message::Payload::RelayOpen(open)), Some(ctx)) => {
-                        relays.open(open, ctx.clone(), config.exec.clone())
-                    }
+                    (Some(gateway_message::Payload::RelayOpen(open)), Some(ctx)) => relays.open(
+                        open,
+                        ctx.clone(),
+                        config.exec.clone(),
+                        config.ssh_server.clone(),
+                    ),
                     (Some(gateway_message::Payload::RelayClose(close)), _) => {
                         debug!(
                             channel_id = close.channel_id,
@@ -122,7 +133,13 @@ struct Relays {
 }
 
 impl Relays {
-    fn open(&mut self, open: RelayOpen, ctx: RelayContext, exec: Arc<ExecSettings>) {
+    fn open(
+        &mut self,
+        open: RelayOpen,
+        ctx: RelayContext,
+        exec: Arc<ExecSettings>,
+        ssh: Option<Arc<russh::server::Config>>,
+    ) {
         self.running.retain(|_, relay| !relay.task.is_finished());
         let channel_id = open.channel_id.clone();
         if self.running.contains_key(&channel_id) {
@@ -140,7 +157,7 @@ impl Relays {
                 let cancelled = async {
                     let _ = cancelled.await;
                 };
-                serve_relay(open, ctx, exec, cancelled).await;
+                serve_relay(open, ctx, exec, ssh, cancelled).await;
                 debug!("relay finished");
             }
             .instrument(span),
@@ -161,6 +178,7 @@ async fn serve_relay(
     open: RelayOpen,
     ctx: RelayContext,
     exec: Arc<ExecSettings>,
+    ssh: Option<Arc<russh::server::Config>>,
     cancel: impl Future<Output = ()>,
 ) {
     let channel_id = open.channel_id;
@@ -189,13 +207,9 @@ async fn serve_relay(
             };
             exec::run(request, &exec, claimed.out, claimed.inbound, cancel).await;
         }
-        Some(relay_open::Target::Ssh(_)) => {
-            info!(channel_id, "refusing ssh relay");
-            relay::report_failure(&ctx, &channel_id, "ssh relays are not supported".into()).await;
-        }
-        None => {
-            info!(channel_id, "refusing relay without a target");
-            relay::report_failure(&ctx, &channel_id, "relay has no target".into()).await;
+        // The public protocol: no target means SSH.
+        Some(relay_open::Target::Ssh(_)) | None => {
+            crate::ssh::run(&ctx, &channel_id, ssh, exec, cancel).await;
         }
     }
 }

@@ -231,6 +231,18 @@ impl OpenShell for FakeGateway {
     ) -> Result<Response<Self::ForwardTcpStream>, Status> {
         Err(Status::unimplemented("fake"))
     }
+    async fn create_ssh_session(
+        &self,
+        _: Request<CreateSshSessionRequest>,
+    ) -> Result<Response<CreateSshSessionResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
+    async fn revoke_ssh_session(
+        &self,
+        _: Request<RevokeSshSessionRequest>,
+    ) -> Result<Response<RevokeSshSessionResponse>, Status> {
+        Err(Status::unimplemented("fake"))
+    }
 
     type ConnectSupervisorStream = BoxStream<GatewayMessage>;
     async fn connect_supervisor(
@@ -480,7 +492,7 @@ async fn session_relays_and_shutdown() {
     assert_eq!(relay.channel_id, "exec-1");
     relay
         .send(relay_frame::Payload::ExecInput(ExecSandboxInput {
-            payload: Some(exec_sandbox_input::Payload::Stdin(b"b".to_vec())),
+            payload: Some(exec_sandbox_input::Payload::Stdin(b"b".to_vec().into())),
         }))
         .await;
     relay.send(relay_frame::Payload::Eof(RelayEof {})).await;
@@ -552,7 +564,7 @@ async fn session_relays_and_shutdown() {
     let mut relay = gateway.relay().await;
     assert_eq!(relay.channel_id, "tcp-1");
     relay
-        .send(relay_frame::Payload::Data(b"ping".to_vec()))
+        .send(relay_frame::Payload::Data(b"ping".to_vec().into()))
         .await;
     relay.send(relay_frame::Payload::Eof(RelayEof {})).await;
     let mut echoed = Vec::new();
@@ -657,8 +669,21 @@ async fn redirects_fallbacks_and_reconnects() {
     assert!(session.hello.redirected);
 
     // An accepted session that is lost: reconnect with redirected=false.
+    // It is lost only once the supervisor has taken the acceptance in (its
+    // log says so).
+    let accepted = supervisor.log().matches("session accepted").count();
     session.accept().await;
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let taken_in = timeout(WAIT, async {
+        while supervisor.log().matches("session accepted").count() == accepted {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(
+        taken_in.is_ok(),
+        "no acceptance in the log:\n{}",
+        supervisor.log()
+    );
     session
         .out
         .send(Err(Status::unavailable("replica stopping")))

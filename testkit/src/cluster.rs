@@ -282,6 +282,20 @@ impl Postgres {
         self.child.as_ref().expect("running").id() as i32
     }
 
+    /// `psql` connected to this server as `postgres` over its private
+    /// socket, quiet and unaligned (`-qtA`), stopping at the first error:
+    /// tests use it to hold locks or look at `pg_stat_activity`. Add `-c SQL`
+    /// or a script on stdin.
+    pub fn psql(&self) -> Command {
+        let mut cmd = as_postgres(&postgres_bin("psql"));
+        cmd.arg("-h")
+            .arg(self.dir.path())
+            .args(["-p", &self.port.to_string()])
+            .args(["-U", "postgres", "-d", "postgres", "-X", "-qtA"])
+            .args(["-v", "ON_ERROR_STOP=1"]);
+        cmd
+    }
+
     /// The postmaster and its backends (each connection has its own process).
     fn server_processes(&self) -> Vec<i32> {
         let root = self.pid();

@@ -37,7 +37,8 @@ use crate::handles::{
     EventState, ExecStreamHandle, InteractiveHandle, NativeForward, RawStreamHandle, WatchHandle,
     wire_output,
 };
-use crate::runtime::{self, spawn};
+use crate::runtime;
+use crate::waker::run;
 
 struct Live {
     pid: u32,
@@ -49,6 +50,9 @@ pub struct NativeClient {
     config: ClientConfig,
     live: Mutex<Live>,
     closed: CancellationToken,
+    /// Calls wait on the calling thread and return completed awaitables
+    /// (the sync API) instead of asyncio futures; so do this client's handles.
+    blocking: bool,
 }
 
 fn seconds(py: Python<'_>, what: &str, value: Option<f64>) -> PyResult<Option<Duration>> {
@@ -71,6 +75,25 @@ fn pairs(metadata: &Metadata) -> Vec<(String, String)> {
         .iter()
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect()
+}
+
+const GET_SANDBOX: &str = "/openshell.v1.OpenShell/GetSandbox";
+
+/// Whether an encoded message has top-level field `number`, read without
+/// decoding the message (a malformed one is a `protocol` error).
+fn has_field(mut message: &[u8], number: u32) -> Result<bool, openshell_sdk::Error> {
+    use prost::encoding::{DecodeContext, decode_key, skip_field};
+    let malformed = |e: prost::DecodeError| {
+        openshell_sdk::Error::protocol(format!("{GET_SANDBOX}: malformed answer: {e}"))
+    };
+    while !message.is_empty() {
+        let (tag, wire_type) = decode_key(&mut message).map_err(malformed)?;
+        if tag == number {
+            return Ok(true);
+        }
+        skip_field(wire_type, tag, &mut message, DecodeContext::default()).map_err(malformed)?;
+    }
+    Ok(false)
 }
 
 fn encode_sandbox(sandbox: &openshell_sdk::Sandbox) -> Bytes {
@@ -103,6 +126,16 @@ impl NativeClient {
             std::mem::forget(old);
         }
         Ok(live.client.clone())
+    }
+
+    /// Options of a call that hands out no handle: the client's own token
+    /// (the core derives the call's token from it), no token of its own.
+    fn unary_options(&self, py: Python<'_>, timeout: Option<f64>) -> PyResult<CallOptions> {
+        let mut options = CallOptions::new().cancel_token(self.closed.clone());
+        if let Some(d) = seconds(py, "timeout", timeout)? {
+            options = options.deadline(d);
+        }
+        Ok(options)
     }
 
     fn options(
@@ -168,6 +201,7 @@ impl NativeClient {
         no_default_timeout = false,
         exec_output_limit = None,
         allow_cleartext_token = false,
+        blocking = false,
     ))]
     #[allow(clippy::too_many_arguments)]
     fn new(
@@ -182,6 +216,7 @@ impl NativeClient {
         no_default_timeout: bool,
         exec_output_limit: Option<usize>,
         allow_cleartext_token: bool,
+        blocking: bool,
     ) -> PyResult<Self> {
         let mut builder =
             ClientConfig::builder(endpoint).allow_cleartext_token(allow_cleartext_token);
@@ -218,7 +253,14 @@ impl NativeClient {
                 client,
             }),
             closed: CancellationToken::new(),
+            blocking,
         })
+    }
+
+    /// Whether calls block (the sync API) instead of returning asyncio futures.
+    #[getter]
+    fn blocking(&self) -> bool {
+        self.blocking
     }
 
     /// The endpoint URI.
@@ -246,7 +288,7 @@ impl NativeClient {
         let closed = this.closed.clone();
         let owner: Py<NativeClient> = slf.clone().unbind();
         let pid = std::process::id();
-        spawn(slf.py(), async move {
+        run(slf.py(), this.blocking, async move {
             let client = tokio::select! {
                 biased;
                 _ = closed.cancelled() => Err(openshell_sdk::Error::Cancelled),
@@ -265,8 +307,8 @@ impl NativeClient {
     #[pyo3(signature = (*, timeout = None))]
     fn health<'py>(&self, py: Python<'py>, timeout: Option<f64>) -> PyResult<Bound<'py, PyAny>> {
         let client = self.client(py)?;
-        let (options, _) = self.options(py, timeout)?;
-        spawn(py, async move {
+        let options = self.unary_options(py, timeout)?;
+        run(py, self.blocking, async move {
             let h = client.health(options).await?;
             Ok((h.status as i32, h.version, h.served_by))
         })
@@ -287,7 +329,7 @@ impl NativeClient {
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let client = self.client(py)?;
-        let (options, _) = self.options(py, timeout)?;
+        let options = self.unary_options(py, timeout)?;
         let mut request = CreateSandbox::new().tty(tty);
         if let Some(name) = name {
             request = request.name(name);
@@ -304,13 +346,15 @@ impl NativeClient {
         for (k, v) in labels.unwrap_or_default() {
             request = request.label(k, v);
         }
-        spawn(py, async move {
+        run(py, self.blocking, async move {
             let sandbox = client.sandboxes().create(request, options).await?;
             Ok(encode_sandbox(&sandbox))
         })
     }
 
-    /// Gets a sandbox; returns the encoded `Sandbox`.
+    /// Gets a sandbox; returns the encoded `SandboxResponse` as the gateway
+    /// sent it (checked to carry a sandbox). One plain RPC: it takes the
+    /// raw byte path, so the message is decoded once, in Python.
     #[pyo3(signature = (name, *, timeout = None))]
     fn get_sandbox<'py>(
         &self,
@@ -319,10 +363,24 @@ impl NativeClient {
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let client = self.client(py)?;
-        let (options, _) = self.options(py, timeout)?;
-        spawn(py, async move {
-            let sandbox = client.sandboxes().get(&name, options).await?;
-            Ok(encode_sandbox(&sandbox))
+        let options = self.unary_options(py, timeout)?;
+        let request = Bytes::from(
+            openshell_sdk::proto::GetSandboxRequest {
+                name,
+                ..Default::default()
+            }
+            .encode_to_vec(),
+        );
+        run(py, self.blocking, async move {
+            let answer = client
+                .raw_unary(GET_SANDBOX, request, Metadata::new(), options)
+                .await?;
+            if !has_field(&answer.bytes, 1)? {
+                return Err(openshell_sdk::Error::protocol(format!(
+                    "{GET_SANDBOX}: answer without a sandbox"
+                )));
+            }
+            Ok(answer.bytes)
         })
     }
 
@@ -336,12 +394,12 @@ impl NativeClient {
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let client = self.client(py)?;
-        let (options, _) = self.options(py, timeout)?;
+        let options = self.unary_options(py, timeout)?;
         let filter = ListSandboxes {
             label_selector,
             page_size,
         };
-        spawn(py, async move {
+        run(py, self.blocking, async move {
             let sandboxes = client.sandboxes().list(filter, options).await?;
             Ok(sandboxes.iter().map(encode_sandbox).collect::<Vec<_>>())
         })
@@ -356,8 +414,8 @@ impl NativeClient {
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let client = self.client(py)?;
-        let (options, _) = self.options(py, timeout)?;
-        spawn(py, async move {
+        let options = self.unary_options(py, timeout)?;
+        run(py, self.blocking, async move {
             let outcome = client.sandboxes().delete(&name, options).await?;
             Ok(outcome as i32)
         })
@@ -372,8 +430,8 @@ impl NativeClient {
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let client = self.client(py)?;
-        let (options, _) = self.options(py, timeout)?;
-        spawn(py, async move {
+        let options = self.unary_options(py, timeout)?;
+        run(py, self.blocking, async move {
             let sandbox = client.sandboxes().wait_ready(&name, options).await?;
             Ok(encode_sandbox(&sandbox))
         })
@@ -388,8 +446,8 @@ impl NativeClient {
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let client = self.client(py)?;
-        let (options, _) = self.options(py, timeout)?;
-        spawn(py, async move {
+        let options = self.unary_options(py, timeout)?;
+        run(py, self.blocking, async move {
             client.sandboxes().wait_deleted(&name, options).await?;
             Ok(())
         })
@@ -403,13 +461,15 @@ impl NativeClient {
         name: String,
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let blocking = self.blocking;
         let client = self.client(py)?;
         let (options, cancel) = self.options(py, timeout)?;
-        spawn(py, async move {
+        run(py, self.blocking, async move {
             let watch = client.sandboxes().watch(&name, options).await?;
             Ok(WatchHandle {
                 watch: Arc::new(tokio::sync::Mutex::new(Some(watch))),
                 cancel,
+                blocking,
             })
         })
     }
@@ -423,9 +483,9 @@ impl NativeClient {
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let client = self.client(py)?;
-        let (options, _) = self.options(py, timeout)?;
+        let options = self.unary_options(py, timeout)?;
         let request = request.into_request(py)?;
-        spawn(py, async move {
+        run(py, self.blocking, async move {
             Ok(wire_output(client.exec(request, options).await?))
         })
     }
@@ -438,14 +498,16 @@ impl NativeClient {
         request: ExecArgs,
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let blocking = self.blocking;
         let client = self.client(py)?;
         let (options, cancel) = self.options(py, timeout)?;
         let request = request.into_request(py)?;
-        spawn(py, async move {
+        run(py, self.blocking, async move {
             let stream = client.exec_stream(request, options).await?;
             Ok(ExecStreamHandle {
                 events: Arc::new(tokio::sync::Mutex::new(EventState::new(stream))),
                 cancel,
+                blocking,
             })
         })
     }
@@ -458,16 +520,18 @@ impl NativeClient {
         request: ExecArgs,
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let blocking = self.blocking;
         let client = self.client(py)?;
         let (options, cancel) = self.options(py, timeout)?;
         let request = request.into_request(py)?;
-        spawn(py, async move {
+        run(py, self.blocking, async move {
             let interactive = client.exec_interactive(request, options).await?;
             let (input, events) = interactive.into_parts();
             Ok(InteractiveHandle {
                 input,
                 events: Arc::new(tokio::sync::Mutex::new(EventState::new(events))),
                 cancel,
+                blocking,
             })
         })
     }
@@ -482,14 +546,16 @@ impl NativeClient {
         local_address: String,
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let blocking = self.blocking;
         let client = self.client(py)?;
-        let (options, _) = self.options(py, timeout)?;
-        spawn(py, async move {
+        let options = self.unary_options(py, timeout)?;
+        run(py, self.blocking, async move {
             let handle = client
                 .forward(&sandbox, remote_port, local_address, options)
                 .await?;
             Ok(NativeForward {
                 handle: Arc::new(handle),
+                blocking,
             })
         })
     }
@@ -505,8 +571,8 @@ impl NativeClient {
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let client = self.client(py)?;
-        let (options, _) = self.options(py, timeout)?;
-        spawn(py, async move {
+        let options = self.unary_options(py, timeout)?;
+        run(py, self.blocking, async move {
             let answer = client
                 .raw_unary(&path, request, self::metadata(metadata), options)
                 .await?;
@@ -523,9 +589,10 @@ impl NativeClient {
         metadata: Vec<(String, String)>,
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
+        let blocking = self.blocking;
         let client = self.client(py)?;
         let (options, cancel) = self.options(py, timeout)?;
-        spawn(py, async move {
+        run(py, self.blocking, async move {
             let stream = client
                 .raw_stream(&path, self::metadata(metadata), options)
                 .await?;
@@ -535,6 +602,7 @@ impl NativeClient {
                 receiver: Arc::new(tokio::sync::Mutex::new(Some(receiver))),
                 trailers: Arc::new(Mutex::new(None)),
                 cancel,
+                blocking,
             })
         })
     }

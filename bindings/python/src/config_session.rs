@@ -39,7 +39,8 @@ use pyo3::types::PyDict;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::errors::{invalid_config, to_py};
-use crate::runtime::{self, spawn};
+use crate::runtime;
+use crate::waker::spawn;
 
 /// A snapshot waiting for Python's answer.
 struct Pending {

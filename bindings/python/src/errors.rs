@@ -7,9 +7,8 @@
 //! selects the subclass.
 //!
 //! Conversion needs the GIL, so an async call does not convert inside the
-//! tokio task: it returns an [`Answer`], which pyo3-async-runtimes converts
-//! on the blocking thread where it already holds the GIL to settle the
-//! asyncio future.
+//! tokio task: it returns an [`Answer`], which the event loop's thread
+//! converts when it settles the asyncio future (the `waker` module).
 
 use pyo3::BoundObject;
 use pyo3::exceptions::PyRuntimeError;

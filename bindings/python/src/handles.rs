@@ -31,7 +31,7 @@ use prost::Message;
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
-use crate::runtime::spawn;
+use crate::waker::run;
 
 /// Most output bytes one batch carries (more waits for the next call).
 const BATCH_BYTES: usize = 1024 * 1024;
@@ -198,6 +198,7 @@ fn cancel_events(events: &Arc<tokio::sync::Mutex<EventState>>, token: &Cancellat
 pub struct ExecStreamHandle {
     pub(crate) events: Arc<tokio::sync::Mutex<EventState>>,
     pub(crate) cancel: CancellationToken,
+    pub(crate) blocking: bool,
 }
 
 #[pymethods]
@@ -206,7 +207,7 @@ impl ExecStreamHandle {
     #[pyo3(signature = (max_events = 256))]
     fn next_batch<'py>(&self, py: Python<'py>, max_events: usize) -> PyResult<Bound<'py, PyAny>> {
         let events = Arc::clone(&self.events);
-        spawn(py, async move {
+        run(py, self.blocking, async move {
             events.lock().await.next_batch(max_events).await
         })
     }
@@ -221,10 +222,9 @@ impl ExecStreamHandle {
         buffered: Vec<WireEvent>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let events = Arc::clone(&self.events);
-        spawn(
-            py,
-            async move { events.lock().await.collect(buffered).await },
-        )
+        run(py, self.blocking, async move {
+            events.lock().await.collect(buffered).await
+        })
     }
 
     /// Cancels the command's stream (the gateway kills the process group).
@@ -239,6 +239,7 @@ pub struct InteractiveHandle {
     pub(crate) input: ExecInput,
     pub(crate) events: Arc<tokio::sync::Mutex<EventState>>,
     pub(crate) cancel: CancellationToken,
+    pub(crate) blocking: bool,
 }
 
 #[pymethods]
@@ -246,13 +247,17 @@ impl InteractiveHandle {
     /// Writes to stdin.
     fn write<'py>(&self, py: Python<'py>, data: Bytes) -> PyResult<Bound<'py, PyAny>> {
         let input = self.input.clone();
-        spawn(py, async move { input.write(data).await })
+        run(py, self.blocking, async move { input.write(data).await })
     }
 
     /// Resizes the terminal.
     fn resize<'py>(&self, py: Python<'py>, cols: u32, rows: u32) -> PyResult<Bound<'py, PyAny>> {
         let input = self.input.clone();
-        spawn(py, async move { input.resize(cols, rows).await })
+        run(
+            py,
+            self.blocking,
+            async move { input.resize(cols, rows).await },
+        )
     }
 
     /// Closes stdin (EOF; Ctrl-D on a terminal). Idempotent.
@@ -264,7 +269,7 @@ impl InteractiveHandle {
     #[pyo3(signature = (max_events = 256))]
     fn next_batch<'py>(&self, py: Python<'py>, max_events: usize) -> PyResult<Bound<'py, PyAny>> {
         let events = Arc::clone(&self.events);
-        spawn(py, async move {
+        run(py, self.blocking, async move {
             events.lock().await.next_batch(max_events).await
         })
     }
@@ -277,10 +282,9 @@ impl InteractiveHandle {
         buffered: Vec<WireEvent>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let events = Arc::clone(&self.events);
-        spawn(
-            py,
-            async move { events.lock().await.collect(buffered).await },
-        )
+        run(py, self.blocking, async move {
+            events.lock().await.collect(buffered).await
+        })
     }
 
     /// Cancels the command's stream.
@@ -295,6 +299,7 @@ pub struct WatchHandle {
     /// `None` once cancelled.
     pub(crate) watch: Arc<tokio::sync::Mutex<Option<SandboxWatch>>>,
     pub(crate) cancel: CancellationToken,
+    pub(crate) blocking: bool,
 }
 
 #[pymethods]
@@ -302,7 +307,7 @@ impl WatchHandle {
     /// The next encoded `Sandbox`, or `None` when the watch ended.
     fn next<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let watch = Arc::clone(&self.watch);
-        spawn(py, async move {
+        run(py, self.blocking, async move {
             let mut guard = watch.lock().await;
             let Some(watch) = guard.as_mut() else {
                 return Ok(None);
@@ -332,6 +337,7 @@ impl WatchHandle {
 #[pyclass(frozen, module = "openshell_sdk._native")]
 pub struct NativeForward {
     pub(crate) handle: Arc<ForwardHandle>,
+    pub(crate) blocking: bool,
 }
 
 #[pymethods]
@@ -379,7 +385,7 @@ impl NativeForward {
     /// (only returns after `close()`).
     fn wait_closed<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let handle = Arc::clone(&self.handle);
-        spawn(py, async move {
+        run(py, self.blocking, async move {
             handle.closed().await;
             Ok(())
         })
@@ -394,6 +400,7 @@ pub struct RawStreamHandle {
     pub(crate) receiver: Arc<tokio::sync::Mutex<Option<RawReceiver>>>,
     pub(crate) trailers: Arc<Mutex<Option<Metadata>>>,
     pub(crate) cancel: CancellationToken,
+    pub(crate) blocking: bool,
 }
 
 fn pairs(metadata: &Metadata) -> Vec<(String, String)> {
@@ -408,7 +415,7 @@ impl RawStreamHandle {
     /// Sends one encoded message (the first one starts the call).
     fn send<'py>(&self, py: Python<'py>, message: Bytes) -> PyResult<Bound<'py, PyAny>> {
         let sender = self.sender.clone();
-        spawn(py, async move { sender.send(message).await })
+        run(py, self.blocking, async move { sender.send(message).await })
     }
 
     /// Half-closes the call. Idempotent.
@@ -420,7 +427,7 @@ impl RawStreamHandle {
     fn recv<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let receiver = Arc::clone(&self.receiver);
         let trailers = Arc::clone(&self.trailers);
-        spawn(py, async move {
+        run(py, self.blocking, async move {
             let mut guard = receiver.lock().await;
             let receiver = guard.as_mut().ok_or(Error::Cancelled)?;
             let message = receiver.recv().await?;
@@ -434,7 +441,7 @@ impl RawStreamHandle {
     /// Response headers as `(key, value)` pairs; waits for them.
     fn response_metadata<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
         let receiver = Arc::clone(&self.receiver);
-        spawn(py, async move {
+        run(py, self.blocking, async move {
             let mut guard = receiver.lock().await;
             let metadata = guard
                 .as_mut()

@@ -24,8 +24,8 @@
 //! # Ownership
 //!
 //! - The module owns one tokio runtime per process, built on first use
-//!   ([`runtime`]). It is not pyo3-async-runtimes' global runtime: that one
-//!   cannot be replaced after `fork()`, ours is rebuilt in a forked child.
+//!   ([`runtime`]), held so that it can be replaced: a forked child
+//!   rebuilds its own.
 //!   `atexit` stops it before the interpreter is torn down.
 //! - Each Python object owns its core object: `NativeClient` a core
 //!   `Client` (a cheap clone of shared state), every handle its stream,
@@ -40,18 +40,20 @@
 //! # Threading and the GIL
 //!
 //! Every class is `frozen` and `Send + Sync`: methods may be called from
-//! any Python thread (the sync `Client` calls them from its background
-//! loop's thread). No tokio task holds the GIL while it waits: futures run
-//! on the runtime's worker threads without it, and results are converted on
-//! a blocking thread that takes it only then. The few synchronous calls that
-//! wait (building a client) release it first. Callbacks into Python (token
+//! any Python thread. No tokio thread takes the GIL to deliver a result
+//! ([`waker`]): an async call's result is queued for its event loop, which
+//! converts it and settles the asyncio future on its own thread; a
+//! `NativeClient(blocking=True)` (the sync `Client`) drives each call on the
+//! calling thread with the GIL released and converts the result there. The
+//! few other synchronous calls that wait (building a client) release it
+//! first. Callbacks into Python (token
 //! providers, config-session acknowledgements) run on blocking threads that
 //! take the GIL only for the call, never on a worker.
 //!
 //! # Cancellation
 //!
-//! Cancelling the asyncio task that awaits a call drops the Rust future,
-//! which cancels the RPC (for exec, the gateway then kills the process
+//! Cancelling the asyncio task that awaits a call drops the Rust future
+//! (Ctrl-C does the same to a blocking call), which cancels the RPC (for exec, the gateway then kills the process
 //! group). Dropping a handle cancels its stream; `NativeClient.close()`
 //! fires the parent token of every call it started, so calls, streams and
 //! forwards in flight end with `cancelled`, and so does every later call.
@@ -61,7 +63,7 @@
 //! # Panics and errors
 //!
 //! pyo3 turns a panic in an exported function into `PanicException`, and
-//! pyo3-async-runtimes turns a panic in a spawned future into `RustPanic`:
+//! [`waker`] settles the future of a spawned future that panicked with it:
 //! no unwind crosses into Python. Core errors become the exception classes
 //! of `openshell_sdk.errors` ([`errors`]), with `.code` (the core's string
 //! code) and `.grpc_status`.
@@ -72,6 +74,7 @@ mod errors;
 mod handles;
 mod runtime;
 mod token;
+mod waker;
 
 use pyo3::prelude::*;
 use pyo3::types::PyDict;
@@ -105,6 +108,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<handles::NativeForward>()?;
     m.add_class::<handles::RawStreamHandle>()?;
     m.add_class::<config_session::NativeConfigSession>()?;
+    m.add_class::<waker::Ready>()?;
     m.add_function(wrap_pyfunction!(runtime_info, m)?)?;
     m.add_function(wrap_pyfunction!(_shutdown_runtime, m)?)?;
     Ok(())

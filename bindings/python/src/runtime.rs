@@ -1,14 +1,13 @@
 //! The tokio runtime every call of the extension runs on, and the bridge that
 //! turns Rust futures into asyncio awaitables.
 //!
-//! # Why not pyo3-async-runtimes' own runtime
+//! # A runtime that survives fork
 //!
-//! `pyo3_async_runtimes::tokio` keeps its runtime in a global that can never
-//! be replaced. Tokio's worker threads do not survive `fork()`, so in a
-//! forked child (multiprocessing's fork start method, gunicorn, Celery) every
-//! await on that runtime would hang forever. Instead this module implements
-//! pyo3-async-runtimes' generic [`Runtime`] trait over a runtime of its own,
-//! held behind an atomic pointer together with the PID that built it:
+//! Tokio's worker threads do not survive `fork()`: a runtime kept in a global
+//! that can never be replaced (as pyo3-async-runtimes' is) would hang every
+//! call in a forked child (multiprocessing's fork start method, gunicorn,
+//! Celery). This module keeps its runtime behind an atomic pointer together
+//! with the PID that built it:
 //!
 //! - the first use in a process builds the runtime (multi-threaded, worker
 //!   threads named `openshell-sdk`);
@@ -33,24 +32,10 @@
 //! tokio's own threads, which use their current runtime instead; so
 //! `shutdown`, which holds the GIL, never frees a slot in use.
 //!
-//! # GIL and cancellation
-//!
-//! [`spawn`] hands a future to [`pyo3_async_runtimes::generic::future_into_py`]:
-//! the future runs on a tokio worker without the GIL, and the result is
-//! converted to Python on a blocking thread that takes the GIL only then.
-//! Cancelling the asyncio future (task cancel) drops the Rust future, which
-//! cancels the RPC it was driving.
+//! How results reach Python (asyncio futures, or a blocked sync caller) is
+//! the business of the `waker` module, which sits above this one.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, Ordering};
-
-use pyo3::prelude::*;
-use pyo3_async_runtimes::TaskLocals;
-use pyo3_async_runtimes::generic::{ContextExt, Runtime};
-use std::cell::OnceCell;
-
-use crate::errors::Answer;
 
 struct Slot {
     pid: u32,
@@ -150,58 +135,7 @@ pub fn info() -> (u32, u64) {
     (std::process::id(), BUILDS.load(Ordering::Relaxed))
 }
 
-/// The fork-aware runtime as pyo3-async-runtimes sees it.
-pub struct ForkAwareRuntime;
-
-tokio::task_local! {
-    static TASK_LOCALS: OnceCell<TaskLocals>;
-}
-
-impl Runtime for ForkAwareRuntime {
-    type JoinError = tokio::task::JoinError;
-    type JoinHandle = tokio::task::JoinHandle<()>;
-
-    fn spawn<F>(fut: F) -> Self::JoinHandle
-    where
-        F: Future<Output = ()> + Send + 'static,
-    {
-        handle().spawn(fut)
-    }
-
-    fn spawn_blocking<F>(f: F) -> Self::JoinHandle
-    where
-        F: FnOnce() + Send + 'static,
-    {
-        handle().spawn_blocking(f)
-    }
-}
-
-impl ContextExt for ForkAwareRuntime {
-    fn scope<F, R>(locals: TaskLocals, fut: F) -> Pin<Box<dyn Future<Output = R> + Send>>
-    where
-        F: Future<Output = R> + Send + 'static,
-    {
-        let cell = OnceCell::new();
-        let _ = cell.set(locals);
-        Box::pin(TASK_LOCALS.scope(cell, fut))
-    }
-
-    fn get_task_locals() -> Option<TaskLocals> {
-        TASK_LOCALS
-            .try_with(|c| c.get().cloned())
-            .unwrap_or_default()
-    }
-}
-
-/// Runs `fut` on the runtime and returns an asyncio awaitable of its result;
-/// a core error becomes the matching `openshell_sdk.errors` exception.
-/// Must be called with a running event loop (inside a coroutine).
-pub fn spawn<'py, F, T>(py: Python<'py>, fut: F) -> PyResult<Bound<'py, PyAny>>
-where
-    F: Future<Output = Result<T, openshell_sdk::Error>> + Send + 'static,
-    T: for<'a> IntoPyObject<'a> + Send + 'static,
-{
-    pyo3_async_runtimes::generic::future_into_py::<ForkAwareRuntime, _, _>(py, async move {
-        Ok(Answer(fut.await))
-    })
+/// Whether [`shutdown`] ran: the process is exiting and no call can run.
+pub fn is_shut_down() -> bool {
+    SHUT_DOWN.load(Ordering::Acquire)
 }

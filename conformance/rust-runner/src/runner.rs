@@ -18,6 +18,9 @@ pub struct Runner {
     /// The cluster's data directory (`OPENSHELL_CONFORMANCE_DATA_DIR`):
     /// where sandbox supervisors' PIDs, and so their tokens, are found.
     pub data_dir: Option<PathBuf>,
+    /// The harness's control port (`OPENSHELL_CONFORMANCE_CONTROL`), which
+    /// changes the routes of the edge in front of the cluster.
+    pub control: Option<String>,
     pub run_id: String,
     /// Every sandbox alias is named `<prefix><alias>` (README: "Naming").
     pub prefix: String,
@@ -41,17 +44,23 @@ impl Runner {
             .take(12)
             .collect();
         let data_dir = std::env::var_os("OPENSHELL_CONFORMANCE_DATA_DIR").map(PathBuf::from);
+        let control = std::env::var("OPENSHELL_CONFORMANCE_CONTROL").ok();
         // The core has the owner-routing counters; a config session needs a
-        // sandbox token, read from the supervisor in the data directory.
+        // sandbox token, read from the supervisor in the data directory;
+        // making a replica unreachable is the harness's job.
         let mut caps = vec!["routing_stats"];
         if data_dir.is_some() {
             caps.push("push_config");
+        }
+        if control.is_some() {
+            caps.push("replica_control");
         }
         let config = ClientConfig::builder(endpoint.clone()).build()?;
         Ok(Runner {
             client: Client::connect_lazy(config).await?,
             endpoint,
             data_dir,
+            control,
             prefix: format!("cf-rs-{run_id}-"),
             run_id,
             caps,
@@ -160,6 +169,7 @@ impl Runner {
             "exec_repeat" => self.exec_repeat(step).await,
             "interactive" => self.interactive(step).await,
             "routing_stats_delta" => self.routing_stats_delta(step).await,
+            "unroute_owner_then_exec" => self.unroute_owner_then_exec(step).await,
             "forward" => self.forward(step).await,
             "raw_unary" => self.raw_unary(step).await,
             "raw_stream" => self.raw_stream(step).await,

@@ -1,6 +1,6 @@
 //! The gRPC surface of a replica: the OpenShell service (`service`, with the
 //! long-lived streams in `streams`), the peer service other replicas call
-//! (`peer`), and the request layer every call passes through
+//! (`peer`), SSH session tokens (`ssh_sessions`), and the request layer every call passes through
 //! (`request_layer`: authentication, `x-openshell-served-by`, request
 //! metrics, relay routing of owner-routed streams).
 //!
@@ -10,4 +10,5 @@
 pub mod peer;
 pub mod request_layer;
 pub mod service;
+pub mod ssh_sessions;
 pub mod streams;

@@ -27,6 +27,9 @@ const OWNER_SESSION_WAIT: Duration = Duration::from_secs(5);
 pub struct PeerService {
     pub sessions: Arc<Sessions>,
     pub delivery: Arc<ConfigDelivery>,
+    /// False only with the hidden `--no-peer-config-notify` (tests): this
+    /// replica answers config notifications as an older one would.
+    pub config_notify: bool,
 }
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
@@ -44,6 +47,11 @@ impl Peer for PeerService {
             Some(Principal::Peer(_))
         ) {
             return Err(Status::permission_denied("peer credentials required"));
+        }
+        if !self.config_notify {
+            return Err(Status::unimplemented(
+                "PeerNotifyConfigUpdate is not served by this replica",
+            ));
         }
         let stale_owner = self.delivery.on_peer_notify(request.into_inner());
         Ok(Response::new(PeerNotifyConfigUpdateResponse {
@@ -83,7 +91,12 @@ impl Peer for PeerService {
             .ok_or_else(|| Status::invalid_argument("peer relay init needs a target"))?;
         let relay = self
             .sessions
-            .open_local(&init.sandbox_id, target, OWNER_SESSION_WAIT)
+            .open_local(
+                &init.sandbox_id,
+                target,
+                OWNER_SESSION_WAIT,
+                (!init.ssh_session.is_empty()).then_some(init.ssh_session.as_str()),
+            )
             .await?;
         let (tx, rx) = mpsc::channel::<Result<PeerRelayFrame, Status>>(16);
         // The requester ending its stream, cleanly or not, ends the relay:

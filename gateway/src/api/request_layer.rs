@@ -22,6 +22,11 @@ use crate::metrics::{Metrics, code_name};
 
 pub const SERVED_BY: &str = "x-openshell-served-by";
 
+/// The `host[:port]` a call was addressed to (HTTP/2 `:authority`), as a
+/// request extension.
+#[derive(Debug, Clone)]
+pub struct Authority(pub String);
+
 #[derive(Clone)]
 pub struct GatewayLayer {
     pub replica_id: HeaderValue,
@@ -70,6 +75,19 @@ where
         let layer = self.layer.clone();
         Box::pin(async move {
             let path = req.uri().path().to_owned();
+            let authority = req
+                .uri()
+                .authority()
+                .map(|a| a.as_str().to_owned())
+                .or_else(|| {
+                    req.headers()
+                        .get(http::header::HOST)
+                        .and_then(|h| h.to_str().ok())
+                        .map(str::to_owned)
+                });
+            if let Some(authority) = authority {
+                req.extensions_mut().insert(Authority(authority));
+            }
             let method = method_label(&path);
             let authorization = req
                 .headers()

@@ -10,6 +10,8 @@ use openshell_proto::open_shell_server::OpenShell;
 use openshell_proto::*;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::api::request_layer::Authority;
+use crate::api::ssh_sessions::{self, SshSessionConfig};
 use crate::api::streams::Streams;
 use crate::auth::Principal;
 use crate::cluster::Cluster;
@@ -34,6 +36,7 @@ pub struct GatewayService {
     pub cluster: Option<Arc<Cluster>>,
     pub config: ConfigModel,
     pub delivery: Arc<ConfigDelivery>,
+    pub ssh: SshSessionConfig,
 }
 
 impl GatewayService {
@@ -60,9 +63,7 @@ impl GatewayService {
                 owner_replica_id: owner,
             }));
         }
-        if hello.redirected && ring.owner(sandbox_id).is_some_and(|owner| owner != me) {
-            self.sessions.metrics().offring_admissions.inc();
-        }
+        let off_ring = hello.redirected && ring.owner(sandbox_id).is_some_and(|owner| owner != me);
         let record = OwnerRecord {
             sandbox_id: sandbox_id.to_owned(),
             replica_id: me.clone(),
@@ -90,7 +91,13 @@ impl GatewayService {
             .await
             .map_err(store_status)?;
         match published {
-            Ok(()) => Ok(None),
+            Ok(()) => {
+                // Counted once admitted: a refused stranger is no admission.
+                if off_ring {
+                    self.sessions.metrics().offring_admissions.inc();
+                }
+                Ok(None)
+            }
             Err(_) => Err(Status::unavailable(
                 "supervisor session owned by another gateway replica",
             )),
@@ -237,8 +244,40 @@ impl OpenShell for GatewayService {
         &self,
         request: Request<Streaming<TcpForwardFrame>>,
     ) -> Result<Response<Self::ForwardTcpStream>, Status> {
-        let stream = self.streams.forward(request.into_inner()).await?;
+        let principal = request
+            .extensions()
+            .get::<Principal>()
+            .cloned()
+            .unwrap_or(Principal::SshSessionOnly);
+        let stream = self
+            .streams
+            .forward(principal, request.into_inner())
+            .await?;
         Ok(Response::new(Box::pin(stream)))
+    }
+
+    async fn create_ssh_session(
+        &self,
+        request: Request<CreateSshSessionRequest>,
+    ) -> Result<Response<CreateSshSessionResponse>, Status> {
+        let authority = request.extensions().get::<Authority>().cloned();
+        let response = ssh_sessions::create(
+            &self.sandboxes,
+            &self.ssh,
+            authority.as_ref().map(|a| a.0.as_str()),
+            request.into_inner(),
+        )
+        .await?;
+        Ok(Response::new(response))
+    }
+
+    async fn revoke_ssh_session(
+        &self,
+        request: Request<RevokeSshSessionRequest>,
+    ) -> Result<Response<RevokeSshSessionResponse>, Status> {
+        Ok(Response::new(
+            ssh_sessions::revoke(&self.sandboxes, request.into_inner()).await?,
+        ))
     }
 
     type ConnectSupervisorStream = BoxStream<GatewayMessage>;

@@ -3,20 +3,28 @@
 //! client and the relay. A client that goes away drops the relay, which makes
 //! the supervisor kill the process or close the socket; a gateway that shuts
 //! down ends every stream with UNAVAILABLE instead of leaving it hanging.
+//!
+//! A forward may carry an SSH session token (`init.authorization_token`,
+//! from `CreateSshSession`): it must be live and belong to the sandbox the
+//! init names, else UNAUTHENTICATED, whoever calls. A caller without a user
+//! token ([`Principal::SshSessionOnly`]) must bring one. Every refusal is the
+//! same message, so a token-only caller learns nothing about other
+//! sandboxes, and no message or log line carries the token.
 
 use std::sync::Arc;
 
 use openshell_proto::{
     ExecSandboxEvent, ExecSandboxInput, ExecSandboxRequest, RelayEof, RelayFrame, SandboxPhase,
-    TcpForwardEof, TcpForwardFrame, TcpRelayTarget, exec_sandbox_event, exec_sandbox_input,
-    relay_frame, relay_open, tcp_forward_frame, tcp_forward_init,
+    SshRelayTarget, TcpForwardEof, TcpForwardFrame, TcpRelayTarget, exec_sandbox_event,
+    exec_sandbox_input, relay_frame, relay_open, tcp_forward_frame, tcp_forward_init,
 };
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
-use tonic::{Status, Streaming};
+use tonic::{Code, Status, Streaming};
 
-use crate::sandboxes::{Sandboxes, id_of, merged_environment, phase_of};
+use crate::auth::{self, Principal};
+use crate::sandboxes::{Sandboxes, id_of, merged_environment, phase_of, store_status};
 use crate::sessions::Relay;
 use crate::sessions::routing::RelayRouter;
 use crate::validate;
@@ -37,8 +45,33 @@ fn eof_frame() -> RelayFrame {
     }
 }
 
+/// How long a forward without a user token may take to send its init.
+const ANONYMOUS_INIT_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Every refusal of an SSH session token, whatever the reason.
+const BAD_SSH_SESSION: &str =
+    "the SSH session token is unknown, revoked, expired or for another sandbox";
+
 fn relay_failure(status: Status) -> Status {
     Status::unavailable(format!("sandbox relay failed: {}", status.message()))
+}
+
+/// A client message the gateway could not decode (tonic reports INTERNAL)
+/// is the client's fault: INVALID_ARGUMENT. Other failures of a client's
+/// stream (it reset the stream, its connection broke) get `None`: nobody
+/// is left to read an answer.
+fn malformed(status: &Status, what: &str) -> Option<Status> {
+    (status.code() == Code::Internal)
+        .then(|| Status::invalid_argument(format!("malformed {what}: {}", status.message())))
+}
+
+/// The first message of a client stream, with decode failures answered as
+/// [`malformed`].
+async fn first_message<T>(input: &mut Streaming<T>, what: &str) -> Result<Option<T>, Status> {
+    input
+        .message()
+        .await
+        .map_err(|status| malformed(&status, what).unwrap_or(status))
 }
 
 impl Streams {
@@ -74,7 +107,53 @@ impl Streams {
     }
 
     async fn open(&self, sandbox_id: &str, target: relay_open::Target) -> Result<Relay, Status> {
-        self.router.open(sandbox_id, target).await
+        self.router.open(sandbox_id, target, None).await
+    }
+
+    /// The sandbox a forward reaches, checked against its SSH session token
+    /// when there is one. Returns the sandbox and the session's token hash.
+    async fn forward_sandbox(
+        &self,
+        principal: &Principal,
+        name: &str,
+        token: &str,
+    ) -> Result<(openshell_proto::Sandbox, Option<String>), Status> {
+        if token.is_empty() {
+            if *principal == Principal::SshSessionOnly {
+                return Err(Status::unauthenticated(
+                    "ForwardTcp needs a user token (authorization: Bearer <token>) or an SSH \
+                     session token in init.authorization_token",
+                ));
+            }
+            return Ok((self.sandboxes.by_name(name).await?, None));
+        }
+        if token.len() > 256 {
+            return Err(Status::unauthenticated(BAD_SSH_SESSION));
+        }
+        let hash = auth::ssh_session_hash(token);
+        let session = self
+            .sandboxes
+            .store
+            .ssh_session(&hash)
+            .await
+            .map_err(store_status)?
+            .filter(|s| !s.revoked && !s.expired)
+            .ok_or_else(|| Status::unauthenticated(BAD_SSH_SESSION))?;
+        let sandbox = match self.sandboxes.by_name(name).await {
+            Ok(sandbox) => sandbox,
+            // A token-only caller may not learn which names exist.
+            Err(status)
+                if status.code() == tonic::Code::NotFound
+                    && *principal == Principal::SshSessionOnly =>
+            {
+                return Err(Status::unauthenticated(BAD_SSH_SESSION));
+            }
+            Err(status) => return Err(status),
+        };
+        if id_of(&sandbox) != session.sandbox_id {
+            return Err(Status::unauthenticated(BAD_SSH_SESSION));
+        }
+        Ok((sandbox, Some(hash)))
     }
 
     pub async fn exec(&self, req: ExecSandboxRequest) -> Result<ExecEvents, Status> {
@@ -98,7 +177,7 @@ impl Streams {
         &self,
         mut input: Streaming<ExecSandboxInput>,
     ) -> Result<ExecEvents, Status> {
-        let start = match input.message().await? {
+        let start = match first_message(&mut input, "exec input message").await? {
             Some(ExecSandboxInput {
                 payload: Some(exec_sandbox_input::Payload::Start(start)),
             }) => start,
@@ -156,7 +235,10 @@ impl Streams {
                         input_done.cancelled().await;
                         return;
                     }
-                    Err(_) => {
+                    Err(status) => {
+                        if let Some(invalid) = malformed(&status, "exec input message") {
+                            let _ = input_tx.send(Err(invalid)).await;
+                        }
                         input_done.cancel();
                         return;
                     }
@@ -177,9 +259,21 @@ impl Streams {
 
     pub async fn forward(
         &self,
+        principal: Principal,
         mut input: Streaming<TcpForwardFrame>,
     ) -> Result<ForwardFrames, Status> {
-        let init = match input.message().await? {
+        // A caller without a user token may not hold a stream open unnamed.
+        let first = if principal == Principal::SshSessionOnly {
+            tokio::time::timeout(
+                ANONYMOUS_INIT_WAIT,
+                first_message(&mut input, "forward frame"),
+            )
+            .await
+            .map_err(|_| Status::deadline_exceeded("no forward init within 10 s"))??
+        } else {
+            first_message(&mut input, "forward frame").await?
+        };
+        let init = match first {
             Some(TcpForwardFrame {
                 payload: Some(tcp_forward_frame::Payload::Init(init)),
             }) => init,
@@ -196,26 +290,26 @@ impl Streams {
                 crate::validate::quote(&init.workspace)
             )));
         }
-        let target = match init.target {
-            Some(tcp_forward_init::Target::Tcp(tcp)) => tcp,
-            Some(tcp_forward_init::Target::Ssh(_)) => {
-                return Err(Status::unimplemented(
-                    "ssh forward targets are not supported by the process driver; forward a TCP port",
-                ));
-            }
-            None => return Err(Status::invalid_argument("forward init needs a target")),
-        };
-        let host = validate::forward_target(&target.host, target.port)?;
-        let sandbox = self.sandboxes.by_name(&init.sandbox).await?;
-        require_ready(&sandbox)?;
-        let relay = self
-            .open(
-                id_of(&sandbox),
+        let target = match &init.target {
+            Some(tcp_forward_init::Target::Tcp(tcp)) => {
+                let host = validate::forward_target(&tcp.host, tcp.port)?;
                 relay_open::Target::Tcp(TcpRelayTarget {
                     host,
-                    port: target.port,
-                }),
-            )
+                    port: tcp.port,
+                })
+            }
+            // The sandbox's embedded SSH server (the supervisor's).
+            Some(tcp_forward_init::Target::Ssh(_)) => relay_open::Target::Ssh(SshRelayTarget {}),
+            None => return Err(Status::invalid_argument("forward init needs a target")),
+        };
+        let (sandbox, ssh_session) = self
+            .forward_sandbox(&principal, &init.sandbox, &init.authorization_token)
+            .await?;
+        drop(init);
+        require_ready(&sandbox)?;
+        let relay = self
+            .router
+            .open(id_of(&sandbox), target, ssh_session.as_deref())
             .await?;
 
         let (tx, rx) = mpsc::channel(32);
@@ -266,7 +360,10 @@ impl Streams {
                             return;
                         }
                         Ok(Some(_)) => continue,
-                        Err(_) => {
+                        Err(status) => {
+                            if let Some(invalid) = malformed(&status, "forward frame") {
+                                let _ = tx.send(Err(invalid)).await;
+                            }
                             abort.cancel();
                             return;
                         }

@@ -7,6 +7,12 @@
 //! ring: if the ring could not be refreshed for longer than the TTL it is
 //! cleared, and an empty ring means "serve everything locally".
 //!
+//! The ring is a view up to one refresh old. Whoever must reach every
+//! member right now (config notifications) reads the store instead
+//! ([`Cluster::live_members_now`]), and whoever must hear that this replica
+//! became a member again (to catch up on what a stale view made others skip)
+//! watches [`Cluster::joins`].
+//!
 //! Folder: this module (membership) and `ring` (consistent-hash placement).
 //! May import `metrics`, `secret` and `store` only.
 
@@ -17,12 +23,17 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
-use tonic::transport::{Channel, Endpoint};
+use tokio::sync::watch;
+use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint};
 
 use crate::cluster::ring::Ring;
 use crate::metrics::Metrics;
 use crate::secret::Secret;
 use crate::store::{Member, Store, StoreError};
+
+/// Largest HTTP/2 frame a peer may send on a peer channel: one relayed
+/// 64 KiB data frame fits one HTTP/2 frame (the replicas' own setting).
+const PEER_H2_MAX_FRAME_SIZE: u32 = 256 * 1024;
 
 #[derive(Debug, Clone)]
 pub struct ClusterConfig {
@@ -31,6 +42,9 @@ pub struct ClusterConfig {
     pub peer_endpoint: String,
     /// Shared secret replicas present to each other's peer service.
     pub peer_token: Secret,
+    /// PEM CA bundle trusted for `https` peer endpoints (`--peer-ca`);
+    /// `None`: the system roots.
+    pub peer_ca: Option<Vec<u8>>,
     pub member_ttl: Duration,
     pub refresh_every: Duration,
     pub store_timeout: Duration,
@@ -42,6 +56,7 @@ impl ClusterConfig {
             replica_id,
             peer_endpoint,
             peer_token,
+            peer_ca: None,
             member_ttl: Duration::from_secs(30),
             refresh_every: Duration::from_secs(10),
             store_timeout: Duration::from_secs(5),
@@ -62,6 +77,9 @@ pub struct Cluster {
     leaving: AtomicBool,
     metrics: Arc<Metrics>,
     peers: Mutex<HashMap<String, Channel>>,
+    /// Bumped each time this replica becomes visible as a member: its first
+    /// refresh, and the first one after its view was cleared.
+    joined: watch::Sender<u64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -86,6 +104,7 @@ impl Cluster {
             leaving: AtomicBool::new(false),
             metrics,
             peers: Mutex::new(HashMap::new()),
+            joined: watch::channel(0).0,
         });
         if let Err(err) = cluster.refresh().await {
             tracing::warn!(%err, "first membership refresh failed");
@@ -150,12 +169,29 @@ impl Cluster {
         let ring = Ring::new(members.iter().map(|m| m.replica_id.as_str()));
         self.metrics.ring_members.set(ring.members().len() as i64);
         let mut view = self.view.write().unwrap();
+        let was_member = view.endpoints.contains_key(&self.config.replica_id);
         view.endpoints = members
             .into_iter()
             .map(|m| (m.replica_id, m.peer_endpoint))
             .collect();
         view.ring = ring;
         view.refreshed = Instant::now();
+        if !was_member && view.endpoints.contains_key(&self.config.replica_id) {
+            self.joined.send_modify(|n| *n += 1);
+        }
+    }
+
+    /// Counts this replica's joins (see the field); a receiver that sees a
+    /// non-zero value it has not marked seen was told of a join.
+    pub fn joins(&self) -> watch::Receiver<u64> {
+        self.joined.subscribe()
+    }
+
+    /// The live members as the store knows them now (bounded by the store
+    /// timeout), this replica included when registered.
+    pub async fn live_members_now(&self) -> Result<Vec<Member>, RefreshError> {
+        self.timed(self.store.live_members(self.config.member_ttl))
+            .await
     }
 
     /// A ring that could not be refreshed within the TTL is not trusted.
@@ -226,22 +262,67 @@ impl Cluster {
         self.ring().without(&self.config.replica_id)
     }
 
-    /// One lazily connected channel per peer endpoint.
+    /// One lazily connected channel per peer endpoint. An `https` endpoint
+    /// is verified against `--peer-ca` (else the system roots), so a
+    /// cluster on a private CA relays and notifies like a cleartext one.
     pub fn peer_channel(&self, endpoint: &str) -> Result<Channel, tonic::Status> {
         let mut peers = self.peers.lock().unwrap();
         if let Some(channel) = peers.get(endpoint) {
             return Ok(channel.clone());
         }
-        let channel = Endpoint::from_shared(endpoint.to_owned())
+        let mut builder = Endpoint::from_shared(endpoint.to_owned())
             .map_err(|_| tonic::Status::internal("invalid peer endpoint"))?
             .connect_timeout(Duration::from_secs(3))
             .tcp_nodelay(true)
             .initial_stream_window_size(2 << 20)
             .initial_connection_window_size(16 << 20)
-            .connect_lazy();
+            .max_frame_size(PEER_H2_MAX_FRAME_SIZE);
+        if endpoint.starts_with("https://") {
+            let tls = match &self.config.peer_ca {
+                Some(pem) => ClientTlsConfig::new().ca_certificate(Certificate::from_pem(pem)),
+                None => ClientTlsConfig::new().with_native_roots(),
+            };
+            builder = builder
+                .tls_config(tls.timeout(Duration::from_secs(3)))
+                .map_err(|err| {
+                    tracing::warn!(endpoint, %err, "peer TLS settings rejected");
+                    tonic::Status::unavailable("peer TLS settings rejected")
+                })?;
+        }
+        let channel = builder.connect_lazy();
         peers.insert(endpoint.to_owned(), channel.clone());
         Ok(channel)
     }
+
+    /// Logs a peer call that failed on TLS (an untrusted or mismatched
+    /// certificate) with what to check, and returns the cause. Other
+    /// failures return `None`; they are routine while replicas come and go.
+    pub fn peer_tls_failure(&self, endpoint: &str, status: &tonic::Status) -> Option<String> {
+        let cause = tls_cause(status)?;
+        tracing::warn!(
+            endpoint,
+            cause,
+            "peer TLS handshake failed: the peer's certificate must be signed by a CA this \
+             replica trusts (--peer-ca, else --supervisor-ca, else --tls-cert, else the system \
+             roots) and name the \
+             peer endpoint's host"
+        );
+        Some(cause)
+    }
+}
+
+/// The TLS part of a failed call's error chain, if the failure was TLS.
+fn tls_cause(status: &tonic::Status) -> Option<String> {
+    let mut chain = vec![status.message().to_owned()];
+    let mut source = std::error::Error::source(status);
+    while let Some(cause) = source {
+        chain.push(cause.to_string());
+        source = cause.source();
+    }
+    chain.into_iter().find(|text| {
+        let lower = text.to_ascii_lowercase();
+        lower.contains("certificate") || lower.contains("tls") || lower.contains("handshake")
+    })
 }
 
 #[cfg(test)]

@@ -49,7 +49,8 @@ pub struct ReasonLabels {
 pub struct NotifyLabels {
     /// sandbox, provider or all.
     pub scope: &'static str,
-    /// ok, stale_owner, unsupported_peer or error.
+    /// ok, stale_owner, unsupported_peer, error (the call failed) or
+    /// skipped (a member with no known endpoint).
     pub outcome: &'static str,
 }
 
@@ -61,7 +62,8 @@ pub struct ScopeLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct SourceLabels {
-    /// local (a write on this replica), peer (a notification) or reconcile.
+    /// local (a write on this replica), peer (a notification), reconcile,
+    /// or join (the catch-up after this replica joined the cluster).
     pub source: &'static str,
 }
 
@@ -76,10 +78,18 @@ pub struct ConfigMetrics {
     pub results: Family<OutcomeLabels, Counter>,
     /// Results the gateway refused (reason unknown_update, invalid_outcome).
     pub results_rejected: Family<ReasonLabels, Counter>,
-    /// Push sessions closed by delivery (bootstrap_timeout, unknown_update,
-    /// not_draining).
+    /// Push sessions closed by delivery (bootstrap_timeout, unknown_update),
+    /// and supervisor sessions closed because their stream stopped draining
+    /// (not_draining).
     pub sessions_closed: Family<ReasonLabels, Counter>,
     pub peer_notifies: Family<NotifyLabels, Counter>,
+    /// Push sessions that ended with changes they never delivered and
+    /// passed them on to the sandbox's current session.
+    pub handovers: Counter,
+    /// Member lists of provider and global notifications, by source: store
+    /// (read at write time) or ring (the store failed; a replica that joined
+    /// since the last ring refresh is missed and catches up on its own).
+    pub notify_members: Family<SourceLabels, Counter>,
     pub marks: Family<SourceLabels, Counter>,
     /// Committed configuration writes on this replica (publications), by
     /// the scope they mark. With the build counts of
@@ -100,6 +110,8 @@ impl ConfigMetrics {
             results_rejected: Family::default(),
             sessions_closed: Family::default(),
             peer_notifies: Family::default(),
+            handovers: Counter::default(),
+            notify_members: Family::default(),
             marks: Family::default(),
             publications: Family::default(),
         };
@@ -145,7 +157,7 @@ impl ConfigMetrics {
         );
         registry.register(
             "openshell_server_config_sessions_closed",
-            "Push sessions closed by config delivery, by reason",
+            "Push sessions closed by config delivery, and sessions whose stream stopped draining, by reason",
             metrics.sessions_closed.clone(),
         );
         registry.register(
@@ -154,8 +166,18 @@ impl ConfigMetrics {
             metrics.peer_notifies.clone(),
         );
         registry.register(
+            "openshell_server_config_handovers",
+            "Push sessions that ended with undelivered changes and passed them to the sandbox's current session",
+            metrics.handovers.clone(),
+        );
+        registry.register(
+            "openshell_server_config_notify_members",
+            "Member lists read for provider and global notifications, by source (store, ring)",
+            metrics.notify_members.clone(),
+        );
+        registry.register(
             "openshell_server_config_marks",
-            "Push sessions marked dirty, by source (local, peer, reconcile)",
+            "Push sessions marked dirty, by source (local, peer, reconcile, join)",
             metrics.marks.clone(),
         );
         registry.register(
@@ -170,7 +192,7 @@ impl ConfigMetrics {
         for outcome in ["applied", "ignored_duplicate", "rejected"] {
             let _ = metrics.results.get_or_create(&OutcomeLabels { outcome });
         }
-        for source in ["local", "peer", "reconcile"] {
+        for source in ["local", "peer", "reconcile", "join"] {
             let _ = metrics.marks.get_or_create(&SourceLabels { source });
         }
         for scope in ["sandbox", "provider", "all"] {
@@ -204,6 +226,12 @@ impl ConfigMetrics {
     pub(crate) fn notified(&self, scope: &'static str, outcome: &'static str) {
         self.peer_notifies
             .get_or_create(&NotifyLabels { scope, outcome })
+            .inc();
+    }
+
+    pub(crate) fn notify_members(&self, source: &'static str) {
+        self.notify_members
+            .get_or_create(&SourceLabels { source })
             .inc();
     }
 

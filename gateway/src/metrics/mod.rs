@@ -55,6 +55,13 @@ pub struct RouteLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TokenLookupLabels {
+    /// store (a query) or unknown_cache (a hash the store did not know a
+    /// moment ago, answered from memory).
+    pub source: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct IsolationLabels {
     /// namespaces or none.
     pub mode: &'static str,
@@ -72,6 +79,7 @@ pub struct Metrics {
     pub requests: Family<RequestLabels, Counter>,
     pub relays_active: Family<RelayLabels, Gauge>,
     pub relays_opened: Family<RelayLabels, Counter>,
+    pub token_lookups: Family<TokenLookupLabels, Counter>,
     /// Push config delivery (config_delivery.rs).
     pub config: config::ConfigMetrics,
 }
@@ -151,6 +159,15 @@ impl Metrics {
             let _ = relays_active.get_or_create(&RelayLabels { kind });
             let _ = relays_opened.get_or_create(&RelayLabels { kind });
         }
+        let token_lookups = Family::<TokenLookupLabels, Counter>::default();
+        registry.register(
+            "openshell_server_sandbox_token_lookups",
+            "Sandbox token lookups by where the answer came from (store, unknown_cache)",
+            token_lookups.clone(),
+        );
+        for source in ["store", "unknown_cache"] {
+            let _ = token_lookups.get_or_create(&TokenLookupLabels { source });
+        }
         let config = config::ConfigMetrics::register(&mut registry);
         Arc::new(Self {
             registry,
@@ -163,6 +180,7 @@ impl Metrics {
             requests,
             relays_active,
             relays_opened,
+            token_lookups,
             config,
         })
     }
@@ -180,6 +198,12 @@ impl Metrics {
                 relay_kind,
                 outcome,
             })
+            .inc();
+    }
+
+    pub fn record_token_lookup(&self, source: &'static str) {
+        self.token_lookups
+            .get_or_create(&TokenLookupLabels { source })
             .inc();
     }
 

@@ -50,6 +50,10 @@ pub const STATUS_FILE: &str = "supervisor.status";
 const TOKEN_FD: i32 = 3;
 /// The file in the sandbox directory naming the supervisor's pid.
 const PID_FILE: &str = "supervisor.pid";
+/// The sandbox's SSH host key (ed25519, OpenSSH format, mode 0600): made
+/// by its supervisor on first start, kept across restarts, outside the
+/// working directory, so sandbox processes never see it.
+pub const SSH_HOST_KEY_FILE: &str = "ssh_host_ed25519_key";
 /// How long a supervisor gets to exit after SIGTERM before its group is killed.
 const STOP_GRACE: Duration = Duration::from_secs(5);
 
@@ -217,6 +221,8 @@ impl ProcessDriver {
             .arg(TOKEN_FD.to_string())
             .arg("--status-file")
             .arg(dir.join(STATUS_FILE))
+            .arg("--ssh-host-key")
+            .arg(dir.join(SSH_HOST_KEY_FILE))
             .env_clear()
             .envs(
                 SUPERVISOR_ENV

@@ -61,6 +61,11 @@ pub fn store_status(err: StoreError) -> Status {
     match err {
         StoreError::NotFound => Status::not_found("sandbox not found"),
         StoreError::AlreadyExists => Status::already_exists("sandbox already exists"),
+        // Says which store and how long, nothing more (never the URL).
+        err @ StoreError::TimedOut { .. } => {
+            tracing::error!(%err, "store call timed out");
+            Status::unavailable(format!("{err}; try again"))
+        }
         other => {
             tracing::error!(err = %other, "store failure");
             Status::unavailable("sandbox store unavailable")
@@ -165,6 +170,7 @@ impl Sandboxes {
             }),
             spec: Some(spec),
             status: None,
+            host_key_fingerprint: String::new(),
         };
         set_phase(
             &mut sandbox,
@@ -534,17 +540,29 @@ impl SessionHooks for Sandboxes {
         }
     }
 
-    async fn accepted(&self, sandbox_id: &str) {
-        if let Err(status) = self
-            .update_phase(
-                sandbox_id,
-                SandboxPhase::Ready,
-                "SupervisorConnected",
-                "supervisor session accepted",
-            )
+    async fn accepted(&self, sandbox_id: &str, ssh_host_key_fingerprint: &str) {
+        let fingerprint = if validate::host_key_fingerprint(ssh_host_key_fingerprint) {
+            ssh_host_key_fingerprint
+        } else {
+            tracing::warn!(sandbox_id, "ignoring a malformed SSH host key fingerprint");
+            ""
+        };
+        let result = self
+            .store
+            .update(sandbox_id, |s| {
+                set_phase(
+                    s,
+                    SandboxPhase::Ready,
+                    "SupervisorConnected",
+                    "supervisor session accepted",
+                );
+                s.host_key_fingerprint = fingerprint.to_owned();
+            })
             .await
-        {
-            tracing::warn!(sandbox_id, %status, "could not mark sandbox ready");
+            .map_err(store_status);
+        match result {
+            Ok(sandbox) => self.hub.publish(Change::Updated(Box::new(sandbox))),
+            Err(status) => tracing::warn!(sandbox_id, %status, "could not mark sandbox ready"),
         }
     }
 

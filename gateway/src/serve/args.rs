@@ -11,6 +11,10 @@ use crate::config::delivery::{self, DeliveryMode};
 use crate::sandboxes::driver::{DriverKind, IsolationArg};
 use crate::secret::Secret;
 
+/// Default of `--max-streams-per-connection`: far above what one SDK
+/// client or an edge connection carries, low enough to bound one peer.
+pub const DEFAULT_STREAMS_PER_CONNECTION: u32 = 4096;
+
 // Secrets are `Secret`s: `Debug` redacts them.
 #[derive(Args, Debug)]
 pub struct ServeArgs {
@@ -28,6 +32,17 @@ pub struct ServeArgs {
     /// `postgres://...` for replicas on several hosts.
     #[arg(long, env = "OPENSHELL_DATABASE_URL", hide_env_values = true)]
     pub database_url: Option<Secret>,
+    /// Connections in the store's pool. Config build permits follow it
+    /// (2 x, at least 4).
+    #[arg(long, default_value_t = crate::store::POOL_SIZE,
+          value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub database_max_connections: u32,
+    /// Deadline of every store call (waiting for a connection included);
+    /// PostgreSQL's `statement_timeout` too. A call past it answers
+    /// UNAVAILABLE.
+    #[arg(long, default_value_t = crate::store::DEFAULT_DEADLINE.as_millis() as u64,
+          value_parser = clap::value_parser!(u64).range(100..=600_000))]
+    pub database_timeout_ms: u64,
     /// Shared secret of the cluster's peer service. Setting it makes this
     /// replica a cluster member.
     #[arg(long, env = "OPENSHELL_PEER_TOKEN", hide_env_values = true)]
@@ -40,6 +55,11 @@ pub struct ServeArgs {
     /// three periods (at least 15 s) is closed.
     #[arg(long, default_value_t = 15_000, hide = true)]
     pub heartbeat_ms: u64,
+    /// A supervisor session with messages queued whose stream the
+    /// transport has not polled for this long (its supervisor stopped
+    /// reading) is closed.
+    #[arg(long, default_value_t = crate::sessions::DRAIN_TIMEOUT.as_millis() as u64, hide = true)]
+    pub session_drain_timeout_ms: u64,
     /// How often membership is refreshed.
     #[arg(long, default_value_t = 10_000, hide = true)]
     pub member_refresh_ms: u64,
@@ -83,6 +103,27 @@ pub struct ServeArgs {
     /// CA file supervisors trust for an https supervisor URL (default: --tls-cert).
     #[arg(long)]
     pub supervisor_ca: Option<PathBuf>,
+    /// CA file (PEM) this replica trusts for other replicas' https peer
+    /// endpoints: peer relays and config notifications (default:
+    /// --supervisor-ca, else --tls-cert, else the system roots).
+    #[arg(long)]
+    pub peer_ca: Option<PathBuf>,
+    /// Concurrent HTTP/2 streams one client connection may open (further
+    /// streams wait for a free slot on the client side).
+    #[arg(long, default_value_t = DEFAULT_STREAMS_PER_CONNECTION, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_streams_per_connection: u32,
+    /// Concurrent execs (exec and interactive exec) per sandbox on the
+    /// replica holding its session; more answer RESOURCE_EXHAUSTED.
+    #[arg(long, default_value_t = crate::sessions::caps::DEFAULT_EXECS, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_execs_per_sandbox: u32,
+    /// Concurrent relays of every kind (execs and TCP forwards, SSH
+    /// included) per sandbox; more answer RESOURCE_EXHAUSTED.
+    #[arg(long, default_value_t = crate::sessions::caps::DEFAULT_RELAYS, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_relays_per_sandbox: u32,
+    /// Lifetime of a CreateSshSession token, in seconds; 0: tokens never
+    /// expire (RevokeSshSession or deleting the sandbox still ends them).
+    #[arg(long, default_value_t = crate::api::ssh_sessions::DEFAULT_TTL_SECS)]
+    pub ssh_session_ttl_secs: u64,
     /// Stop every supervisor when the gateway exits (they restart with it).
     #[arg(long)]
     pub stop_sandboxes_on_exit: bool,
@@ -109,6 +150,11 @@ pub struct ServeArgs {
     /// its build permit) before reading the store, as a slow store would.
     #[arg(long, default_value_t = 0, hide = true)]
     pub config_build_delay_ms: u64,
+    /// Tests only: answer PeerNotifyConfigUpdate with UNIMPLEMENTED, as a
+    /// replica from before push config does (senders count
+    /// `unsupported_peer`).
+    #[arg(long, hide = true)]
+    pub no_peer_config_notify: bool,
     /// Tests and benchmarks only: `none` creates sandbox records and
     /// directories but starts no supervisor, and writes each sandbox's
     /// token to `<data-dir>/sandboxes/<id>/token` (mode 0600) so that a
@@ -126,6 +172,11 @@ pub struct ServeArgs {
     /// so a test can act as the sandbox's supervisor.
     #[arg(long, hide = true)]
     pub expose_sandbox_tokens: bool,
+    /// Tests only: write the final `/metrics` text to
+    /// `DIR/<replica id>.metrics` as the replica exits (after its shutdown
+    /// redirects), so a test can read the counters of a replica that is gone.
+    #[arg(long, value_name = "DIR", hide = true)]
+    pub metrics_on_exit: Option<PathBuf>,
 }
 
 /// What sandbox processes must not see besides the data directory: the

@@ -33,7 +33,7 @@ use crate::sandboxes::watch::WatchHub;
 use crate::secret::Secret;
 use crate::sessions::Sessions;
 use crate::sessions::routing::RelayRouter;
-use crate::store::Store;
+use crate::store::{Store, StoreOptions};
 use openshell_proto::SessionRedirect;
 use openshell_proto::peer::peer_server::PeerServer;
 
@@ -42,6 +42,10 @@ use args::{hidden_paths, user_tokens};
 
 /// Largest request message the gateway decodes (exec stdin travels inline).
 const MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
+/// Largest HTTP/2 frame this replica accepts (SETTINGS_MAX_FRAME_SIZE). The
+/// default, 16 KiB, cuts every 64 KiB data frame into five HTTP/2 frames;
+/// this fits one in one (ARCHITECTURE.md, "The data path").
+pub const H2_MAX_FRAME_SIZE: u32 = 256 * 1024;
 
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     // Other processes of this user (sandbox code among them, without
@@ -75,9 +79,15 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
     };
     // The URL may hold a password: never print it.
-    let store = Store::open(&database_url).await.map_err(|err| {
-        anyhow::anyhow!("opening the store ({:?}): {err}", store_kind(&database_url))
-    })?;
+    let store_options = StoreOptions {
+        max_connections: args.database_max_connections,
+        deadline: Duration::from_millis(args.database_timeout_ms),
+    };
+    let store = Store::open(&database_url, store_options)
+        .await
+        .map_err(|err| {
+            anyhow::anyhow!("opening the store ({:?}): {err}", store_kind(&database_url))
+        })?;
     let peer_token = args
         .peer_token
         .clone()
@@ -122,7 +132,11 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let sessions = Sessions::new(
         metrics.clone(),
         Duration::from_millis(args.heartbeat_ms.max(100)),
+        Duration::from_millis(args.session_drain_timeout_ms.max(200)),
     );
+    sessions
+        .caps
+        .set_limits(args.max_execs_per_sandbox, args.max_relays_per_sandbox);
     let cluster = match &peer_token {
         Some(token) => {
             let peer_endpoint = args
@@ -131,6 +145,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 .unwrap_or_else(|| format!("{scheme}://{grpc_addr}"));
             let mut config =
                 ClusterConfig::new(args.replica_id.clone(), peer_endpoint, token.clone());
+            config.peer_ca = peer_ca(&args, supervisor_ca.as_deref())?;
             config.refresh_every = Duration::from_millis(args.member_refresh_ms.max(100));
             config.member_ttl = Duration::from_millis(args.member_ttl_ms.max(500));
             config.store_timeout = config.store_timeout.min(config.member_ttl / 2);
@@ -202,7 +217,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             mode: args.config_delivery_mode,
             reconcile_interval: Duration::from_millis(args.config_reconcile_ms),
             owner_cache_ttl: Duration::from_millis(args.config_owner_cache_ms),
-            pool_size: crate::store::POOL_SIZE,
+            pool_size: args.database_max_connections,
             build_delay: Duration::from_millis(args.config_build_delay_ms),
         },
         config_model.clone(),
@@ -212,6 +227,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     );
     tracing::info!(
         mode = ?args.config_delivery_mode,
+        database_max_connections = args.database_max_connections,
         build_permits = delivery.permits.size(),
         "config delivery"
     );
@@ -243,6 +259,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         cluster: cluster.clone(),
         config: config_model,
         delivery: delivery.clone(),
+        ssh: crate::api::ssh_sessions::SshSessionConfig {
+            ttl: Duration::from_secs(args.ssh_session_ttl_secs),
+            scheme,
+        },
     };
     let layer = GatewayLayer {
         replica_id: replica_header,
@@ -251,6 +271,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             peer_token.as_ref().map(Secret::expose),
             args.dev,
             store.clone(),
+            metrics.clone(),
         )),
         metrics: metrics.clone(),
     };
@@ -258,8 +279,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let mut builder = Server::builder()
         .initial_stream_window_size(Some(2 << 20))
         .initial_connection_window_size(Some(16 << 20))
+        .max_frame_size(Some(H2_MAX_FRAME_SIZE))
         .http2_keepalive_interval(Some(Duration::from_secs(20)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(20)));
+        .http2_keepalive_timeout(Some(Duration::from_secs(20)))
+        .max_concurrent_streams(args.max_streams_per_connection);
     if let Some(identity) = tls {
         builder = builder
             .tls_config(ServerTlsConfig::new().identity(identity))
@@ -277,6 +300,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             PeerServer::new(PeerService {
                 sessions: sessions.clone(),
                 delivery: delivery.clone(),
+                config_notify: !args.no_peer_config_notify,
             })
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
             .max_encoding_message_size(MAX_MESSAGE_BYTES),
@@ -353,6 +377,12 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Err(_) => tracing::warn!("connections still open after 5 s; exiting anyway"),
     }
     metrics_stop.cancel();
+    if let Some(dir) = &args.metrics_on_exit {
+        let path = dir.join(format!("{}.metrics", args.replica_id));
+        if let Err(err) = std::fs::write(&path, metrics.render()) {
+            tracing::warn!(%err, path = %path.display(), "writing the final metrics");
+        }
+    }
     store.close().await;
     Ok(())
 }
@@ -403,6 +433,29 @@ async fn send_sessions_home(cluster: Arc<Cluster>, sessions: Arc<Sessions>, metr
                 .inc_by(sent as u64);
         }
     }
+}
+
+/// The CA bundle peer channels trust: `--peer-ca`, else the supervisors' CA
+/// (`--supervisor-ca`, else `--tls-cert`), else none (the system roots).
+/// Checked here, so a wrong file stops the replica instead of every relay.
+fn peer_ca(
+    args: &ServeArgs,
+    supervisor_ca: Option<&std::path::Path>,
+) -> anyhow::Result<Option<Vec<u8>>> {
+    let (flag, path) = match (&args.peer_ca, supervisor_ca) {
+        (Some(path), _) => ("--peer-ca", path.as_path()),
+        (None, Some(path)) if args.supervisor_ca.is_some() => ("--supervisor-ca", path),
+        (None, Some(path)) => ("--tls-cert", path),
+        (None, None) => return Ok(None),
+    };
+    let pem = std::fs::read(path).with_context(|| format!("reading {flag} {}", path.display()))?;
+    let certificates = x509_parser::pem::Pem::iter_from_buffer(&pem)
+        .take_while(Result::is_ok)
+        .count();
+    if certificates == 0 {
+        bail!("{flag} {} holds no PEM certificate", path.display());
+    }
+    Ok(Some(pem))
 }
 
 /// "sqlite" or "postgres": what to say about a store URL without showing it.

@@ -8,19 +8,35 @@
 //! the peer service instead (see `relay_routing`). Pending channels are
 //! removed when the waiter gives up, so a late claim finds nothing.
 //!
+//! Outbound traffic of a session has two queues merged into its response
+//! stream ([`GatewayStream`]): one for acceptance, heartbeats, relay opens
+//! and redirects, and a small one of its own for pushed configuration
+//! updates (at most one is in flight, see `config::delivery`). A burst of
+//! relay opens therefore never takes the config path's room, nor the other
+//! way round. Nothing on the session task waits on a queue: a heartbeat that
+//! finds its queue full is skipped (the queue is busy anyway), and a relay
+//! open waits at most [`RELAY_OPEN_SEND_TIMEOUT`] for room. What closes a
+//! session for load is only a stream that stops draining: messages queued
+//! and the stream not polled by the transport (HTTP/2 flow control stops
+//! polling once the supervisor stops reading) for the drain timeout (30 s
+//! by default), counted as
+//! `not_draining` in `openshell_server_config_sessions_closed_total`.
+//!
 //! Folder: this module (the sessions a replica holds and their relays) and
 //! `routing` (whether a relay is served here or by the owner replica through
 //! the peer service). May import `cluster`, `metrics` and `store`; never
 //! `sandboxes`, `config`, `api` or `serve` (they are told of session events
 //! through `ConfigSink` and channels).
 
+pub mod caps;
 pub mod routing;
 
 use std::collections::HashMap;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
 
 use futures::Stream;
 use openshell_proto::{
@@ -39,10 +55,89 @@ use crate::metrics::{Metrics, RelayLabels};
 const IDLE_HEARTBEATS: u32 = 3;
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
 const CLAIM_TIMEOUT: Duration = Duration::from_secs(10);
+/// Room for acceptance, heartbeats, relay opens and redirects.
+const OUTBOUND_QUEUE: usize = 64;
+/// Room for pushed config updates. Delivery keeps one update in flight and
+/// sends the next only once the supervisor answered the previous one (so
+/// read it): one slot would do, the rest is slack.
+const CONFIG_QUEUE: usize = 4;
+/// How long a relay open may wait for room on the session's queue.
+pub const RELAY_OPEN_SEND_TIMEOUT: Duration = Duration::from_secs(5);
+/// How a relay open that found no room within that time fails. Not retried
+/// by the router: the session is connected, its supervisor is not reading.
+pub(crate) const NOT_TAKING_RELAY_OPENS: &str =
+    "the sandbox's supervisor session is not taking relay opens";
+/// A session whose stream has messages queued and has taken none for this
+/// long is closed: its supervisor stopped reading.
+pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
-pub type GatewayStream = ReceiverStream<Result<GatewayMessage, Status>>;
+pub type Outbound = mpsc::Sender<Result<GatewayMessage, Status>>;
 pub type RelayStreamOut = ReceiverStream<Result<RelayFrame, Status>>;
 pub type FrameStream = Pin<Box<dyn Stream<Item = Result<RelayFrame, Status>> + Send>>;
+
+/// When the transport last polled a session's response stream. HTTP/2 flow
+/// control stops the polling once the supervisor stops reading.
+struct DrainClock {
+    origin: Instant,
+    last_ms: AtomicU64,
+}
+
+impl DrainClock {
+    fn new() -> Arc<Self> {
+        Arc::new(Self {
+            origin: Instant::now(),
+            last_ms: AtomicU64::new(0),
+        })
+    }
+
+    fn polled(&self) {
+        let ms = self.origin.elapsed().as_millis() as u64;
+        self.last_ms.store(ms, Ordering::Relaxed);
+    }
+
+    fn since_polled(&self) -> Duration {
+        let last = Duration::from_millis(self.last_ms.load(Ordering::Relaxed));
+        self.origin.elapsed().saturating_sub(last)
+    }
+}
+
+/// A session's response stream: its config queue and its main queue,
+/// merged. Config goes first: an update only exists once the supervisor
+/// answered the acceptance, so order across the two queues never matters.
+pub struct GatewayStream {
+    config: Option<mpsc::Receiver<Result<GatewayMessage, Status>>>,
+    main: mpsc::Receiver<Result<GatewayMessage, Status>>,
+    clock: Option<Arc<DrainClock>>,
+}
+
+impl Stream for GatewayStream {
+    type Item = Result<GatewayMessage, Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let this = &mut *self;
+        if let Some(clock) = &this.clock {
+            clock.polled();
+        }
+        let mut next = Poll::Pending;
+        if let Some(config) = &mut this.config {
+            match config.poll_recv(cx) {
+                Poll::Ready(Some(message)) => next = Poll::Ready(Some(message)),
+                Poll::Ready(None) => this.config = None,
+                Poll::Pending => {}
+            }
+        }
+        if next.is_pending() {
+            // The session is over once its main queue is closed.
+            next = this.main.poll_recv(cx);
+        }
+        next
+    }
+}
+
+/// Messages waiting in a queue.
+fn queued(tx: &Outbound) -> usize {
+    tx.max_capacity() - tx.capacity()
+}
 
 struct Session {
     id: String,
@@ -66,6 +161,7 @@ pub struct Relay {
     pub inbound: FrameStream,
     pub outbound: mpsc::Sender<Result<RelayFrame, Status>>,
     gauge: Option<RelayGauge>,
+    cap: Option<caps::CapSlot>,
 }
 
 impl Relay {
@@ -74,7 +170,14 @@ impl Relay {
             inbound,
             outbound,
             gauge: None,
+            cap: None,
         }
+    }
+
+    /// Keeps the relay's place under its sandbox's caps while it lives.
+    fn holding(mut self, cap: caps::CapSlot) -> Self {
+        self.cap = Some(cap);
+        self
     }
 
     /// Counts the relay in `relays_active` / `relays_opened` and in its
@@ -131,7 +234,8 @@ impl Drop for RelayGauge {
 pub fn relay_kind(target: &relay_open::Target) -> &'static str {
     match target {
         relay_open::Target::Exec(_) => "exec",
-        _ => "tcp",
+        relay_open::Target::Ssh(_) => "ssh",
+        relay_open::Target::Tcp(_) => "tcp",
     }
 }
 
@@ -153,7 +257,8 @@ pub enum SessionEnd {
 /// Lifecycle callbacks of a session, run in order on its task.
 #[tonic::async_trait]
 pub trait SessionHooks: Send + Sync + 'static {
-    async fn accepted(&self, sandbox_id: &str);
+    /// `ssh_host_key_fingerprint`: what the supervisor's hello reported.
+    async fn accepted(&self, sandbox_id: &str, ssh_host_key_fingerprint: &str);
     /// Called on every supervisor heartbeat; false means the session lost
     /// its ownership and must close.
     async fn heartbeat(&self, sandbox_id: &str, session_id: &str) -> bool;
@@ -164,8 +269,9 @@ pub trait SessionHooks: Send + Sync + 'static {
 /// session is registered, handed every `ConfigUpdateResult`, told when it
 /// ends.
 pub trait ConfigSink: Send + Sync + 'static {
-    /// The session's outbound queue and its close signal.
-    fn started(&self, tx: mpsc::Sender<Result<GatewayMessage, Status>>, closed: CancellationToken);
+    /// The session's config queue (its own, not shared with relay opens or
+    /// heartbeats) and its close signal.
+    fn started(&self, tx: Outbound, closed: CancellationToken);
     fn result(&self, result: ConfigUpdateResult);
     fn ended(&self);
 }
@@ -186,10 +292,13 @@ pub struct Sessions {
     shutting_down: AtomicBool,
     metrics: Arc<Metrics>,
     heartbeat: Duration,
+    /// Per-sandbox limits on concurrent relays opened here.
+    pub caps: caps::RelayCaps,
+    drain_timeout: Duration,
 }
 
 impl Sessions {
-    pub fn new(metrics: Arc<Metrics>, heartbeat: Duration) -> Arc<Self> {
+    pub fn new(metrics: Arc<Metrics>, heartbeat: Duration, drain_timeout: Duration) -> Arc<Self> {
         Arc::new(Self {
             sessions: Mutex::new(HashMap::new()),
             pending: Mutex::new(HashMap::new()),
@@ -198,6 +307,8 @@ impl Sessions {
             shutting_down: AtomicBool::new(false),
             metrics,
             heartbeat,
+            caps: caps::RelayCaps::default(),
+            drain_timeout,
         })
     }
 
@@ -236,7 +347,11 @@ impl Sessions {
             payload: Some(gateway_message::Payload::SessionRedirect(redirect)),
         };
         tx.try_send(Ok(message)).expect("fresh channel has room");
-        ReceiverStream::new(rx)
+        GatewayStream {
+            config: None,
+            main: rx,
+            clock: None,
+        }
     }
 
     /// Registers an accepted session and starts its task. With `push`, the
@@ -253,7 +368,9 @@ impl Sessions {
         if self.is_shutting_down() {
             return Err(Status::unavailable("gateway is shutting down"));
         }
-        let (tx, rx) = mpsc::channel(64);
+        let (tx, rx) = mpsc::channel(OUTBOUND_QUEUE);
+        let (config_tx, config_rx) = mpsc::channel(CONFIG_QUEUE);
+        let clock = DrainClock::new();
         let (bootstrap, sink) = match push {
             Some(push) => (Some(push.bootstrap), Some(push.sink)),
             None => (None, None),
@@ -296,17 +413,31 @@ impl Sessions {
             "supervisor session accepted"
         );
         if let Some(sink) = &sink {
-            sink.started(tx.clone(), closed.clone());
+            sink.started(config_tx.clone(), closed.clone());
         }
+        let stream = GatewayStream {
+            config: sink.is_some().then_some(config_rx),
+            main: rx,
+            clock: Some(clock.clone()),
+        };
 
         let this = self.clone();
+        let fingerprint = hello.ssh_host_key_fingerprint.clone();
         tokio::spawn(async move {
-            hooks.accepted(&sandbox_id).await;
+            hooks.accepted(&sandbox_id, &fingerprint).await;
             let mut heartbeat = tokio::time::interval(this.heartbeat);
             heartbeat.tick().await;
             // Supervisors beat at least every 5 s; whatever arrives resets it.
             let idle_limit = (this.heartbeat * IDLE_HEARTBEATS).max(Duration::from_secs(15));
             let mut idle_deadline = tokio::time::Instant::now() + idle_limit;
+            let mut drain_check = tokio::time::interval(
+                (this.drain_timeout / 4).clamp(Duration::from_millis(50), Duration::from_secs(1)),
+            );
+            drain_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            // Checks in a row that found messages queued and the stream not
+            // polled for the drain timeout: two, so that a message queued
+            // just before a check is not mistaken for a stuck stream.
+            let mut stuck_checks = 0u32;
             let mut lost = false;
             loop {
                 tokio::select! {
@@ -315,11 +446,30 @@ impl Sessions {
                         tracing::warn!(sandbox_id, "supervisor session idle; closing");
                         break;
                     }
+                    _ = drain_check.tick() => {
+                        let waiting = queued(&tx) + queued(&config_tx);
+                        let stuck = waiting > 0 && clock.since_polled() >= this.drain_timeout;
+                        stuck_checks = if stuck { stuck_checks + 1 } else { 0 };
+                        if stuck_checks >= 2 {
+                            tracing::warn!(
+                                sandbox_id,
+                                session_id,
+                                waiting,
+                                drain_timeout_ms = this.drain_timeout.as_millis() as u64,
+                                "supervisor session stopped draining its stream; closing"
+                            );
+                            this.metrics.config.closed("not_draining");
+                            break;
+                        }
+                    }
                     _ = heartbeat.tick() => {
                         let beat = GatewayMessage {
                             payload: Some(gateway_message::Payload::Heartbeat(GatewayHeartbeat {})),
                         };
-                        if tx.send(Ok(beat)).await.is_err() {
+                        // A full queue is traffic the supervisor has yet to
+                        // read: this beat adds nothing, and waiting for room
+                        // would stop this task from reading the supervisor.
+                        if let Err(mpsc::error::TrySendError::Closed(_)) = tx.try_send(Ok(beat)) {
                             break;
                         }
                     }
@@ -354,7 +504,37 @@ impl Sessions {
             }
             hooks.ended(end).await;
         });
-        Ok(ReceiverStream::new(rx))
+        Ok(stream)
+    }
+
+    /// Unit-test seam: registers a session entry without a supervisor
+    /// stream (no task reads or beats it). Returns its outbound queue and
+    /// close signal, as `ConfigSink::started` gets them.
+    #[cfg(test)]
+    pub(crate) fn register_for_test(
+        &self,
+        sandbox_id: &str,
+        session_id: &str,
+    ) -> (Outbound, GatewayStream, CancellationToken) {
+        let (tx, rx) = mpsc::channel(OUTBOUND_QUEUE);
+        let closed = CancellationToken::new();
+        self.sessions.lock().unwrap().insert(
+            sandbox_id.to_owned(),
+            Session {
+                id: session_id.to_owned(),
+                tx: tx.clone(),
+                closed: closed.clone(),
+                supports_redirect: false,
+                accepted_at: std::time::Instant::now(),
+                moving: Arc::new(AtomicBool::new(false)),
+            },
+        );
+        let stream = GatewayStream {
+            config: None,
+            main: rx,
+            clock: None,
+        };
+        (tx, stream, closed)
     }
 
     fn on_supervisor_message(&self, message: SupervisorMessage) {
@@ -515,15 +695,18 @@ impl Sessions {
     }
 
     /// Opens a relay over this replica's session of the sandbox and waits for
-    /// the supervisor's claim.
+    /// the supervisor's claim. `ssh_session`: the SSH session (token hash) a
+    /// forward was opened with, counted against its caps.
     pub async fn open_local(
         &self,
         sandbox_id: &str,
         target: relay_open::Target,
         session_wait: Duration,
+        ssh_session: Option<&str>,
     ) -> Result<Relay, Status> {
         let kind = relay_kind(&target);
         let (session_id, session_tx) = self.wait_session(sandbox_id, session_wait).await?;
+        let cap = self.caps.reserve(sandbox_id, kind == "exec", ssh_session)?;
         let channel_id = uuid::Uuid::new_v4().to_string();
         let (reply, claimed) = oneshot::channel();
         self.pending.lock().unwrap().insert(
@@ -546,24 +729,43 @@ impl Sessions {
                 service_id: String::new(),
             })),
         };
-        if session_tx.send(Ok(open)).await.is_err() {
-            return Err(Status::unavailable("supervisor session closed"));
+        match tokio::time::timeout(RELAY_OPEN_SEND_TIMEOUT, session_tx.send(Ok(open))).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Err(Status::unavailable("supervisor session closed")),
+            Err(_) => {
+                return Err(Status::unavailable(format!(
+                    "{NOT_TAKING_RELAY_OPENS} (its queue stayed full for {} s); try again",
+                    RELAY_OPEN_SEND_TIMEOUT.as_secs()
+                )));
+            }
         }
-        let result = match tokio::time::timeout(CLAIM_TIMEOUT, claimed).await {
+        let mut claimed = claimed;
+        let result = match tokio::time::timeout(CLAIM_TIMEOUT, &mut claimed).await {
             Ok(Ok(result)) => result,
             Ok(Err(_)) => Err(Status::unavailable("supervisor session closed")),
             Err(_) => {
-                let close = GatewayMessage {
-                    payload: Some(gateway_message::Payload::RelayClose(RelayClose {
-                        channel_id: channel_id.clone(),
-                        reason: "relay open timed out".into(),
-                    })),
-                };
-                let _ = session_tx.try_send(Ok(close));
-                Err(Status::deadline_exceeded("relay open timed out"))
+                // A claim racing the timer: closing the receiver decides it.
+                // Either the claim got in first (its relay is used: the
+                // target may already run, so this open must not fail and be
+                // retried) or it finds the waiter gone, and its supervisor
+                // never starts the target.
+                claimed.close();
+                match claimed.try_recv() {
+                    Ok(result) => result,
+                    Err(_) => {
+                        let close = GatewayMessage {
+                            payload: Some(gateway_message::Payload::RelayClose(RelayClose {
+                                channel_id: channel_id.clone(),
+                                reason: "relay open timed out".into(),
+                            })),
+                        };
+                        let _ = session_tx.try_send(Ok(close));
+                        Err(Status::deadline_exceeded("relay open timed out"))
+                    }
+                }
             }
         };
-        Ok(result?.counted(self, sandbox_id, kind))
+        Ok(result?.counted(self, sandbox_id, kind).holding(cap))
     }
 
     /// Serves a supervisor's `RelayStream`: hands it to the waiting opener.

@@ -59,17 +59,21 @@ impl RelayRouter {
         }
     }
 
+    /// Opens a relay to `sandbox_id`'s supervisor wherever its session is.
+    /// `ssh_session`: the SSH session (token hash) a forward was opened with;
+    /// the owner counts it against the session's caps.
     pub async fn open(
         &self,
         sandbox_id: &str,
         target: relay_open::Target,
+        ssh_session: Option<&str>,
     ) -> Result<Relay, Status> {
         let kind = relay_kind(&target);
         let Some(cluster) = &self.cluster else {
             // One replica: the session is here or not at all.
             let result = self
                 .sessions
-                .open_local(sandbox_id, target, OPEN_BUDGET)
+                .open_local(sandbox_id, target, OPEN_BUDGET, ssh_session)
                 .await;
             self.count("local", kind, &result);
             return result;
@@ -80,7 +84,7 @@ impl RelayRouter {
             if self.sessions.has_session(sandbox_id) {
                 let result = self
                     .sessions
-                    .open_local(sandbox_id, target.clone(), Duration::ZERO)
+                    .open_local(sandbox_id, target.clone(), Duration::ZERO, ssh_session)
                     .await;
                 self.count("local", kind, &result);
                 match result {
@@ -91,7 +95,13 @@ impl RelayRouter {
                 && owner.replica_id != cluster.replica_id()
             {
                 let result = self
-                    .open_peer(cluster, &owner.peer_endpoint, sandbox_id, target.clone())
+                    .open_peer(
+                        cluster,
+                        &owner.peer_endpoint,
+                        sandbox_id,
+                        target.clone(),
+                        ssh_session,
+                    )
                     .await;
                 self.count("peer", kind, &result);
                 match result {
@@ -127,6 +137,7 @@ impl RelayRouter {
         endpoint: &str,
         sandbox_id: &str,
         target: relay_open::Target,
+        ssh_session: Option<&str>,
     ) -> Result<Relay, Status> {
         let channel = cluster.peer_channel(endpoint)?;
         let mut client = PeerClient::new(channel)
@@ -142,6 +153,7 @@ impl RelayRouter {
                     service_id: String::new(),
                 }),
                 requester_replica_id: cluster.replica_id().to_owned(),
+                ssh_session: ssh_session.unwrap_or_default().to_owned(),
             })),
         };
         // A failed local frame ends the peer request stream (the owner then
@@ -162,7 +174,16 @@ impl RelayRouter {
             .parse()
             .map_err(|_| Status::internal("replica id is not a valid header value"))?;
         request.metadata_mut().insert(PEER_REPLICA_HEADER, replica);
-        let response = client.peer_relay(request).await?;
+        let response = client.peer_relay(request).await.map_err(|status| {
+            // A certificate problem does not heal within the open budget:
+            // answer at once, saying which hop failed.
+            match cluster.peer_tls_failure(endpoint, &status) {
+                Some(cause) => Status::unavailable(format!(
+                    "relay to the owner replica failed: peer TLS: {cause}"
+                )),
+                None => status,
+            }
+        })?;
         let inbound = response.into_inner().filter_map(|frame| async move {
             match frame {
                 Ok(PeerRelayFrame {
@@ -183,4 +204,8 @@ fn retryable(status: &Status) -> bool {
     matches!(status.code(), Code::Unavailable | Code::DeadlineExceeded)
         && !status.message().starts_with("supervisor relay failed")
         && !status.message().starts_with("supervisor closed the relay")
+        && !status
+            .message()
+            .starts_with("relay to the owner replica failed")
+        && !status.message().starts_with(super::NOT_TAKING_RELAY_OPENS)
 }

@@ -13,6 +13,16 @@
 //! replicas poll to feed their watchers changes made elsewhere. Supervisor
 //! credentials are stored only as SHA-256 hashes.
 //!
+//! Every call has a deadline ([`StoreOptions::deadline`], 5 s by default):
+//! waiting for a pool connection and every statement count against it, and
+//! an expired one is [`StoreError::TimedOut`], which the API answers as
+//! UNAVAILABLE. A frozen server keeps its TCP connections open, so only a
+//! deadline on our side bounds a call; PostgreSQL's own `statement_timeout`
+//! is set to the same value for statements that are merely slow. A call cut
+//! off mid-statement leaves its connection to the pool's release check
+//! (sqlx pings it before reuse and drops it if broken), so the pool
+//! recovers by itself once the server answers again.
+//!
 //! Folder: this module (every SQL statement of the gateway) and `layout`
 //! (the data directory). The lowest layer: imports no other module. This
 //! file stays one piece on purpose: each function is one statement (or one
@@ -21,6 +31,9 @@
 
 pub mod layout;
 
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use openshell_proto::Sandbox;
@@ -170,6 +183,27 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
         value BIGINT NOT NULL
     )",
     ),
+    // SSH sessions (CreateSshSession): the SHA-256 of each token, never the
+    // token; `expires_ms` by database time, 0 for none.
+    (
+        3,
+        "CREATE TABLE ssh_sessions (
+        token_hash TEXT PRIMARY KEY,
+        sandbox_id TEXT NOT NULL,
+        created_ms INTEGER NOT NULL,
+        expires_ms INTEGER NOT NULL,
+        revoked INTEGER NOT NULL DEFAULT 0
+    );
+    CREATE INDEX ssh_sessions_sandbox ON ssh_sessions (sandbox_id)",
+        "CREATE TABLE ssh_sessions (
+        token_hash TEXT PRIMARY KEY,
+        sandbox_id TEXT NOT NULL,
+        created_ms BIGINT NOT NULL,
+        expires_ms BIGINT NOT NULL,
+        revoked BIGINT NOT NULL DEFAULT 0
+    );
+    CREATE INDEX ssh_sessions_sandbox ON ssh_sessions (sandbox_id)",
+    ),
 ];
 
 #[derive(Debug, thiserror::Error)]
@@ -182,6 +216,13 @@ pub enum StoreError {
     Db(#[from] sqlx::Error),
     #[error("store: corrupt record: {0}")]
     Corrupt(#[from] prost::DecodeError),
+    /// The call's deadline passed (no connection free, or no answer). The
+    /// message names the store kind and the deadline, never the URL.
+    #[error("the {store} store did not answer within {} s", .after.as_secs_f64())]
+    TimedOut {
+        store: &'static str,
+        after: Duration,
+    },
 }
 
 /// A stored sandbox with the driver's bookkeeping.
@@ -221,6 +262,19 @@ pub struct OwnerRecord {
     pub connection_epoch: i64,
 }
 
+/// What the store knows of one SSH session token (by its hash).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SshSessionState {
+    pub sandbox_id: String,
+    pub revoked: bool,
+    /// Past its expiry by the database's clock.
+    pub expired: bool,
+}
+
+/// Expired or revoked SSH sessions are deleted this long after they
+/// ended (when a new session of the same sandbox is created).
+const SSH_SESSION_KEEP_MS: i64 = 24 * 3600 * 1000;
+
 /// A change to one sandbox, from `sandbox_events`.
 #[derive(Debug, Clone)]
 pub struct SandboxEvent {
@@ -229,13 +283,52 @@ pub struct SandboxEvent {
     pub deleted: bool,
 }
 
-/// Connections in the store's pool (config build permits are sized from it).
+/// Default connections in the store's pool (`--database-max-connections`;
+/// config build permits are sized from it).
 pub const POOL_SIZE: u32 = 8;
+/// Default deadline of one store call (`--database-timeout-ms`).
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(5);
+/// PostgreSQL ends a session left idle inside a transaction this long (a
+/// replica frozen while holding row locks must not block the others).
+const IDLE_IN_TRANSACTION: Duration = Duration::from_secs(60);
+/// Bound of the start-up migration on PostgreSQL (its wait for another
+/// replica's migration included), instead of the per-call deadline.
+const MIGRATION_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// How the store's pool is sized and how long a call may take.
+#[derive(Debug, Clone, Copy)]
+pub struct StoreOptions {
+    pub max_connections: u32,
+    pub deadline: Duration,
+}
+
+impl Default for StoreOptions {
+    fn default() -> Self {
+        Self {
+            max_connections: POOL_SIZE,
+            deadline: DEFAULT_DEADLINE,
+        }
+    }
+}
 
 #[derive(Clone)]
 pub struct Store {
     pool: AnyPool,
     dialect: Dialect,
+    deadline: Duration,
+    /// Bumped whenever a sandbox token hash is written (see
+    /// [`Store::token_writes`]).
+    token_writes: Arc<AtomicU64>,
+}
+
+/// Bumps the token write counter when dropped: after the write committed,
+/// failed or was cut off by its deadline (it may still commit then).
+struct TokenWriteGuard<'a>(&'a AtomicU64);
+
+impl Drop for TokenWriteGuard<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
 const SANDBOX_COLUMNS: &str = "record, supervisor_pid, driver_host";
@@ -243,7 +336,7 @@ const SANDBOX_COLUMNS: &str = "record, supervisor_pid, driver_host";
 impl Store {
     /// Opens `url` (`sqlite://PATH` or `postgres://...`), creating an SQLite
     /// file if needed, and migrates it.
-    pub async fn open(url: &str) -> Result<Self, StoreError> {
+    pub async fn open(url: &str, options: StoreOptions) -> Result<Self, StoreError> {
         sqlx::any::install_default_drivers();
         let dialect = if url.starts_with("postgres://") || url.starts_with("postgresql://") {
             Dialect::Postgres
@@ -254,29 +347,87 @@ impl Store {
             Dialect::Sqlite if !url.contains('?') => format!("{url}?mode=rwc"),
             _ => url.to_owned(),
         };
+        let deadline = options.deadline;
+        let deadline_ms = deadline.as_millis();
         let pool = AnyPoolOptions::new()
-            .max_connections(POOL_SIZE)
-            .acquire_timeout(Duration::from_secs(10))
+            .max_connections(options.max_connections.max(1))
+            .acquire_timeout(deadline)
             .after_connect(move |conn, _meta| {
                 Box::pin(async move {
-                    if dialect == Dialect::Sqlite {
-                        // Several replicas may share the file: wait for locks
-                        // instead of failing, and let readers run beside a writer.
-                        sqlx::query("PRAGMA busy_timeout = 10000")
-                            .execute(&mut *conn)
-                            .await?;
-                        sqlx::query("PRAGMA journal_mode = WAL")
-                            .execute(&mut *conn)
-                            .await?;
+                    match dialect {
+                        Dialect::Sqlite => {
+                            // Several replicas may share the file: wait for
+                            // locks (as long as a call may take) instead of
+                            // failing, and let readers run beside a writer.
+                            let busy = format!("PRAGMA busy_timeout = {deadline_ms}");
+                            sqlx::query(AssertSqlSafe(busy)).execute(&mut *conn).await?;
+                            sqlx::query("PRAGMA journal_mode = WAL")
+                                .execute(&mut *conn)
+                                .await?;
+                        }
+                        Dialect::Postgres => {
+                            let idle = IDLE_IN_TRANSACTION.as_millis().max(2 * deadline_ms);
+                            for set in [
+                                format!("SET statement_timeout = {deadline_ms}"),
+                                format!("SET idle_in_transaction_session_timeout = {idle}"),
+                            ] {
+                                sqlx::query(AssertSqlSafe(set)).execute(&mut *conn).await?;
+                            }
+                        }
                     }
                     Ok(())
                 })
             })
             .connect(&url)
             .await?;
-        let store = Self { pool, dialect };
+        let store = Self {
+            pool,
+            dialect,
+            deadline,
+            token_writes: Arc::new(AtomicU64::new(0)),
+        };
         store.migrate().await?;
         Ok(store)
+    }
+
+    /// The deadline of one call.
+    pub fn deadline(&self) -> Duration {
+        self.deadline
+    }
+
+    /// "sqlite" or "postgres", for messages that must not show the URL.
+    pub fn kind(&self) -> &'static str {
+        match self.dialect {
+            Dialect::Sqlite => "sqlite",
+            Dialect::Postgres => "postgres",
+        }
+    }
+
+    /// The error of a call whose deadline passed.
+    pub fn timed_out(&self) -> StoreError {
+        StoreError::TimedOut {
+            store: self.kind(),
+            after: self.deadline,
+        }
+    }
+
+    /// Runs one store call within the deadline. An expired deadline and a
+    /// pool that had no connection to give within it are both `TimedOut`.
+    pub async fn bounded<T>(
+        &self,
+        call: impl Future<Output = Result<T, StoreError>>,
+    ) -> Result<T, StoreError> {
+        match tokio::time::timeout(self.deadline, call).await {
+            Ok(Err(StoreError::Db(sqlx::Error::PoolTimedOut))) | Err(_) => Err(self.timed_out()),
+            Ok(result) => result,
+        }
+    }
+
+    /// How many sandbox token writes (new sandboxes, new supervisor tokens)
+    /// this process has made. A cache of token lookups is stale once it
+    /// changes.
+    pub fn token_writes(&self) -> u64 {
+        self.token_writes.load(Ordering::SeqCst)
     }
 
     pub(crate) fn dialect(&self) -> Dialect {
@@ -288,14 +439,17 @@ impl Store {
     pub(crate) async fn begin_read(
         &self,
     ) -> Result<sqlx::Transaction<'static, sqlx::Any>, StoreError> {
-        Ok(match self.dialect {
-            Dialect::Sqlite => self.pool.begin().await?,
-            Dialect::Postgres => {
-                self.pool
-                    .begin_with("BEGIN TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
-                    .await?
-            }
+        self.bounded(async {
+            Ok(match self.dialect {
+                Dialect::Sqlite => self.pool.begin().await?,
+                Dialect::Postgres => {
+                    self.pool
+                        .begin_with("BEGIN TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+                        .await?
+                }
+            })
         })
+        .await
     }
 
     /// A transaction that holds the write lock (SQLite) or takes row locks
@@ -303,15 +457,28 @@ impl Store {
     pub(crate) async fn begin_write(
         &self,
     ) -> Result<sqlx::Transaction<'static, sqlx::Any>, StoreError> {
-        Ok(match self.dialect {
-            Dialect::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await?,
-            Dialect::Postgres => self.pool.begin().await?,
+        self.bounded(async {
+            Ok(match self.dialect {
+                Dialect::Sqlite => self.pool.begin_with("BEGIN IMMEDIATE").await?,
+                Dialect::Postgres => self.pool.begin().await?,
+            })
         })
+        .await
     }
 
     async fn migrate(&self) -> Result<(), StoreError> {
         let mut tx = self.begin_write().await?;
         if self.dialect == Dialect::Postgres {
+            // Not bound by the per-call statement_timeout: waiting for
+            // another replica's migration, or a slow index build, may take
+            // longer than a request should. A bound of its own still ends a
+            // start against a server that never answers.
+            sqlx::query(AssertSqlSafe(format!(
+                "SET LOCAL statement_timeout = {}",
+                MIGRATION_TIMEOUT.as_millis()
+            )))
+            .execute(&mut *tx)
+            .await?;
             // Replicas starting together migrate one at a time.
             sqlx::query("SELECT pg_advisory_xact_lock(7167001)")
                 .execute(&mut *tx)
@@ -374,77 +541,90 @@ impl Store {
         driver_host: &str,
         policy: Option<&PolicySeed>,
     ) -> Result<(), StoreError> {
-        let meta = sandbox.metadata.as_ref().expect("metadata");
-        let created_ms = meta
-            .created_time
-            .as_ref()
-            .map(|t| t.seconds * 1000 + i64::from(t.nanos) / 1_000_000)
-            .unwrap_or_default();
-        let mut tx = self.begin_write().await?;
-        let result = sqlx::query(
-            "INSERT INTO sandboxes (id, name, resource_version, record, token_hash, driver_host, created_ms)
-             VALUES ($1, $2, $3, $4, $5, $6, $7)",
-        )
-        .bind(&meta.id)
-        .bind(&meta.name)
-        .bind(meta.resource_version as i64)
-        .bind(sandbox.encode_to_vec())
-        .bind(token_hash)
-        .bind(driver_host)
-        .bind(created_ms)
-        .execute(&mut *tx)
-        .await;
-        match result {
-            Ok(_) => {}
-            Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
-                return Err(StoreError::AlreadyExists);
-            }
-            Err(e) => return Err(e.into()),
-        }
-        if let Some(seed) = policy {
-            sqlx::query(
-                "INSERT INTO config_scopes (owner, policy_version, policy, policy_hash, settings_revision)
-                 VALUES ($1, $2, $3, $4, 0)",
+        self.bounded(async {
+            let _token_written = TokenWriteGuard(&self.token_writes);
+            let meta = sandbox.metadata.as_ref().expect("metadata");
+            let created_ms = meta
+                .created_time
+                .as_ref()
+                .map(|t| t.seconds * 1000 + i64::from(t.nanos) / 1_000_000)
+                .unwrap_or_default();
+            let mut tx = self.begin_write().await?;
+            let result = sqlx::query(
+                "INSERT INTO sandboxes (id, name, resource_version, record, token_hash, driver_host, created_ms)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7)",
             )
             .bind(&meta.id)
-            .bind(seed.version)
-            .bind(seed.encoded.clone())
-            .bind(&seed.hash)
+            .bind(&meta.name)
+            .bind(meta.resource_version as i64)
+            .bind(sandbox.encode_to_vec())
+            .bind(token_hash)
+            .bind(driver_host)
+            .bind(created_ms)
             .execute(&mut *tx)
-            .await?;
-        }
-        self.record_event(&mut tx, &meta.id, false).await?;
-        tx.commit().await?;
-        Ok(())
+            .await;
+            match result {
+                Ok(_) => {}
+                Err(sqlx::Error::Database(e)) if e.is_unique_violation() => {
+                    return Err(StoreError::AlreadyExists);
+                }
+                Err(e) => return Err(e.into()),
+            }
+            if let Some(seed) = policy {
+                sqlx::query(
+                    "INSERT INTO config_scopes (owner, policy_version, policy, policy_hash, settings_revision)
+                     VALUES ($1, $2, $3, $4, 0)",
+                )
+                .bind(&meta.id)
+                .bind(seed.version)
+                .bind(seed.encoded.clone())
+                .bind(&seed.hash)
+                .execute(&mut *tx)
+                .await?;
+            }
+            self.record_event(&mut tx, &meta.id, false).await?;
+            tx.commit().await?;
+            Ok(())
+        })
+        .await
     }
 
     pub async fn get_by_name(&self, name: &str) -> Result<StoredSandbox, StoreError> {
-        let sql = format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE name = $1");
-        let row = sqlx::query(AssertSqlSafe(sql))
-            .bind(name)
-            .fetch_optional(&self.pool)
-            .await?
-            .ok_or(StoreError::NotFound)?;
-        decode_row(&row)
+        self.bounded(async {
+            let sql = format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE name = $1");
+            let row = sqlx::query(AssertSqlSafe(sql))
+                .bind(name)
+                .fetch_optional(&self.pool)
+                .await?
+                .ok_or(StoreError::NotFound)?;
+            decode_row(&row)
+        })
+        .await
     }
 
     pub async fn get_by_id(&self, id: &str) -> Result<StoredSandbox, StoreError> {
-        let sql = format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE id = $1");
-        let row = sqlx::query(AssertSqlSafe(sql))
-            .bind(id)
-            .fetch_optional(&self.pool)
-            .await?
-            .ok_or(StoreError::NotFound)?;
-        decode_row(&row)
+        self.bounded(async {
+            let sql = format!("SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE id = $1");
+            let row = sqlx::query(AssertSqlSafe(sql))
+                .bind(id)
+                .fetch_optional(&self.pool)
+                .await?
+                .ok_or(StoreError::NotFound)?;
+            decode_row(&row)
+        })
+        .await
     }
 
     /// The sandbox id a supervisor token hash belongs to.
     pub async fn sandbox_for_token(&self, token_hash: &str) -> Result<Option<String>, StoreError> {
-        let row = sqlx::query("SELECT id FROM sandboxes WHERE token_hash = $1")
-            .bind(token_hash)
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(row.map(|r| r.get::<String, _>(0)))
+        self.bounded(async {
+            let row = sqlx::query("SELECT id FROM sandboxes WHERE token_hash = $1")
+                .bind(token_hash)
+                .fetch_optional(&self.pool)
+                .await?;
+            Ok(row.map(|r| r.get::<String, _>(0)))
+        })
+        .await
     }
 
     /// Sandboxes ordered by name, starting after `after`.
@@ -453,15 +633,18 @@ impl Store {
         after: &str,
         limit: i64,
     ) -> Result<Vec<StoredSandbox>, StoreError> {
-        let sql = format!(
-            "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE name > $1 ORDER BY name LIMIT $2"
-        );
-        let rows = sqlx::query(AssertSqlSafe(sql))
-            .bind(after)
-            .bind(limit)
-            .fetch_all(&self.pool)
-            .await?;
-        rows.iter().map(decode_row).collect()
+        self.bounded(async {
+            let sql = format!(
+                "SELECT {SANDBOX_COLUMNS} FROM sandboxes WHERE name > $1 ORDER BY name LIMIT $2"
+            );
+            let rows = sqlx::query(AssertSqlSafe(sql))
+                .bind(after)
+                .bind(limit)
+                .fetch_all(&self.pool)
+                .await?;
+            rows.iter().map(decode_row).collect()
+        })
+        .await
     }
 
     pub async fn all(&self) -> Result<Vec<StoredSandbox>, StoreError> {
@@ -474,30 +657,33 @@ impl Store {
     where
         F: FnOnce(&mut Sandbox),
     {
-        let mut tx = self.begin_write().await?;
-        let sql = format!(
-            "SELECT record FROM sandboxes WHERE id = $1{}",
-            self.dialect.lock_row()
-        );
-        let row = sqlx::query(AssertSqlSafe(sql))
-            .bind(id)
-            .fetch_optional(&mut *tx)
-            .await?
-            .ok_or(StoreError::NotFound)?;
-        let mut sandbox = Sandbox::decode(row.get::<Vec<u8>, _>(0).as_slice())?;
-        change(&mut sandbox);
-        let meta = sandbox.metadata.get_or_insert_with(Default::default);
-        meta.resource_version += 1;
-        let version = meta.resource_version as i64;
-        sqlx::query("UPDATE sandboxes SET record = $1, resource_version = $2 WHERE id = $3")
-            .bind(sandbox.encode_to_vec())
-            .bind(version)
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
-        self.record_event(&mut tx, id, false).await?;
-        tx.commit().await?;
-        Ok(sandbox)
+        self.bounded(async {
+            let mut tx = self.begin_write().await?;
+            let sql = format!(
+                "SELECT record FROM sandboxes WHERE id = $1{}",
+                self.dialect.lock_row()
+            );
+            let row = sqlx::query(AssertSqlSafe(sql))
+                .bind(id)
+                .fetch_optional(&mut *tx)
+                .await?
+                .ok_or(StoreError::NotFound)?;
+            let mut sandbox = Sandbox::decode(row.get::<Vec<u8>, _>(0).as_slice())?;
+            change(&mut sandbox);
+            let meta = sandbox.metadata.get_or_insert_with(Default::default);
+            meta.resource_version += 1;
+            let version = meta.resource_version as i64;
+            sqlx::query("UPDATE sandboxes SET record = $1, resource_version = $2 WHERE id = $3")
+                .bind(sandbox.encode_to_vec())
+                .bind(version)
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+            self.record_event(&mut tx, id, false).await?;
+            tx.commit().await?;
+            Ok(sandbox)
+        })
+        .await
     }
 
     /// Sets the supervisor pid (and optionally a new token hash) only if the
@@ -509,56 +695,71 @@ impl Store {
         pid: i64,
         token_hash: Option<&str>,
     ) -> Result<bool, StoreError> {
-        let result = match token_hash {
-            Some(hash) => sqlx::query(
-                "UPDATE sandboxes SET supervisor_pid = $1, token_hash = $2
-                 WHERE id = $3 AND supervisor_pid = $4",
-            )
-            .bind(pid)
-            .bind(hash)
-            .bind(id)
-            .bind(expected),
-            None => sqlx::query(
-                "UPDATE sandboxes SET supervisor_pid = $1 WHERE id = $2 AND supervisor_pid = $3",
-            )
-            .bind(pid)
-            .bind(id)
-            .bind(expected),
-        }
-        .execute(&self.pool)
-        .await?;
-        Ok(result.rows_affected() == 1)
+        self.bounded(async {
+            let _token_written = token_hash.map(|_| TokenWriteGuard(&self.token_writes));
+            let result = match token_hash {
+                Some(hash) => sqlx::query(
+                    "UPDATE sandboxes SET supervisor_pid = $1, token_hash = $2
+                     WHERE id = $3 AND supervisor_pid = $4",
+                )
+                .bind(pid)
+                .bind(hash)
+                .bind(id)
+                .bind(expected),
+                None => sqlx::query(
+                    "UPDATE sandboxes SET supervisor_pid = $1 WHERE id = $2 AND supervisor_pid = $3",
+                )
+                .bind(pid)
+                .bind(id)
+                .bind(expected),
+            }
+            .execute(&self.pool)
+            .await?;
+            Ok(result.rows_affected() == 1)
+        })
+        .await
     }
 
     pub async fn delete(&self, id: &str) -> Result<(), StoreError> {
-        let mut tx = self.begin_write().await?;
-        sqlx::query("DELETE FROM sandboxes WHERE id = $1")
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
-        sqlx::query("DELETE FROM session_owners WHERE sandbox_id = $1")
-            .bind(id)
-            .execute(&mut *tx)
-            .await?;
-        // Its configuration goes with it ('' is the global scope).
-        for table in ["config_scopes", "config_settings"] {
-            let sql = format!("DELETE FROM {table} WHERE owner = $1 AND owner <> ''");
-            sqlx::query(AssertSqlSafe(sql))
+        self.bounded(async {
+            let mut tx = self.begin_write().await?;
+            sqlx::query("DELETE FROM sandboxes WHERE id = $1")
                 .bind(id)
                 .execute(&mut *tx)
                 .await?;
-        }
-        self.record_event(&mut tx, id, true).await?;
-        tx.commit().await?;
-        Ok(())
+            sqlx::query("DELETE FROM session_owners WHERE sandbox_id = $1")
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+            // Its SSH session tokens die with it.
+            sqlx::query("DELETE FROM ssh_sessions WHERE sandbox_id = $1")
+                .bind(id)
+                .execute(&mut *tx)
+                .await?;
+            // Its configuration goes with it ('' is the global scope).
+            for table in ["config_scopes", "config_settings"] {
+                let sql = format!("DELETE FROM {table} WHERE owner = $1 AND owner <> ''");
+                sqlx::query(AssertSqlSafe(sql))
+                    .bind(id)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            self.record_event(&mut tx, id, true).await?;
+            tx.commit().await?;
+            Ok(())
+        })
+        .await
     }
 
     /// The newest event sequence number (0 when none).
     pub async fn last_event_seq(&self) -> Result<i64, StoreError> {
-        let row = sqlx::query("SELECT COALESCE(MAX(seq), 0) FROM sandbox_events")
-            .fetch_one(&self.pool)
-            .await?;
-        Ok(row.get::<i64, _>(0))
+        self.bounded(async {
+            let row = sqlx::query("SELECT COALESCE(MAX(seq), 0) FROM sandbox_events")
+                .fetch_one(&self.pool)
+                .await?;
+            Ok(row.get::<i64, _>(0))
+        })
+        .await
     }
 
     pub async fn events_after(
@@ -566,93 +767,203 @@ impl Store {
         seq: i64,
         limit: i64,
     ) -> Result<Vec<SandboxEvent>, StoreError> {
-        let rows = sqlx::query(
-            "SELECT seq, sandbox_id, deleted FROM sandbox_events WHERE seq > $1 ORDER BY seq LIMIT $2",
-        )
-        .bind(seq)
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await?;
-        Ok(rows
-            .iter()
-            .map(|r| SandboxEvent {
-                seq: r.get(0),
-                sandbox_id: r.get(1),
-                deleted: r.get::<i64, _>(2) != 0,
-            })
-            .collect())
+        self.bounded(async {
+            let rows = sqlx::query(
+                "SELECT seq, sandbox_id, deleted FROM sandbox_events WHERE seq > $1 ORDER BY seq LIMIT $2",
+            )
+            .bind(seq)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await?;
+            Ok(rows
+                .iter()
+                .map(|r| SandboxEvent {
+                    seq: r.get(0),
+                    sandbox_id: r.get(1),
+                    deleted: r.get::<i64, _>(2) != 0,
+                })
+                .collect())
+        })
+        .await
     }
 
     /// Drops events older than `age` (by database time).
     pub async fn prune_events(&self, age: Duration) -> Result<(), StoreError> {
-        let sql = format!(
-            "DELETE FROM sandbox_events WHERE created_ms < {} - $1",
-            self.dialect.now_ms()
-        );
-        sqlx::query(AssertSqlSafe(sql))
-            .bind(age.as_millis() as i64)
-            .execute(&self.pool)
+        self.bounded(async {
+            let sql = format!(
+                "DELETE FROM sandbox_events WHERE created_ms < {} - $1",
+                self.dialect.now_ms()
+            );
+            sqlx::query(AssertSqlSafe(sql))
+                .bind(age.as_millis() as i64)
+                .execute(&self.pool)
+                .await?;
+            Ok(())
+        })
+        .await
+    }
+
+    // ------------------------------------------------------------ ssh sessions
+
+    /// Records a new SSH session token hash for `sandbox_id`, expiring
+    /// `ttl_ms` from now by the database's clock (0: never), and forgets
+    /// the sandbox's sessions that ended more than a day ago. Returns the
+    /// expiry in milliseconds since the epoch (0: none).
+    pub async fn insert_ssh_session(
+        &self,
+        token_hash: &str,
+        sandbox_id: &str,
+        ttl_ms: i64,
+    ) -> Result<i64, StoreError> {
+        self.bounded(async {
+            let mut tx = self.begin_write().await?;
+            let now: i64 = sqlx::query(AssertSqlSafe(format!("SELECT {}", self.dialect.now_ms())))
+                .fetch_one(&mut *tx)
+                .await?
+                .get(0);
+            let expires = if ttl_ms > 0 {
+                now.saturating_add(ttl_ms)
+            } else {
+                0
+            };
+            sqlx::query(
+                "DELETE FROM ssh_sessions WHERE sandbox_id = $1
+                 AND ((revoked <> 0 AND created_ms < $2) OR (expires_ms <> 0 AND expires_ms < $3))",
+            )
+            .bind(sandbox_id)
+            .bind(now - SSH_SESSION_KEEP_MS)
+            .bind(now - SSH_SESSION_KEEP_MS)
+            .execute(&mut *tx)
             .await?;
-        Ok(())
+            sqlx::query(
+                "INSERT INTO ssh_sessions (token_hash, sandbox_id, created_ms, expires_ms, revoked)
+                 VALUES ($1, $2, $3, $4, 0)",
+            )
+            .bind(token_hash)
+            .bind(sandbox_id)
+            .bind(now)
+            .bind(expires)
+            .execute(&mut *tx)
+            .await?;
+            tx.commit().await?;
+            Ok(expires)
+        })
+        .await
+    }
+
+    /// The state of the SSH session whose token hashes to `token_hash`.
+    pub async fn ssh_session(
+        &self,
+        token_hash: &str,
+    ) -> Result<Option<SshSessionState>, StoreError> {
+        self.bounded(async {
+            let sql = format!(
+                "SELECT sandbox_id, revoked,
+                    CASE WHEN expires_ms <> 0 AND expires_ms <= {} THEN 1 ELSE 0 END
+                 FROM ssh_sessions WHERE token_hash = $1",
+                self.dialect.now_ms()
+            );
+            let row = sqlx::query(AssertSqlSafe(sql))
+                .bind(token_hash)
+                .fetch_optional(&self.pool)
+                .await?;
+            Ok(row.map(|r| SshSessionState {
+                sandbox_id: r.get(0),
+                revoked: r.get::<i64, _>(1) != 0,
+                expired: r.get::<i64, _>(2) != 0,
+            }))
+        })
+        .await
+    }
+
+    /// Revokes the SSH session of `token_hash`. True when it was live (known,
+    /// not revoked, not expired) and is revoked now; a second revoke, or an
+    /// unknown hash, is false and changes nothing.
+    pub async fn revoke_ssh_session(&self, token_hash: &str) -> Result<bool, StoreError> {
+        self.bounded(async {
+            let sql = format!(
+                "UPDATE ssh_sessions SET revoked = 1 WHERE token_hash = $1 AND revoked = 0
+                 AND (expires_ms = 0 OR expires_ms > {})",
+                self.dialect.now_ms()
+            );
+            let result = sqlx::query(AssertSqlSafe(sql))
+                .bind(token_hash)
+                .execute(&self.pool)
+                .await?;
+            Ok(result.rows_affected() == 1)
+        })
+        .await
     }
 
     // ------------------------------------------------------------ membership
 
     /// Registers or refreshes a replica, stamped with database time.
     pub async fn register_member(&self, member: &Member) -> Result<(), StoreError> {
-        let now = self.dialect.now_ms();
-        let sql = format!(
-            "INSERT INTO gateway_members (replica_id, peer_endpoint, updated_ms) VALUES ($1, $2, {now})
-             ON CONFLICT (replica_id) DO UPDATE SET peer_endpoint = $3, updated_ms = {now}"
-        );
-        sqlx::query(AssertSqlSafe(sql))
-            .bind(&member.replica_id)
-            .bind(&member.peer_endpoint)
-            .bind(&member.peer_endpoint)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
+        self.bounded(async {
+            let now = self.dialect.now_ms();
+            let sql = format!(
+                "INSERT INTO gateway_members (replica_id, peer_endpoint, updated_ms) VALUES ($1, $2, {now})
+                 ON CONFLICT (replica_id) DO UPDATE SET peer_endpoint = $3, updated_ms = {now}"
+            );
+            sqlx::query(AssertSqlSafe(sql))
+                .bind(&member.replica_id)
+                .bind(&member.peer_endpoint)
+                .bind(&member.peer_endpoint)
+                .execute(&self.pool)
+                .await?;
+            Ok(())
+        })
+        .await
     }
 
     /// Replicas refreshed within `ttl` by database time, sorted by id.
     pub async fn live_members(&self, ttl: Duration) -> Result<Vec<Member>, StoreError> {
-        let sql = format!(
-            "SELECT replica_id, peer_endpoint FROM gateway_members
-             WHERE updated_ms > {} - $1 ORDER BY replica_id",
-            self.dialect.now_ms()
-        );
-        let rows = sqlx::query(AssertSqlSafe(sql))
-            .bind(ttl.as_millis() as i64)
-            .fetch_all(&self.pool)
-            .await?;
-        Ok(rows
-            .iter()
-            .map(|r| Member {
-                replica_id: r.get(0),
-                peer_endpoint: r.get(1),
-            })
-            .collect())
+        self.bounded(async {
+            let sql = format!(
+                "SELECT replica_id, peer_endpoint FROM gateway_members
+                 WHERE updated_ms > {} - $1 ORDER BY replica_id",
+                self.dialect.now_ms()
+            );
+            let rows = sqlx::query(AssertSqlSafe(sql))
+                .bind(ttl.as_millis() as i64)
+                .fetch_all(&self.pool)
+                .await?;
+            Ok(rows
+                .iter()
+                .map(|r| Member {
+                    replica_id: r.get(0),
+                    peer_endpoint: r.get(1),
+                })
+                .collect())
+        })
+        .await
     }
 
     pub async fn remove_member(&self, replica_id: &str) -> Result<(), StoreError> {
-        sqlx::query("DELETE FROM gateway_members WHERE replica_id = $1")
-            .bind(replica_id)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
+        self.bounded(async {
+            sqlx::query("DELETE FROM gateway_members WHERE replica_id = $1")
+                .bind(replica_id)
+                .execute(&self.pool)
+                .await?;
+            Ok(())
+        })
+        .await
     }
 
     /// Deletes members not refreshed for `age` (database time).
     pub async fn sweep_members(&self, age: Duration) -> Result<(), StoreError> {
-        let sql = format!(
-            "DELETE FROM gateway_members WHERE updated_ms < {} - $1",
-            self.dialect.now_ms()
-        );
-        sqlx::query(AssertSqlSafe(sql))
-            .bind(age.as_millis() as i64)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
+        self.bounded(async {
+            let sql = format!(
+                "DELETE FROM gateway_members WHERE updated_ms < {} - $1",
+                self.dialect.now_ms()
+            );
+            sqlx::query(AssertSqlSafe(sql))
+                .bind(age.as_millis() as i64)
+                .execute(&self.pool)
+                .await?;
+            Ok(())
+        })
+        .await
     }
 
     // ------------------------------------------------------------ ownership
@@ -663,17 +974,20 @@ impl Store {
         sandbox_id: &str,
         ttl: Duration,
     ) -> Result<Option<OwnerRecord>, StoreError> {
-        let sql = format!(
-            "SELECT sandbox_id, replica_id, peer_endpoint, session_id, instance_id, connection_epoch
-             FROM session_owners WHERE sandbox_id = $1 AND updated_ms > {} - $2",
-            self.dialect.now_ms()
-        );
-        let row = sqlx::query(AssertSqlSafe(sql))
-            .bind(sandbox_id)
-            .bind(ttl.as_millis() as i64)
-            .fetch_optional(&self.pool)
-            .await?;
-        Ok(row.as_ref().map(decode_owner))
+        self.bounded(async {
+            let sql = format!(
+                "SELECT sandbox_id, replica_id, peer_endpoint, session_id, instance_id, connection_epoch
+                 FROM session_owners WHERE sandbox_id = $1 AND updated_ms > {} - $2",
+                self.dialect.now_ms()
+            );
+            let row = sqlx::query(AssertSqlSafe(sql))
+                .bind(sandbox_id)
+                .bind(ttl.as_millis() as i64)
+                .fetch_optional(&self.pool)
+                .await?;
+            Ok(row.as_ref().map(decode_owner))
+        })
+        .await
     }
 
     /// Publishes `record` as the owner unless `keep_existing` says the fresh
@@ -684,49 +998,52 @@ impl Store {
         ttl: Duration,
         keep_existing: impl FnOnce(&OwnerRecord) -> bool,
     ) -> Result<Result<(), OwnerRecord>, StoreError> {
-        let mut tx = self.begin_write().await?;
-        let sql = format!(
-            "SELECT sandbox_id, replica_id, peer_endpoint, session_id, instance_id, connection_epoch
-             FROM session_owners WHERE sandbox_id = $1 AND updated_ms > {} - $2{}",
-            self.dialect.now_ms(),
-            self.dialect.lock_row()
-        );
-        let existing = sqlx::query(AssertSqlSafe(sql))
-            .bind(&record.sandbox_id)
-            .bind(ttl.as_millis() as i64)
-            .fetch_optional(&mut *tx)
-            .await?
-            .as_ref()
-            .map(decode_owner);
-        if let Some(existing) = existing
-            && keep_existing(&existing)
-        {
-            return Ok(Err(existing));
-        }
-        let now = self.dialect.now_ms();
-        let sql = format!(
-            "INSERT INTO session_owners
-                (sandbox_id, replica_id, peer_endpoint, session_id, instance_id, connection_epoch, updated_ms)
-             VALUES ($1, $2, $3, $4, $5, $6, {now})
-             ON CONFLICT (sandbox_id) DO UPDATE SET replica_id = $7, peer_endpoint = $8,
-                session_id = $9, instance_id = $10, connection_epoch = $11, updated_ms = {now}"
-        );
-        sqlx::query(AssertSqlSafe(sql))
-            .bind(&record.sandbox_id)
-            .bind(&record.replica_id)
-            .bind(&record.peer_endpoint)
-            .bind(&record.session_id)
-            .bind(&record.instance_id)
-            .bind(record.connection_epoch)
-            .bind(&record.replica_id)
-            .bind(&record.peer_endpoint)
-            .bind(&record.session_id)
-            .bind(&record.instance_id)
-            .bind(record.connection_epoch)
-            .execute(&mut *tx)
-            .await?;
-        tx.commit().await?;
-        Ok(Ok(()))
+        self.bounded(async {
+            let mut tx = self.begin_write().await?;
+            let sql = format!(
+                "SELECT sandbox_id, replica_id, peer_endpoint, session_id, instance_id, connection_epoch
+                 FROM session_owners WHERE sandbox_id = $1 AND updated_ms > {} - $2{}",
+                self.dialect.now_ms(),
+                self.dialect.lock_row()
+            );
+            let existing = sqlx::query(AssertSqlSafe(sql))
+                .bind(&record.sandbox_id)
+                .bind(ttl.as_millis() as i64)
+                .fetch_optional(&mut *tx)
+                .await?
+                .as_ref()
+                .map(decode_owner);
+            if let Some(existing) = existing
+                && keep_existing(&existing)
+            {
+                return Ok(Err(existing));
+            }
+            let now = self.dialect.now_ms();
+            let sql = format!(
+                "INSERT INTO session_owners
+                    (sandbox_id, replica_id, peer_endpoint, session_id, instance_id, connection_epoch, updated_ms)
+                 VALUES ($1, $2, $3, $4, $5, $6, {now})
+                 ON CONFLICT (sandbox_id) DO UPDATE SET replica_id = $7, peer_endpoint = $8,
+                    session_id = $9, instance_id = $10, connection_epoch = $11, updated_ms = {now}"
+            );
+            sqlx::query(AssertSqlSafe(sql))
+                .bind(&record.sandbox_id)
+                .bind(&record.replica_id)
+                .bind(&record.peer_endpoint)
+                .bind(&record.session_id)
+                .bind(&record.instance_id)
+                .bind(record.connection_epoch)
+                .bind(&record.replica_id)
+                .bind(&record.peer_endpoint)
+                .bind(&record.session_id)
+                .bind(&record.instance_id)
+                .bind(record.connection_epoch)
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await?;
+            Ok(Ok(()))
+        })
+        .await
     }
 
     /// Renews the record if this session still holds it.
@@ -735,16 +1052,19 @@ impl Store {
         sandbox_id: &str,
         session_id: &str,
     ) -> Result<bool, StoreError> {
-        let sql = format!(
-            "UPDATE session_owners SET updated_ms = {} WHERE sandbox_id = $1 AND session_id = $2",
-            self.dialect.now_ms()
-        );
-        let result = sqlx::query(AssertSqlSafe(sql))
-            .bind(sandbox_id)
-            .bind(session_id)
-            .execute(&self.pool)
-            .await?;
-        Ok(result.rows_affected() == 1)
+        self.bounded(async {
+            let sql = format!(
+                "UPDATE session_owners SET updated_ms = {} WHERE sandbox_id = $1 AND session_id = $2",
+                self.dialect.now_ms()
+            );
+            let result = sqlx::query(AssertSqlSafe(sql))
+                .bind(sandbox_id)
+                .bind(session_id)
+                .execute(&self.pool)
+                .await?;
+            Ok(result.rows_affected() == 1)
+        })
+        .await
     }
 
     /// Drops the record if this session still holds it.
@@ -753,12 +1073,15 @@ impl Store {
         sandbox_id: &str,
         session_id: &str,
     ) -> Result<(), StoreError> {
-        sqlx::query("DELETE FROM session_owners WHERE sandbox_id = $1 AND session_id = $2")
-            .bind(sandbox_id)
-            .bind(session_id)
-            .execute(&self.pool)
-            .await?;
-        Ok(())
+        self.bounded(async {
+            sqlx::query("DELETE FROM session_owners WHERE sandbox_id = $1 AND session_id = $2")
+                .bind(sandbox_id)
+                .bind(session_id)
+                .execute(&self.pool)
+                .await?;
+            Ok(())
+        })
+        .await
     }
 
     pub async fn close(&self) {

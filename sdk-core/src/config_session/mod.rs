@@ -230,6 +230,7 @@ pub struct ConfigSessionBuilder {
     events: Option<mpsc::Sender<SessionEvent>>,
     stay: bool,
     config_push: bool,
+    ssh_host_key_fingerprint: String,
 }
 
 impl ConfigSessionBuilder {
@@ -280,6 +281,14 @@ impl ConfigSessionBuilder {
         self
     }
 
+    /// The fingerprint (`SHA256:<base64>`) of the host key of the SSH server
+    /// the supervisor runs for SSH relays; sent in the hello, and the
+    /// gateway reports it to clients. Empty (the default): none.
+    pub fn ssh_host_key_fingerprint(mut self, fingerprint: impl Into<String>) -> Self {
+        self.ssh_host_key_fingerprint = fingerprint.into();
+        self
+    }
+
     /// Validates and returns the session (nothing connects until `run`).
     pub fn build(self) -> Result<ConfigSession, Error> {
         if self.sandbox_id.trim().is_empty() {
@@ -305,6 +314,7 @@ impl ConfigSessionBuilder {
                 session_events: self.events,
                 stay: self.stay,
                 config_push: self.config_push,
+                ssh_host_key_fingerprint: self.ssh_host_key_fingerprint,
                 applier: Applier {
                     apply,
                     last: tokio::sync::Mutex::new(None),
@@ -336,6 +346,7 @@ struct Inner {
     stay: bool,
     /// Announce `supports_config_push` in the hello.
     config_push: bool,
+    ssh_host_key_fingerprint: String,
     applier: Applier,
     stats: Mutex<ConfigSessionStats>,
     events: broadcast::Sender<ConfigEvent>,
@@ -368,6 +379,7 @@ impl ConfigSession {
             events: None,
             stay: false,
             config_push: true,
+            ssh_host_key_fingerprint: String::new(),
         }
     }
 

@@ -204,7 +204,7 @@ impl ExecInput {
         let mut data: Bytes = data.into();
         while !data.is_empty() {
             let chunk = data.split_to(data.len().min(STDIN_CHUNK));
-            self.send(InputPayload::Stdin(chunk.to_vec())).await?;
+            self.send(InputPayload::Stdin(chunk)).await?;
         }
         Ok(())
     }

@@ -48,7 +48,7 @@ impl Client {
                     match grpc.unary(req, ctx.path.clone(), BytesCodec).await {
                         Ok(response) => {
                             let (md, bytes, _) = response.into_parts();
-                            let metadata = Metadata::from_tonic(&md);
+                            let metadata = Metadata::from_tonic_owned(md);
                             self.inner.router.observe(&route, Ok(&metadata));
                             return Ok(RawResponse { bytes, metadata });
                         }
@@ -104,7 +104,7 @@ impl Client {
         Req: prost::Message,
         Resp: prost::Message + Default,
     {
-        let ctx = CallContext::new(path, metadata, resolved.clone())?;
+        let ctx = CallContext::curated(path, metadata, resolved.clone());
         let response = self
             .unary_call(ctx, Bytes::from(request.encode_to_vec()))
             .await?;
@@ -118,7 +118,7 @@ impl Client {
         first: &impl prost::Message,
         resolved: &Resolved,
     ) -> Result<RawStream, Error> {
-        let ctx = CallContext::new(path, Metadata::new(), resolved.clone())?;
+        let ctx = CallContext::curated(path, Metadata::new(), resolved.clone());
         Ok(self.open_stream(ctx, Some(Bytes::from(first.encode_to_vec()))))
     }
 

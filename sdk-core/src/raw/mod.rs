@@ -100,6 +100,17 @@ impl CallContext {
         })
     }
 
+    /// A context for one of the curated layer's own paths (known valid):
+    /// no parsing and no copy of the path.
+    pub(crate) fn curated(path: &'static str, metadata: Metadata, resolved: Resolved) -> Self {
+        Self {
+            path: PathAndQuery::from_static(path),
+            method: openshell_proto::method(path),
+            metadata,
+            resolved,
+        }
+    }
+
     /// Requests of these methods are one message: the call can be replayed.
     fn single_request(&self) -> bool {
         matches!(

@@ -11,6 +11,7 @@ from types import TracebackType
 from typing import Any, TypeAlias
 
 from . import _native
+from ._proto.openshell_pb2 import SandboxResponse as _SandboxResponse
 from .raw import AsyncRaw
 from .types import (
     DeletionOutcome,
@@ -455,7 +456,8 @@ class AsyncSandboxes:
 
     async def get(self, name: str, *, timeout: float | None = None) -> Sandbox:
         """Gets a sandbox by name (:class:`~openshell_sdk.errors.NotFoundError` if none)."""
-        return Sandbox.from_bytes(await self._native.get_sandbox(name, timeout=timeout))
+        response = await self._native.get_sandbox(name, timeout=timeout)
+        return Sandbox.from_proto(_SandboxResponse.FromString(response).sandbox)
 
     async def list(
         self,
@@ -518,6 +520,7 @@ class AsyncClient:
         exec_output_limit: int | None = None,
         allow_cleartext_token: bool = False,
         _provider_loop: Callable[[], asyncio.AbstractEventLoop | None] | None = None,
+        _blocking: bool = False,
     ) -> None:
         try:
             self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
@@ -537,6 +540,7 @@ class AsyncClient:
             no_default_timeout=timeout is None,
             exec_output_limit=exec_output_limit,
             allow_cleartext_token=allow_cleartext_token,
+            blocking=_blocking,
         )
         self.sandboxes = AsyncSandboxes(self._native)
         self.raw = AsyncRaw(self._native)

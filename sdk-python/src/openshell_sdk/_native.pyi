@@ -1,14 +1,24 @@
 """Type stubs of the extension module ``openshell_sdk._native`` (bindings/python).
 
-Async methods must be called inside a running event loop. Messages are encoded
-protobuf ``bytes``; metadata is a list of ``(key, value)`` pairs; timeouts are
-seconds. Errors are raised as :mod:`openshell_sdk.errors` exceptions.
+Async methods must be called inside a running event loop and return asyncio
+futures; on a client built with ``blocking=True`` (the sync API) they wait on the
+calling thread with the GIL released and return an awaitable that is already
+complete (:class:`Ready`), and so do the methods of that client's handles.
+Messages are encoded protobuf ``bytes``; metadata is a list of ``(key, value)``
+pairs; timeouts are seconds. Errors are raised as :mod:`openshell_sdk.errors`
+exceptions.
 """
 
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from typing import Any, TypedDict
 
 __version__: str
+
+class Ready:
+    """A completed awaitable: ``await`` returns its value without suspending."""
+
+    def __await__(self) -> Generator[Any, None, Any]: ...
+    def result(self) -> Any: ...
 
 class ExecArgs(TypedDict):
     sandbox: str
@@ -99,9 +109,12 @@ class NativeClient:
         no_default_timeout: bool = False,
         exec_output_limit: int | None = None,
         allow_cleartext_token: bool = False,
+        blocking: bool = False,
     ) -> None: ...
     @property
     def endpoint(self) -> str: ...
+    @property
+    def blocking(self) -> bool: ...
     @property
     def closed(self) -> bool: ...
     def close(self) -> None: ...
@@ -118,6 +131,7 @@ class NativeClient:
         tty: bool = False,
         timeout: float | None = None,
     ) -> Awaitable[bytes]: ...
+    # The encoded SandboxResponse (checked to carry a sandbox).
     def get_sandbox(self, name: str, *, timeout: float | None = None) -> Awaitable[bytes]: ...
     def list_sandboxes(
         self,

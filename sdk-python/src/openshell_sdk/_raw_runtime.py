@@ -8,6 +8,7 @@ decodes the answer into the response type.
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
 from dataclasses import dataclass
 from types import TracebackType
@@ -15,9 +16,10 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from google.protobuf.message import Message
 
+from ._blocking import run
+
 if TYPE_CHECKING:
     from . import _native
-    from ._background_loop import BackgroundLoop
 
 __all__ = [
     "BidiStream",
@@ -242,18 +244,35 @@ class BidiStream(_StreamCore[Resp], Generic[Req, Resp]):
         self.cancel()
 
 
+class _SyncOpen:
+    """Opens a sync stream's native call once even when threads race to it
+    (the async layer's lock needs a loop to wait on, so a sync stream takes
+    this one first and the async lock is never contended)."""
+
+    def __init__(self, stream: _StreamCore[Any]) -> None:
+        self._stream = stream
+        self._lock = threading.Lock()
+
+    def __call__(self) -> None:
+        if self._stream._handle is None:
+            with self._lock:
+                run(self._stream._open())
+
+
 class SyncServerStream(Generic[Resp]):
     """A server-streaming call for the sync client: a plain iterator."""
 
-    def __init__(self, stream: ServerStream[Resp], loop: BackgroundLoop) -> None:
+    def __init__(self, stream: ServerStream[Resp]) -> None:
         self._stream = stream
-        self._loop = loop
+        self._open = _SyncOpen(stream)
 
     def recv(self) -> Resp | None:
-        return self._loop.run(self._stream.recv())
+        self._open()
+        return run(self._stream.recv())
 
     def response_metadata(self) -> tuple[tuple[str, str], ...]:
-        return self._loop.run(self._stream.response_metadata())
+        self._open()
+        return run(self._stream.response_metadata())
 
     @property
     def trailers(self) -> tuple[tuple[str, str], ...] | None:
@@ -284,21 +303,25 @@ class SyncServerStream(Generic[Resp]):
 class SyncBidiStream(Generic[Req, Resp]):
     """A client- or bidi-streaming call for the sync client."""
 
-    def __init__(self, stream: BidiStream[Req, Resp], loop: BackgroundLoop) -> None:
+    def __init__(self, stream: BidiStream[Req, Resp]) -> None:
         self._stream = stream
-        self._loop = loop
+        self._open = _SyncOpen(stream)
 
     def send(self, message: Req) -> None:
-        self._loop.run(self._stream.send(message))
+        self._open()
+        run(self._stream.send(message))
 
     def close_send(self) -> None:
-        self._loop.run(self._stream.close_send())
+        self._open()
+        run(self._stream.close_send())
 
     def recv(self) -> Resp | None:
-        return self._loop.run(self._stream.recv())
+        self._open()
+        return run(self._stream.recv())
 
     def response_metadata(self) -> tuple[tuple[str, str], ...]:
-        return self._loop.run(self._stream.response_metadata())
+        self._open()
+        return run(self._stream.response_metadata())
 
     @property
     def trailers(self) -> tuple[tuple[str, str], ...] | None:

@@ -1,8 +1,10 @@
 """The blocking API: :class:`Client`, the same operations as :class:`AsyncClient`.
 
-Every call runs the async implementation on the SDK's private background loop
-(:mod:`openshell_sdk._background_loop`) and waits for it, so a sync program
-never creates or manages an event loop. Ctrl-C while waiting cancels the call.
+The client's native calls wait on the calling thread with the GIL released
+(other Python threads keep running), and the async implementation's
+coroutines are driven to their end right there (:mod:`openshell_sdk._blocking`):
+no event loop and no thread hop. Ctrl-C while waiting raises
+``KeyboardInterrupt`` and cancels the call.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from ._async_client import (
     SandboxWatch,
     TokenProvider,
 )
-from ._background_loop import BackgroundLoop, shared_loop
+from ._blocking import run
 from .raw_sync import SyncRaw
 from .types import DeletionOutcome, ExecEvent, ExecResult, Health, RoutingStats, Sandbox
 
@@ -39,13 +41,12 @@ __all__ = [
 class SyncExecStream:
     """The events of a running command: ``for event in stream``; ends with ``ExecExit``."""
 
-    def __init__(self, stream: ExecStream, loop: BackgroundLoop) -> None:
+    def __init__(self, stream: ExecStream) -> None:
         self._stream = stream
-        self._loop = loop
 
     def __iter__(self) -> Iterator[ExecEvent]:
         while True:
-            event = self._loop.run(self._stream.next_event())
+            event = run(self._stream.next_event())
             if event is None:
                 return
             yield event
@@ -57,7 +58,7 @@ class SyncExecStream:
     def collect(self) -> ExecResult:
         """Reads the rest of the stream into an :class:`ExecResult` (collected by
         the core under ``output_limit``; see :meth:`ExecStream.collect`)."""
-        return self._loop.run(self._stream.collect())
+        return run(self._stream.collect())
 
     def cancel(self) -> None:
         self._stream.cancel()
@@ -78,26 +79,25 @@ class SyncExecStream:
 class SyncInteractiveExec:
     """A running interactive command (see :class:`InteractiveExec`)."""
 
-    def __init__(self, interactive: InteractiveExec, loop: BackgroundLoop) -> None:
+    def __init__(self, interactive: InteractiveExec) -> None:
         self._interactive = interactive
-        self._loop = loop
 
     def write(self, data: bytes | str) -> None:
-        self._loop.run(self._interactive.write(data))
+        run(self._interactive.write(data))
 
     def resize(self, cols: int, rows: int) -> None:
-        self._loop.run(self._interactive.resize(cols, rows))
+        run(self._interactive.resize(cols, rows))
 
     def close_stdin(self) -> None:
         """Closes stdin (EOF). Idempotent."""
-        self._loop.run(self._interactive.close_stdin())
+        run(self._interactive.close_stdin())
 
     def cancel(self) -> None:
         self._interactive.cancel()
 
     def next_event(self) -> ExecEvent | None:
         """The next event, or ``None`` after the exit event."""
-        return self._loop.run(self._interactive.next_event())
+        return run(self._interactive.next_event())
 
     def __iter__(self) -> Iterator[ExecEvent]:
         while True:
@@ -112,7 +112,7 @@ class SyncInteractiveExec:
 
     def wait(self) -> ExecResult:
         """The rest of the output and the exit code (see :meth:`InteractiveExec.wait`)."""
-        return self._loop.run(self._interactive.wait())
+        return run(self._interactive.wait())
 
     def __enter__(self) -> SyncInteractiveExec:
         return self
@@ -130,13 +130,12 @@ class SyncInteractiveExec:
 class SyncForward(Forward):
     """A running port forward; ``with client.forward(...) as fwd:`` closes it on exit."""
 
-    def __init__(self, forward: Forward, loop: BackgroundLoop) -> None:
+    def __init__(self, forward: Forward) -> None:
         super().__init__(forward._handle)
-        self._loop = loop
 
     def wait_closed_sync(self) -> None:
         """Waits until every connection has ended (after :meth:`close`)."""
-        self._loop.run(self.wait_closed())
+        run(self.wait_closed())
 
     def __exit__(
         self,
@@ -151,14 +150,13 @@ class SyncForward(Forward):
 class SyncSandboxWatch:
     """Snapshots of one sandbox: ``for sandbox in watch``."""
 
-    def __init__(self, watch: SandboxWatch, loop: BackgroundLoop) -> None:
+    def __init__(self, watch: SandboxWatch) -> None:
         self._watch = watch
-        self._loop = loop
 
     def __iter__(self) -> Iterator[Sandbox]:
         while True:
             try:
-                yield self._loop.run(self._watch.__anext__())
+                yield run(self._watch.__anext__())
             except StopAsyncIteration:
                 return
 
@@ -180,9 +178,8 @@ class SyncSandboxWatch:
 class Sandboxes:
     """Sandbox lifecycle calls; get it as ``client.sandboxes``."""
 
-    def __init__(self, sandboxes: AsyncSandboxes, loop: BackgroundLoop) -> None:
+    def __init__(self, sandboxes: AsyncSandboxes) -> None:
         self._async = sandboxes
-        self._loop = loop
 
     def create(
         self,
@@ -195,7 +192,7 @@ class Sandboxes:
         tty: bool = False,
         timeout: float | None = None,
     ) -> Sandbox:
-        return self._loop.run(
+        return run(
             self._async.create(
                 name,
                 image=image,
@@ -208,7 +205,7 @@ class Sandboxes:
         )
 
     def get(self, name: str, *, timeout: float | None = None) -> Sandbox:
-        return self._loop.run(self._async.get(name, timeout=timeout))
+        return run(self._async.get(name, timeout=timeout))
 
     def list(
         self,
@@ -217,21 +214,21 @@ class Sandboxes:
         page_size: int | None = None,
         timeout: float | None = None,
     ) -> list[Sandbox]:
-        return self._loop.run(
+        return run(
             self._async.list(label_selector=label_selector, page_size=page_size, timeout=timeout)
         )
 
     def delete(self, name: str, *, timeout: float | None = None) -> DeletionOutcome:
-        return self._loop.run(self._async.delete(name, timeout=timeout))
+        return run(self._async.delete(name, timeout=timeout))
 
     def wait_ready(self, name: str, *, timeout: float | None = None) -> Sandbox:
-        return self._loop.run(self._async.wait_ready(name, timeout=timeout))
+        return run(self._async.wait_ready(name, timeout=timeout))
 
     def wait_deleted(self, name: str, *, timeout: float | None = None) -> None:
-        self._loop.run(self._async.wait_deleted(name, timeout=timeout))
+        run(self._async.wait_deleted(name, timeout=timeout))
 
     def watch(self, name: str, *, timeout: float | None = None) -> SyncSandboxWatch:
-        return SyncSandboxWatch(self._async.watch(name, timeout=timeout), self._loop)
+        return SyncSandboxWatch(self._async.watch(name, timeout=timeout))
 
 
 class Client:
@@ -258,7 +255,6 @@ class Client:
         exec_output_limit: int | None = None,
         allow_cleartext_token: bool = False,
     ) -> None:
-        self._loop = shared_loop()
         self._async = AsyncClient(
             endpoint,
             token=token,
@@ -269,16 +265,19 @@ class Client:
             timeout=timeout,
             exec_output_limit=exec_output_limit,
             allow_cleartext_token=allow_cleartext_token,
-            _provider_loop=lambda: self._loop.loop,
+            # An async provider runs on a loop of its own (asyncio.run) on
+            # the thread the core calls it from.
+            _provider_loop=lambda: None,
+            _blocking=True,
         )
-        self.sandboxes = Sandboxes(self._async.sandboxes, self._loop)
-        self.raw = SyncRaw(self._async.raw, self._loop)
+        self.sandboxes = Sandboxes(self._async.sandboxes)
+        self.raw = SyncRaw(self._async.raw)
 
     @classmethod
     def connect(cls, endpoint: str, **options: Any) -> Client:
         """A client that is connected (fails with ``connect`` or ``tls`` if it cannot)."""
         client = cls(endpoint, **options)
-        client._loop.run(client._async._connect())
+        run(client._async._connect())
         return client
 
     @classmethod
@@ -292,13 +291,8 @@ class Client:
     def endpoint(self) -> str:
         return self._async.endpoint
 
-    @property
-    def async_client(self) -> AsyncClient:
-        """The :class:`AsyncClient` this client runs (on the private loop)."""
-        return self._async
-
     def health(self, *, timeout: float | None = None) -> Health:
-        return self._loop.run(self._async.health(timeout=timeout))
+        return run(self._async.health(timeout=timeout))
 
     def exec(
         self,
@@ -316,7 +310,7 @@ class Client:
         timeout: float | None = None,
     ) -> ExecResult:
         """Runs ``command`` and returns its output and exit code (see ``AsyncClient.exec``)."""
-        return self._loop.run(
+        return run(
             self._async.exec(
                 sandbox,
                 command,
@@ -362,7 +356,7 @@ class Client:
             output_limit=output_limit,
             timeout=timeout,
         )
-        return SyncExecStream(stream, self._loop)
+        return SyncExecStream(stream)
 
     def exec_interactive(
         self,
@@ -380,7 +374,7 @@ class Client:
         timeout: float | None = None,
     ) -> SyncInteractiveExec:
         """Starts ``command`` with an input side (see ``AsyncClient.exec_interactive``)."""
-        interactive = self._loop.run(
+        interactive = run(
             self._async.exec_interactive(
                 sandbox,
                 command,
@@ -395,7 +389,7 @@ class Client:
                 timeout=timeout,
             )
         )
-        return SyncInteractiveExec(interactive, self._loop)
+        return SyncInteractiveExec(interactive)
 
     def forward(
         self,
@@ -406,10 +400,10 @@ class Client:
         timeout: float | None = None,
     ) -> SyncForward:
         """Listens on ``local_address`` and forwards connections into the sandbox's host."""
-        forward = self._loop.run(
+        forward = run(
             self._async.forward(sandbox, remote_port, local_address=local_address, timeout=timeout)
         )
-        return SyncForward(forward, self._loop)
+        return SyncForward(forward)
 
     def routing_stats(self) -> RoutingStats:
         return self._async.routing_stats()

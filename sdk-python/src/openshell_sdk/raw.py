@@ -86,6 +86,18 @@ METHODS: tuple[MethodInfo, ...] = (
         owner_routed_field="init.sandbox",
     ),
     MethodInfo(
+        name="CreateSshSession",
+        path="/openshell.v1.OpenShell/CreateSshSession",
+        kind="unary",
+        owner_routed_field=None,
+    ),
+    MethodInfo(
+        name="RevokeSshSession",
+        path="/openshell.v1.OpenShell/RevokeSshSession",
+        kind="unary",
+        owner_routed_field=None,
+    ),
+    MethodInfo(
         name="GetSandboxConfig",
         path="/openshell.v1.OpenShell/GetSandboxConfig",
         kind="unary",
@@ -422,6 +434,96 @@ class AsyncRaw(RawStubBase):
         return self._bidi_stream(
             "/openshell.v1.OpenShell/ForwardTcp",
             pb.TcpForwardFrame,
+            metadata,
+            timeout,
+        )
+
+    async def create_ssh_session(
+        self,
+        request: pb.CreateSshSessionRequest,
+        *,
+        metadata: MetadataLike = (),
+        timeout: float | None = None,
+    ) -> pb.CreateSshSessionResponse:
+        """``CreateSshSession`` (unary).
+
+        A token for ForwardTcp's `init.authorization_token`, scoped to one
+        sandbox, with the gateway's TTL (PROTOCOL.md section 7). The answer also
+        carries the fingerprint of the host key of the sandbox's embedded SSH
+        server, for a client to pin.
+        """
+        response = await self._unary(
+            "/openshell.v1.OpenShell/CreateSshSession",
+            request,
+            pb.CreateSshSessionResponse,
+            metadata,
+            timeout,
+        )
+        return response.message
+
+    async def create_ssh_session_with_metadata(
+        self,
+        request: pb.CreateSshSessionRequest,
+        *,
+        metadata: MetadataLike = (),
+        timeout: float | None = None,
+    ) -> RawResponse[pb.CreateSshSessionResponse]:
+        """``CreateSshSession`` (unary).
+
+        A token for ForwardTcp's `init.authorization_token`, scoped to one
+        sandbox, with the gateway's TTL (PROTOCOL.md section 7). The answer also
+        carries the fingerprint of the host key of the sandbox's embedded SSH
+        server, for a client to pin.
+
+        Returns the message with the response metadata.
+        """
+        return await self._unary(
+            "/openshell.v1.OpenShell/CreateSshSession",
+            request,
+            pb.CreateSshSessionResponse,
+            metadata,
+            timeout,
+        )
+
+    async def revoke_ssh_session(
+        self,
+        request: pb.RevokeSshSessionRequest,
+        *,
+        metadata: MetadataLike = (),
+        timeout: float | None = None,
+    ) -> pb.RevokeSshSessionResponse:
+        """``RevokeSshSession`` (unary).
+
+        Ours: revokes a token CreateSshSession issued. Revoking an unknown,
+        expired or already revoked token succeeds with `revoked` false.
+        """
+        response = await self._unary(
+            "/openshell.v1.OpenShell/RevokeSshSession",
+            request,
+            pb.RevokeSshSessionResponse,
+            metadata,
+            timeout,
+        )
+        return response.message
+
+    async def revoke_ssh_session_with_metadata(
+        self,
+        request: pb.RevokeSshSessionRequest,
+        *,
+        metadata: MetadataLike = (),
+        timeout: float | None = None,
+    ) -> RawResponse[pb.RevokeSshSessionResponse]:
+        """``RevokeSshSession`` (unary).
+
+        Ours: revokes a token CreateSshSession issued. Revoking an unknown,
+        expired or already revoked token succeeds with `revoked` false.
+
+        Returns the message with the response metadata.
+        """
+        return await self._unary(
+            "/openshell.v1.OpenShell/RevokeSshSession",
+            request,
+            pb.RevokeSshSessionResponse,
             metadata,
             timeout,
         )

@@ -95,6 +95,7 @@ impl Running {
 }
 
 pub(super) fn start(
+    program: Program,
     request: &ExecSandboxRequest,
     settings: &ExecSettings,
 ) -> Result<(Running, ProcessIo), SpawnFailure> {
@@ -106,8 +107,22 @@ pub(super) fn start(
         // Inside the sandbox the helper checks the directory, as the sandbox
         // sees it: the host's view is none of the sandbox's business.
         Some(init_pid) => {
-            { crate::isolation::enter_command(init_pid, &request.command, &cwd, request.tty) }
-                .map_err(|err| SpawnFailure::from_io(argv0, None, &err))?
+            let built = match program {
+                Program::Command => {
+                    crate::isolation::enter_command(init_pid, &request.command, &cwd, request.tty)
+                }
+                Program::Sftp => crate::isolation::enter_sftp_command(init_pid, &cwd),
+            };
+            built.map_err(|err| SpawnFailure::from_io(argv0, None, &err))?
+        }
+        None if program == Program::Sftp => {
+            let exe =
+                std::env::current_exe().map_err(|err| SpawnFailure::from_io(argv0, None, &err))?;
+            let mut command = Command::new(exe);
+            command
+                .arg(crate::isolation::SFTP_COMMAND)
+                .current_dir(&cwd);
+            command
         }
         None => {
             let cwd_error = match std::fs::metadata(&cwd) {

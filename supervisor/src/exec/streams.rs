@@ -16,9 +16,11 @@ pub(super) async fn pump_output<R>(
 where
     R: AsyncRead + Unpin,
 {
-    let mut buf = vec![0u8; CHUNK];
     loop {
-        let n = match reader.read(&mut buf).await {
+        // Each read lands in a buffer of its own, which becomes the event's
+        // payload as is; a small read gives back the room it did not use.
+        let mut buf = Vec::with_capacity(CHUNK);
+        let n = match reader.read_buf(&mut buf).await {
             Ok(0) => return Ok(()),
             Ok(n) => n,
             Err(err) if err.kind() == io::ErrorKind::Interrupted => continue,
@@ -27,7 +29,10 @@ where
                 return Ok(());
             }
         };
-        out.send(event_frame(event(buf[..n].to_vec())))
+        if n < CHUNK / 4 {
+            buf.shrink_to_fit();
+        }
+        out.send(event_frame(event(buf)))
             .await
             .map_err(|_| RelayClosed)?;
     }

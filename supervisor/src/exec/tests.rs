@@ -27,7 +27,7 @@ fn request(argv: &[&str]) -> ExecSandboxRequest {
 fn stdin_frame(data: &[u8]) -> RelayFrame {
     RelayFrame {
         payload: Some(relay_frame::Payload::ExecInput(ExecSandboxInput {
-            payload: Some(exec_sandbox_input::Payload::Stdin(data.to_vec())),
+            payload: Some(exec_sandbox_input::Payload::Stdin(data.to_vec().into())),
         })),
     }
 }

@@ -26,12 +26,16 @@ static CHILD: AtomicI32 = AtomicI32::new(0);
 /// First argument: the program's stdin is a pty slave it should make its
 /// controlling terminal, as the leader of a new session.
 pub const TTY_FLAG: &str = "--tty";
+/// First argument: serve SFTP on stdin and stdout (the SSH server's
+/// subsystem) instead of running a program; ARGV only names it in messages.
+pub const SFTP_FLAG: &str = "--sftp";
 
 pub fn main(args: &[OsString]) -> ExitCode {
     super::init::non_dumpable();
-    let (tty, args) = match args.first().and_then(|a| a.to_str()) {
-        Some(TTY_FLAG) => (true, &args[1..]),
-        _ => (false, args),
+    let (tty, sftp, args) = match args.first().and_then(|a| a.to_str()) {
+        Some(TTY_FLAG) => (true, false, &args[1..]),
+        Some(SFTP_FLAG) => (false, true, &args[1..]),
+        _ => (false, false, args),
     };
     let (Some(init_pid), Some(cwd), Some(argv0)) = (args.first(), args.get(1), args.get(2)) else {
         return fail("", "usage: __sandbox-enter INIT_PID CWD ARGV...", 127);
@@ -61,7 +65,7 @@ pub fn main(args: &[OsString]) -> ExitCode {
             ),
             127,
         ),
-        0 => become_program(&argv0_text, cwd, &cwd_c, &argv, tty),
+        0 => become_program(&argv0_text, cwd, &cwd_c, &argv, tty, sftp),
         child => {
             CHILD.store(child, Ordering::SeqCst);
             forward_signals();
@@ -89,7 +93,14 @@ fn join_namespaces(init_pid: i32) -> io::Result<()> {
 }
 
 /// The child: PID namespace member from birth. Never returns.
-fn become_program(argv0: &str, cwd: &OsString, cwd_c: &CString, argv: &[CString], tty: bool) -> ! {
+fn become_program(
+    argv0: &str,
+    cwd: &OsString,
+    cwd_c: &CString,
+    argv: &[CString],
+    tty: bool,
+    sftp: bool,
+) -> ! {
     let _ = super::init::die_with_parent();
     // SAFETY: setsid and ioctl on stdin, a pty slave no session owns yet.
     if tty && unsafe { libc::setsid() < 0 || libc::ioctl(0, libc::TIOCSCTTY as _, 0) < 0 } {
@@ -114,6 +125,15 @@ fn become_program(argv0: &str, cwd: &OsString, cwd_c: &CString, argv: &[CString]
             format!("cannot drop privileges: {}", text(&err)),
             127,
         );
+    }
+    if sftp {
+        // Same process, same isolation as any program would have: the
+        // sandbox's namespaces, uid, no capabilities, no_new_privs.
+        let code = crate::sftp::serve_stdio();
+        let _ = io::stdout().flush();
+        // SAFETY: _exit ends the forked child without the parent's
+        // destructors or atexit handlers.
+        unsafe { libc::_exit(i32::from(code)) }
     }
     let err = exec_searching_path(argv);
     exit_with(argv0, text(&err), crate::os_error::cannot_run_code(&err));

@@ -154,7 +154,7 @@ impl Runner {
     }
 }
 
-fn counters(stats: &RoutingStats) -> Value {
+pub(crate) fn counters(stats: &RoutingStats) -> Value {
     json!({"hinted": stats.hinted, "unrouted_retry": stats.unrouted_retries})
 }
 

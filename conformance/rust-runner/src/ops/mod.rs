@@ -6,4 +6,5 @@ mod config;
 mod exec;
 mod forward;
 mod raw;
+mod replica_control;
 mod sandboxes;

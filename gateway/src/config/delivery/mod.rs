@@ -12,7 +12,11 @@
 //!    marks every affected push session on this replica dirty and, in a
 //!    cluster, notifies the owner replica (sandbox scope) or every peer
 //!    (provider and global scopes) with `PeerNotifyConfigUpdate`, which
-//!    carries no configuration. A mark is one flag ([`tokio::sync::Notify`]'s
+//!    carries no configuration. Peers are the live members the store lists
+//!    at notify time, read after the write committed: a replica registers
+//!    before it accepts sessions, so one missing from that list holds only
+//!    sessions whose bootstrap reads the write. The ring (refreshed every
+//!    10 s) is only the fallback when the store cannot answer. A mark is one flag ([`tokio::sync::Notify`]'s
 //!    single stored permit): later marks merge into it.
 //! 2. **Permit.** Each push session has one delivery task. On a mark it
 //!    waits for a build permit from one FIFO pool ([`Permits`], tokio's fair
@@ -28,15 +32,27 @@
 //! 5. **Result.** The supervisor answers every update in order; the
 //!    answer frees the slot and sends the pending build, if any.
 //!
+//! Joining: the fallback can miss a replica that joined since the writer's
+//! last ring refresh. So a replica that becomes a member (its first
+//! membership refresh, or the first after its view was cleared) marks all
+//! its push sessions once, one refresh period plus a store timeout later,
+//! when every other replica's ring has it (marks source `join`).
+//!
 //! Repair: every session rebuilds on its own every 30 s (first pass at a
 //! random point 30 to 60 s after it registered), which heals missed marks and
 //! resends rejected updates. A failed build backs off 1, 2, 4, 8, 16, then
 //! 30 s; a new mark or the session closing cuts the wait short.
 //!
 //! What closes a push session: no answer to the bootstrap within 2 minutes,
-//! a result for an update that is not in flight, or an outbound queue that
-//! stays full (a supervisor that stopped reading). The supervisor reconnects
-//! and gets a fresh bootstrap.
+//! a result for an update that is not in flight, or a session stream that
+//! stops draining (messages queued and the stream not polled for the drain
+//! timeout, 30 s by default; see `sessions`). Updates have a queue of their
+//! own in the session's stream, so relay opens never crowd them out. The
+//! supervisor reconnects and gets a fresh bootstrap. A session that ends with
+//! changes it never delivered (a build under way, a pending or unanswered
+//! update) hands them over: a newer session here is marked, or the owner the
+//! store names now is notified, so a supervisor that moved does not wait for
+//! its reconcile.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex, OnceLock};
@@ -141,7 +157,7 @@ impl ConfigDelivery {
         cluster: Option<Arc<Cluster>>,
         metrics: Arc<crate::metrics::Metrics>,
     ) -> Arc<Self> {
-        Arc::new(Self {
+        let delivery = Arc::new(Self {
             mode: config.mode,
             model,
             sessions,
@@ -157,7 +173,18 @@ impl ConfigDelivery {
                 owners: Mutex::new(HashMap::new()),
                 owner_ttl: config.owner_cache_ttl,
             },
-        })
+        });
+        if let Some(cluster) = delivery.cluster.clone()
+            && delivery.mode == DeliveryMode::Push
+        {
+            let settle = cluster.config.refresh_every + cluster.config.store_timeout;
+            tokio::spawn(Self::catch_up_on_joins(
+                Arc::downgrade(&delivery),
+                cluster.joins(),
+                settle,
+            ));
+        }
+        delivery
     }
 
     fn cm(&self) -> &ConfigMetrics {
@@ -302,6 +329,42 @@ impl ConfigDelivery {
                 tracing::warn!(%err, "could not resolve a provider change; marking every session");
                 self.mark_all(source);
             }
+        }
+    }
+
+    /// A push session ended with changes it never delivered: mark the
+    /// sandbox's newer session here (it registered before its bootstrap
+    /// build, which may have read the store before those changes), or, in a
+    /// cluster, notify the replica the store now names as the owner, looked
+    /// up afresh. Runs in the background.
+    pub(super) fn hand_over(self: &Arc<Self>, sandbox_id: &str, ended_session: &str) {
+        let newer: Vec<_> = self
+            .push
+            .lock()
+            .unwrap()
+            .get(sandbox_id)
+            .map(|sessions| {
+                sessions
+                    .iter()
+                    .filter(|s| s.session_id != ended_session)
+                    .cloned()
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !newer.is_empty() {
+            self.cm().handovers.inc();
+            for session in newer {
+                session.mark();
+                self.cm().mark("local");
+            }
+            return;
+        }
+        // A replica alone has nobody to hand over to: the supervisor's next
+        // session bootstraps from the store.
+        if self.cluster.is_some() {
+            self.cm().handovers.inc();
+            self.notifier.owners.lock().unwrap().remove(sandbox_id);
+            self.notify_peers(Scope::Sandbox(sandbox_id.to_owned()));
         }
     }
 
@@ -461,9 +524,44 @@ impl ConfigDelivery {
                     return;
                 }
                 Err(outcome) => {
+                    // The owner may have just gone (a restart moves its
+                    // sessions): ask the store again.
                     self.cm().notified("sandbox", outcome);
-                    return;
+                    self.notifier.owners.lock().unwrap().remove(sandbox_id);
                 }
+            }
+        }
+    }
+
+    /// Every other member, with its endpoint when known: the store's live
+    /// members at this moment (the ring may be a refresh old and miss a
+    /// replica that just joined), or the ring when the store cannot answer.
+    async fn peers_now(&self, cluster: &Cluster) -> Vec<(String, Option<String>)> {
+        let me = cluster.replica_id();
+        match cluster.live_members_now().await {
+            Ok(members) => {
+                self.cm().notify_members("store");
+                members
+                    .into_iter()
+                    .filter(|m| m.replica_id != me)
+                    .map(|m| (m.replica_id, Some(m.peer_endpoint)))
+                    .collect()
+            }
+            Err(err) => {
+                // A replica that joined since the last ring refresh is
+                // missed here; it catches up when it sees itself join.
+                tracing::warn!(%err, "member lookup for a config notification failed; using the ring");
+                self.cm().notify_members("ring");
+                cluster
+                    .ring()
+                    .members()
+                    .into_iter()
+                    .filter(|m| m != me)
+                    .map(|m| {
+                        let endpoint = cluster.endpoint_of(&m);
+                        (m, endpoint)
+                    })
+                    .collect()
             }
         }
     }
@@ -474,24 +572,84 @@ impl ConfigDelivery {
         scope: peer_notify_config_update_request::Scope,
     ) {
         let cluster = self.cluster.as_ref().expect("cluster notifications");
-        let peers: Vec<String> = cluster
-            .ring()
-            .members()
-            .into_iter()
-            .filter(|m| m != cluster.replica_id())
-            .filter_map(|m| cluster.endpoint_of(&m))
-            .collect();
-        let sends = peers.iter().map(|endpoint| {
+        let peers = self.peers_now(cluster).await;
+        let sends = peers.iter().map(|(replica, endpoint)| {
             let scope = scope.clone();
             async move {
-                let outcome = match self.send_notify(cluster, endpoint, scope).await {
-                    Ok(_) => "ok",
-                    Err(outcome) => outcome,
+                let outcome = match endpoint {
+                    Some(endpoint) => self.send_notify_retrying(cluster, endpoint, scope).await,
+                    None => "skipped",
                 };
+                if outcome != "ok" {
+                    tracing::info!(
+                        peer = replica.as_str(),
+                        scope = label,
+                        outcome,
+                        "config notification not delivered; the peer's reconcile repairs it"
+                    );
+                }
                 self.cm().notified(label, outcome);
             }
         });
         futures::future::join_all(sends).await;
+    }
+
+    /// Catch-up after this replica (re)joins the cluster. Until every other
+    /// replica has refreshed its view once, a writer whose store lookup
+    /// failed notifies from a ring without this replica; one refresh period
+    /// plus a store timeout after the join, every push session here is
+    /// marked once, so its build reads every write that may have skipped it.
+    /// Holds the delivery weakly: the task ends with it (or with the
+    /// cluster's join signal).
+    async fn catch_up_on_joins(
+        delivery: std::sync::Weak<Self>,
+        mut joins: tokio::sync::watch::Receiver<u64>,
+        settle: Duration,
+    ) {
+        // The join of the first refresh happened before this task started.
+        let mut joined = *joins.borrow_and_update() > 0;
+        loop {
+            if joined {
+                tokio::time::sleep(settle).await;
+                let Some(delivery) = delivery.upgrade() else {
+                    return;
+                };
+                tracing::debug!("membership settled after a join; marking push sessions");
+                delivery.mark_all("join");
+            }
+            if joins.changed().await.is_err() || delivery.strong_count() == 0 {
+                return;
+            }
+            joined = true;
+        }
+    }
+
+    /// A broadcast notification, sent up to three times: a peer channel
+    /// whose connection broke (the peer restarted) fails its first call, and
+    /// the next attempt reconnects. A notification carries no configuration
+    /// and only marks sessions, so a repeat is harmless. Without this, one
+    /// broken connection left the peer's sessions waiting for their
+    /// reconcile (30 to 60 s).
+    async fn send_notify_retrying(
+        &self,
+        cluster: &Cluster,
+        endpoint: &str,
+        scope: peer_notify_config_update_request::Scope,
+    ) -> &'static str {
+        let mut outcome = "error";
+        for attempt in 0..3u64 {
+            if attempt > 0 {
+                tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
+            }
+            outcome = match self.send_notify(cluster, endpoint, scope.clone()).await {
+                Ok(_) => return "ok",
+                Err(outcome) => outcome,
+            };
+            if outcome == "unsupported_peer" {
+                break;
+            }
+        }
+        outcome
     }
 
     /// One PeerNotifyConfigUpdate; errors are metric outcomes.
@@ -526,7 +684,9 @@ impl ConfigDelivery {
                 Err("unsupported_peer")
             }
             Ok(Err(status)) => {
-                tracing::debug!(%status, "config notification failed");
+                if cluster.peer_tls_failure(endpoint, &status).is_none() {
+                    tracing::debug!(%status, "config notification failed");
+                }
                 Err("error")
             }
             Err(_) => Err("error"),
@@ -560,179 +720,4 @@ impl ConfigDelivery {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::permits::*;
-    use super::session::*;
-    use super::*;
-    use prometheus_client::registry::Registry;
-
-    fn built(revision: u64) -> Built {
-        Built::new(
-            GetSandboxConfigResponse {
-                config_revision: revision,
-                ..Default::default()
-            },
-            GetSandboxProviderEnvironmentResponse::default(),
-        )
-    }
-
-    fn sent(offer: Offer) -> ConfigUpdate {
-        match offer {
-            Offer::Send(update) => *update,
-            other => panic!("expected a send, got {other:?}"),
-        }
-    }
-
-    fn revision(update: &ConfigUpdate) -> u64 {
-        update.sandbox_config.as_ref().unwrap().config_revision
-    }
-
-    #[test]
-    fn one_in_flight_and_the_newest_pending_wins() {
-        let mut slots = Slots::default();
-        let first = sent(slots.offer(built(1)));
-        assert_eq!(first.update_id, 1);
-        assert!(matches!(slots.offer(built(2)), Offer::Pending));
-        assert!(matches!(slots.offer(built(3)), Offer::Pending));
-        // 3 replaced 2: answering 1 sends 3 as update 2.
-        let next = slots
-            .answer(1, ConfigApplyOutcome::Applied)
-            .unwrap()
-            .unwrap();
-        assert_eq!((next.update_id, revision(&next)), (2, 3));
-        assert!(!slots.has_pending());
-        assert_eq!(
-            slots
-                .answer(2, ConfigApplyOutcome::Applied)
-                .unwrap()
-                .map(|u| u.update_id),
-            None
-        );
-        assert_eq!(slots.in_flight_id(), None);
-    }
-
-    #[test]
-    fn identical_updates_are_not_sent() {
-        let mut slots = Slots::default();
-        sent(slots.offer(built(1)));
-        // Identical to the one in flight.
-        assert!(matches!(slots.offer(built(1)), Offer::Unchanged));
-        slots.answer(1, ConfigApplyOutcome::Applied).unwrap();
-        // Identical to the applied one.
-        assert!(matches!(slots.offer(built(1)), Offer::Unchanged));
-        // A change goes out with the next id.
-        assert_eq!(sent(slots.offer(built(2))).update_id, 2);
-        // A pending build equal to what was just applied is dropped.
-        assert!(matches!(slots.offer(built(3)), Offer::Pending));
-        assert!(matches!(slots.offer(built(2)), Offer::Pending));
-        assert!(
-            slots
-                .answer(2, ConfigApplyOutcome::IgnoredDuplicate)
-                .unwrap()
-                .is_none()
-        );
-        assert!(matches!(slots.offer(built(2)), Offer::Unchanged));
-    }
-
-    #[test]
-    fn rejected_updates_are_sent_again_by_the_next_build() {
-        let mut slots = Slots::default();
-        sent(slots.offer(built(1)));
-        slots.answer(1, ConfigApplyOutcome::Applied).unwrap();
-        sent(slots.offer(built(2)));
-        assert!(
-            slots
-                .answer(2, ConfigApplyOutcome::Rejected)
-                .unwrap()
-                .is_none()
-        );
-        // Reconcile rebuilds the same content: it goes out again.
-        let resent = sent(slots.offer(built(2)));
-        assert_eq!((resent.update_id, revision(&resent)), (3, 2));
-        // Back to the applied content is unchanged once answered.
-        slots.answer(3, ConfigApplyOutcome::Rejected).unwrap();
-        assert!(matches!(slots.offer(built(1)), Offer::Unchanged));
-    }
-
-    #[test]
-    fn answers_must_match_the_update_in_flight() {
-        let mut slots = Slots::default();
-        assert_eq!(
-            slots.answer(1, ConfigApplyOutcome::Applied).unwrap_err(),
-            ResultError::UnknownUpdate
-        );
-        sent(slots.offer(built(1)));
-        assert_eq!(
-            slots.answer(2, ConfigApplyOutcome::Applied).unwrap_err(),
-            ResultError::UnknownUpdate
-        );
-        assert_eq!(
-            slots.answer(0, ConfigApplyOutcome::Applied).unwrap_err(),
-            ResultError::UnknownUpdate
-        );
-        slots.answer(1, ConfigApplyOutcome::Applied).unwrap();
-        // Answered once: a second answer is unknown.
-        assert_eq!(
-            slots.answer(1, ConfigApplyOutcome::Applied).unwrap_err(),
-            ResultError::UnknownUpdate
-        );
-    }
-
-    #[test]
-    fn build_backoff_steps_and_resets() {
-        let mut backoff = BuildBackoff::default();
-        let delays: Vec<u64> = (0..8).map(|_| backoff.next_delay().as_secs()).collect();
-        assert_eq!(delays, [1, 2, 4, 8, 16, 30, 30, 30]);
-        backoff.reset();
-        assert_eq!(backoff.next_delay(), Duration::from_secs(1));
-    }
-
-    #[test]
-    fn permit_pool_is_sized_from_the_store_pool() {
-        assert_eq!(Permits::sized_for_pool(10).size(), 20);
-        assert_eq!(Permits::sized_for_pool(5).size(), 10);
-        assert_eq!(Permits::sized_for_pool(1).size(), 4);
-        assert_eq!(Permits::sized_for_pool(0).size(), 4);
-    }
-
-    #[tokio::test]
-    async fn permits_are_granted_in_fifo_order() {
-        let mut registry = Registry::default();
-        let metrics = Arc::new(ConfigMetrics::register(&mut registry));
-        let permits = Arc::new(Permits::new(1));
-        let held = permits.acquire(&metrics).await;
-        let order = Arc::new(Mutex::new(Vec::new()));
-        let mut tasks = Vec::new();
-        for i in 0..5 {
-            let (permits, task_metrics, order) = (permits.clone(), metrics.clone(), order.clone());
-            tasks.push(tokio::spawn(async move {
-                let _permit = permits.acquire(&task_metrics).await;
-                order.lock().unwrap().push(i);
-                tokio::task::yield_now().await;
-            }));
-            // Each waiter is queued before the next one asks.
-            while metrics.builds_waiting.get() != i + 1 {
-                tokio::task::yield_now().await;
-            }
-        }
-        assert_eq!(metrics.builds_waiting.get(), 5);
-        drop(held);
-        for task in tasks {
-            task.await.unwrap();
-        }
-        assert_eq!(*order.lock().unwrap(), [0, 1, 2, 3, 4]);
-        assert_eq!(metrics.builds_waiting.get(), 0);
-    }
-
-    #[tokio::test]
-    async fn marks_merge_into_one() {
-        let notify = Notify::new();
-        for _ in 0..5 {
-            notify.notify_one();
-        }
-        // One stored permit: the first wait returns, the second does not.
-        notify.notified().await;
-        let second = tokio::time::timeout(Duration::from_millis(50), notify.notified()).await;
-        assert!(second.is_err());
-    }
-}
+mod tests;

@@ -233,8 +233,12 @@ impl PushSession {
         self.stop.cancel();
     }
 
-    /// Queues an update on the session. A queue that stays full means a
-    /// supervisor that stopped reading: the session closes.
+    /// Queues an update on the session's config queue (its own: relay opens
+    /// and heartbeats never take its room). One update is in flight at a
+    /// time and the next goes out only once the supervisor answered it, so
+    /// a full config queue means a supervisor answering updates it never
+    /// read: the session closes. A supervisor that merely stopped reading
+    /// is closed by the session's drain check.
     pub(super) fn send(&self, update: ConfigUpdate) {
         let Some((tx, _)) = self.tx.get() else {
             return;
@@ -336,10 +340,10 @@ impl PushSession {
             let bootstrap_pending = !self.state.lock().unwrap().bootstrap_answered;
             let trigger = tokio::select! {
                 biased;
-                _ = self.stop.cancelled() => return,
+                _ = self.stop.cancelled() => return self.hand_over(false),
                 _ = tokio::time::sleep_until(bootstrap_deadline), if bootstrap_pending => {
                     self.close("bootstrap_timeout");
-                    return;
+                    return self.hand_over(false);
                 }
                 _ = self.dirty.notified() => Trigger::Mark,
                 _ = sleep_until_opt(retry_at), if retry_at.is_some() => Trigger::Retry,
@@ -350,7 +354,7 @@ impl PushSession {
                 }
             };
             let built = tokio::select! {
-                _ = self.stop.cancelled() => return,
+                _ = self.stop.cancelled() => return self.hand_over(true),
                 built = async {
                     let _permit = self.delivery.permits.acquire(self.metrics()).await;
                     // This build reads after every mark so far: they merge
@@ -359,6 +363,10 @@ impl PushSession {
                     self.build(trigger).await
                 } => built,
             };
+            if self.stop.is_cancelled() {
+                // Finished after the session ended: nobody here takes it.
+                return self.hand_over(true);
+            }
             match built {
                 Ok(built) => {
                     backoff.reset();
@@ -380,6 +388,24 @@ impl PushSession {
                     retry_at = Some(tokio::time::Instant::now() + delay);
                 }
             }
+        }
+    }
+}
+
+impl PushSession {
+    /// The session ended. If it leaves changes the supervisor never
+    /// confirmed (a build under way, a stored mark, a pending update or an
+    /// unanswered one after the bootstrap), whoever holds the sandbox's
+    /// session now is told, so a supervisor that moved does not wait for
+    /// its next reconcile to see them. `building`: a build was under way.
+    pub(super) fn hand_over(&self, building: bool) {
+        let unconfirmed = building || self.dirty.notified().now_or_never().is_some() || {
+            let state = self.state.lock().unwrap();
+            state.slots.pending.is_some()
+                || state.slots.in_flight.as_ref().is_some_and(|f| f.id > 1)
+        };
+        if unconfirmed {
+            self.delivery.hand_over(&self.sandbox_id, &self.session_id);
         }
     }
 }

@@ -16,6 +16,8 @@ impl ConfigModel {
         let started = Instant::now();
         // Waiting for a connection counts against the deadline too.
         let (mut tx, config, providers) = tokio::time::timeout(CONFIG_BUILD_TIMEOUT, async {
+            #[cfg(test)]
+            self.stalls.maybe_stall(&self.stalls.config).await;
             let mut tx = self.store.begin_read().await?;
             let (config, providers) = self.load_config(&mut tx, sandbox_id).await?;
             Ok::<_, BuildError>((tx, config, providers))
@@ -28,10 +30,11 @@ impl ConfigModel {
         let mut env_time = Duration::ZERO;
         if want_env(&identity) {
             let env_started = Instant::now();
-            let env = tokio::time::timeout(
-                ENV_BUILD_TIMEOUT,
-                self.load_environment(&mut tx, &providers, &identity),
-            )
+            let env = tokio::time::timeout(ENV_BUILD_TIMEOUT, async {
+                #[cfg(test)]
+                self.stalls.maybe_stall(&self.stalls.environment).await;
+                self.load_environment(&mut tx, &providers, &identity).await
+            })
             .await
             .map_err(|_| BuildError::EnvTimeout)??;
             env_time = env_started.elapsed();

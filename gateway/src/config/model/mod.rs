@@ -141,6 +141,31 @@ impl BuildError {
 #[derive(Clone)]
 pub struct ConfigModel {
     pub store: Store,
+    /// Unit-test seam: stalls a part of the build so its real deadline
+    /// fires (see `config::delivery::tests`).
+    #[cfg(test)]
+    pub(crate) stalls: std::sync::Arc<BuildStalls>,
+}
+
+/// Unit-test seam: while a flag is set, that part of every build waits
+/// forever inside its deadline (a store or credential source that stopped
+/// answering); `stalled` is told each time one starts to wait.
+#[cfg(test)]
+#[derive(Default)]
+pub(crate) struct BuildStalls {
+    pub(crate) config: std::sync::atomic::AtomicBool,
+    pub(crate) environment: std::sync::atomic::AtomicBool,
+    pub(crate) stalled: tokio::sync::Notify,
+}
+
+#[cfg(test)]
+impl BuildStalls {
+    pub(crate) async fn maybe_stall(&self, flag: &std::sync::atomic::AtomicBool) {
+        if flag.load(std::sync::atomic::Ordering::SeqCst) {
+            self.stalled.notify_one();
+            std::future::pending::<()>().await;
+        }
+    }
 }
 
 /// A scope row.
@@ -172,7 +197,22 @@ type Tx = sqlx::Transaction<'static, sqlx::Any>;
 
 impl ConfigModel {
     pub fn new(store: Store) -> Self {
-        Self { store }
+        Self {
+            store,
+            #[cfg(test)]
+            stalls: Default::default(),
+        }
+    }
+
+    /// Runs a write transaction within the store's deadline (UNAVAILABLE,
+    /// naming the store, when it passes).
+    async fn within_deadline<T>(
+        &self,
+        write: impl std::future::Future<Output = Result<T, Status>>,
+    ) -> Result<T, Status> {
+        tokio::time::timeout(self.store.deadline(), write)
+            .await
+            .unwrap_or_else(|_| Err(store_status(self.store.timed_out())))
     }
 
     async fn scope_row(
@@ -327,116 +367,121 @@ impl ConfigModel {
             self.sandbox_id_by_name(&req.sandbox).await?
         };
 
-        let mut tx = self.store.begin_write().await.map_err(store_status)?;
-        if !req.global {
-            match self
-                .locked_sandbox(&mut tx, &owner)
-                .await
-                .map_err(store_status)?
-            {
-                Some(sandbox) => ensure_not_deleting(&sandbox)?,
-                None => {
-                    return Err(Status::not_found(format!(
-                        "sandbox {} not found",
-                        quote(&req.sandbox)
-                    )));
+        // The whole transaction is one store call: it has the store's deadline.
+        self.within_deadline(async {
+            let mut tx = self.store.begin_write().await.map_err(store_status)?;
+            if !req.global {
+                match self
+                    .locked_sandbox(&mut tx, &owner)
+                    .await
+                    .map_err(store_status)?
+                {
+                    Some(sandbox) => ensure_not_deleting(&sandbox)?,
+                    None => {
+                        return Err(Status::not_found(format!(
+                            "sandbox {} not found",
+                            quote(&req.sandbox)
+                        )));
+                    }
                 }
             }
-        }
-        let mut row = self
-            .scope_row(&mut tx, &owner, true)
-            .await
-            .map_err(store_status)?;
-        let mut changed = false;
-        let mut deleted = false;
-        if let Some(mut policy) = policy {
-            let hash = policy_hash(&policy);
-            if row.policy_version == 0 || row.policy_hash != hash {
-                row.policy_version += 1;
-                policy.version = row.policy_version as u32;
-                row.policy = policy.encode_to_vec();
-                row.policy_hash = hash;
-                changed = true;
-            }
-        } else {
-            let existing =
-                sqlx::query("SELECT value FROM config_settings WHERE owner = $1 AND key = $2")
-                    .bind(&owner)
-                    .bind(&req.setting_key)
-                    .fetch_optional(&mut *tx)
-                    .await
-                    .map_err(|e| store_status(e.into()))?
-                    .map(|r| r.get::<Vec<u8>, _>(0));
-            if req.delete_setting {
-                if existing.is_some() {
-                    sqlx::query("DELETE FROM config_settings WHERE owner = $1 AND key = $2")
+            let mut row = self
+                .scope_row(&mut tx, &owner, true)
+                .await
+                .map_err(store_status)?;
+            let mut changed = false;
+            let mut deleted = false;
+            if let Some(mut policy) = policy {
+                let hash = policy_hash(&policy);
+                if row.policy_version == 0 || row.policy_hash != hash {
+                    row.policy_version += 1;
+                    policy.version = row.policy_version as u32;
+                    row.policy = policy.encode_to_vec();
+                    row.policy_hash = hash;
+                    changed = true;
+                }
+            } else {
+                let existing =
+                    sqlx::query("SELECT value FROM config_settings WHERE owner = $1 AND key = $2")
                         .bind(&owner)
                         .bind(&req.setting_key)
+                        .fetch_optional(&mut *tx)
+                        .await
+                        .map_err(|e| store_status(e.into()))?
+                        .map(|r| r.get::<Vec<u8>, _>(0));
+                if req.delete_setting {
+                    if existing.is_some() {
+                        sqlx::query("DELETE FROM config_settings WHERE owner = $1 AND key = $2")
+                            .bind(&owner)
+                            .bind(&req.setting_key)
+                            .execute(&mut *tx)
+                            .await
+                            .map_err(|e| store_status(e.into()))?;
+                        changed = true;
+                        deleted = true;
+                    }
+                } else {
+                    let value = req
+                        .setting_value
+                        .as_ref()
+                        .expect("validated")
+                        .encode_to_vec();
+                    if existing.as_ref() != Some(&value) {
+                        if existing.is_none() {
+                            let count = sqlx::query(
+                                "SELECT COUNT(*) FROM config_settings WHERE owner = $1",
+                            )
+                            .bind(&owner)
+                            .fetch_one(&mut *tx)
+                            .await
+                            .map_err(|e| store_status(e.into()))?
+                            .get::<i64, _>(0);
+                            if count as usize >= MAX_SETTINGS {
+                                return Err(Status::resource_exhausted(format!(
+                                    "the scope already has {MAX_SETTINGS} settings"
+                                )));
+                            }
+                        }
+                        sqlx::query(
+                            "INSERT INTO config_settings (owner, key, value) VALUES ($1, $2, $3)
+                             ON CONFLICT (owner, key) DO UPDATE SET value = $4",
+                        )
+                        .bind(&owner)
+                        .bind(&req.setting_key)
+                        .bind(value.clone())
+                        .bind(value)
                         .execute(&mut *tx)
                         .await
                         .map_err(|e| store_status(e.into()))?;
-                    changed = true;
-                    deleted = true;
-                }
-            } else {
-                let value = req
-                    .setting_value
-                    .as_ref()
-                    .expect("validated")
-                    .encode_to_vec();
-                if existing.as_ref() != Some(&value) {
-                    if existing.is_none() {
-                        let count =
-                            sqlx::query("SELECT COUNT(*) FROM config_settings WHERE owner = $1")
-                                .bind(&owner)
-                                .fetch_one(&mut *tx)
-                                .await
-                                .map_err(|e| store_status(e.into()))?
-                                .get::<i64, _>(0);
-                        if count as usize >= MAX_SETTINGS {
-                            return Err(Status::resource_exhausted(format!(
-                                "the scope already has {MAX_SETTINGS} settings"
-                            )));
-                        }
+                        changed = true;
                     }
-                    sqlx::query(
-                        "INSERT INTO config_settings (owner, key, value) VALUES ($1, $2, $3)
-                         ON CONFLICT (owner, key) DO UPDATE SET value = $4",
-                    )
-                    .bind(&owner)
-                    .bind(&req.setting_key)
-                    .bind(value.clone())
-                    .bind(value)
-                    .execute(&mut *tx)
-                    .await
-                    .map_err(|e| store_status(e.into()))?;
-                    changed = true;
+                }
+                if changed {
+                    row.settings_revision += 1;
                 }
             }
             if changed {
-                row.settings_revision += 1;
+                self.save_scope(&mut tx, &owner, &row)
+                    .await
+                    .map_err(store_status)?;
+                tx.commit().await.map_err(|e| store_status(e.into()))?;
+            } else {
+                drop(tx);
             }
-        }
-        if changed {
-            self.save_scope(&mut tx, &owner, &row)
-                .await
-                .map_err(store_status)?;
-            tx.commit().await.map_err(|e| store_status(e.into()))?;
-        } else {
-            drop(tx);
-        }
-        let response = UpdateConfigResponse {
-            version: row.policy_version as u32,
-            policy_hash: row.policy_hash.clone(),
-            settings_revision: row.settings_revision as u64,
-            deleted,
-        };
-        let scope = match (changed, req.global) {
-            (false, _) => None,
-            (true, true) => Some(Scope::All),
-            (true, false) => Some(Scope::Sandbox(owner)),
-        };
-        Ok((response, scope))
+            let response = UpdateConfigResponse {
+                version: row.policy_version as u32,
+                policy_hash: row.policy_hash.clone(),
+                settings_revision: row.settings_revision as u64,
+                deleted,
+            };
+            let scope = match (changed, req.global) {
+                (false, _) => None,
+                (true, true) => Some(Scope::All),
+                (true, false) => Some(Scope::Sandbox(owner)),
+            };
+            Ok((response, scope))
+        })
+        .await
     }
 
     // -------------------------------------------------------- providers
@@ -454,46 +499,50 @@ impl ConfigModel {
 
     pub async fn create_provider(&self, provider: Option<Provider>) -> Result<Provider, Status> {
         let provider = validate_provider(provider.as_ref())?;
-        let mut tx = self.store.begin_write().await.map_err(store_status)?;
-        let exists = sqlx::query("SELECT name FROM providers WHERE name = $1")
-            .bind(&provider.name)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(|e| store_status(e.into()))?;
-        if exists.is_some() {
-            return Err(Status::already_exists(format!(
-                "provider {} already exists",
-                quote(&provider.name)
-            )));
-        }
-        let revision = self
-            .next_provider_seq(&mut tx)
-            .await
-            .map_err(store_status)?;
-        let record = Provider {
-            name: provider.name.clone(),
-            environment: provider.environment.clone(),
-            revision: revision as u64,
-            environment_keys: Vec::new(),
-        };
-        sqlx::query("INSERT INTO providers (name, record, revision) VALUES ($1, $2, $3)")
-            .bind(&record.name)
-            .bind(record.encode_to_vec())
-            .bind(revision)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| match StoreError::from(e) {
-                StoreError::Db(sqlx::Error::Database(d)) if d.is_unique_violation() => {
-                    Status::already_exists(format!(
-                        "provider {} already exists",
-                        quote(&record.name)
-                    ))
-                }
-                other => store_status(other),
-            })?;
-        tx.commit().await.map_err(|e| store_status(e.into()))?;
-        tracing::info!(provider = record.name, revision, "provider created");
-        Ok(Self::public_view(&record))
+        // The whole transaction is one store call: it has the store's deadline.
+        self.within_deadline(async {
+            let mut tx = self.store.begin_write().await.map_err(store_status)?;
+            let exists = sqlx::query("SELECT name FROM providers WHERE name = $1")
+                .bind(&provider.name)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(|e| store_status(e.into()))?;
+            if exists.is_some() {
+                return Err(Status::already_exists(format!(
+                    "provider {} already exists",
+                    quote(&provider.name)
+                )));
+            }
+            let revision = self
+                .next_provider_seq(&mut tx)
+                .await
+                .map_err(store_status)?;
+            let record = Provider {
+                name: provider.name.clone(),
+                environment: provider.environment.clone(),
+                revision: revision as u64,
+                environment_keys: Vec::new(),
+            };
+            sqlx::query("INSERT INTO providers (name, record, revision) VALUES ($1, $2, $3)")
+                .bind(&record.name)
+                .bind(record.encode_to_vec())
+                .bind(revision)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| match StoreError::from(e) {
+                    StoreError::Db(sqlx::Error::Database(d)) if d.is_unique_violation() => {
+                        Status::already_exists(format!(
+                            "provider {} already exists",
+                            quote(&record.name)
+                        ))
+                    }
+                    other => store_status(other),
+                })?;
+            tx.commit().await.map_err(|e| store_status(e.into()))?;
+            tracing::info!(provider = record.name, revision, "provider created");
+            Ok(Self::public_view(&record))
+        })
+        .await
     }
 
     /// Replaces a provider's environment. Marks every sandbox attaching it.
@@ -502,47 +551,51 @@ impl ConfigModel {
         provider: Option<Provider>,
     ) -> Result<(Provider, Option<Scope>), Status> {
         let provider = validate_provider(provider.as_ref())?;
-        let mut tx = self.store.begin_write().await.map_err(store_status)?;
-        let sql = format!(
-            "SELECT record FROM providers WHERE name = $1{}",
-            self.store.dialect().lock_row()
-        );
-        let existing = sqlx::query(AssertSqlSafe(sql))
-            .bind(&provider.name)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(|e| store_status(e.into()))?
-            .ok_or_else(|| {
-                Status::not_found(format!("provider {} not found", quote(&provider.name)))
-            })?;
-        let existing = Provider::decode(existing.get::<Vec<u8>, _>(0).as_slice())
-            .map_err(|e| store_status(e.into()))?;
-        if existing.environment == provider.environment {
-            return Ok((Self::public_view(&existing), None));
-        }
-        let revision = self
-            .next_provider_seq(&mut tx)
-            .await
-            .map_err(store_status)?;
-        let record = Provider {
-            name: provider.name.clone(),
-            environment: provider.environment.clone(),
-            revision: revision as u64,
-            environment_keys: Vec::new(),
-        };
-        sqlx::query("UPDATE providers SET record = $1, revision = $2 WHERE name = $3")
-            .bind(record.encode_to_vec())
-            .bind(revision)
-            .bind(&record.name)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| store_status(e.into()))?;
-        tx.commit().await.map_err(|e| store_status(e.into()))?;
-        tracing::info!(provider = record.name, revision, "provider updated");
-        Ok((
-            Self::public_view(&record),
-            Some(Scope::Provider(record.name.clone())),
-        ))
+        // The whole transaction is one store call: it has the store's deadline.
+        self.within_deadline(async {
+            let mut tx = self.store.begin_write().await.map_err(store_status)?;
+            let sql = format!(
+                "SELECT record FROM providers WHERE name = $1{}",
+                self.store.dialect().lock_row()
+            );
+            let existing = sqlx::query(AssertSqlSafe(sql))
+                .bind(&provider.name)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(|e| store_status(e.into()))?
+                .ok_or_else(|| {
+                    Status::not_found(format!("provider {} not found", quote(&provider.name)))
+                })?;
+            let existing = Provider::decode(existing.get::<Vec<u8>, _>(0).as_slice())
+                .map_err(|e| store_status(e.into()))?;
+            if existing.environment == provider.environment {
+                return Ok((Self::public_view(&existing), None));
+            }
+            let revision = self
+                .next_provider_seq(&mut tx)
+                .await
+                .map_err(store_status)?;
+            let record = Provider {
+                name: provider.name.clone(),
+                environment: provider.environment.clone(),
+                revision: revision as u64,
+                environment_keys: Vec::new(),
+            };
+            sqlx::query("UPDATE providers SET record = $1, revision = $2 WHERE name = $3")
+                .bind(record.encode_to_vec())
+                .bind(revision)
+                .bind(&record.name)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| store_status(e.into()))?;
+            tx.commit().await.map_err(|e| store_status(e.into()))?;
+            tracing::info!(provider = record.name, revision, "provider updated");
+            Ok((
+                Self::public_view(&record),
+                Some(Scope::Provider(record.name.clone())),
+            ))
+        })
+        .await
     }
 
     /// Attaches (or detaches) a provider. Returns the answer, the updated
@@ -555,87 +608,93 @@ impl ConfigModel {
     ) -> Result<(AttachProviderResponse, Sandbox, Scope), Status> {
         provider_name(provider)?;
         let id = self.sandbox_id_by_name(sandbox).await?;
-        let mut tx = self.store.begin_write().await.map_err(store_status)?;
-        let mut record = self
-            .locked_sandbox(&mut tx, &id)
-            .await
-            .map_err(store_status)?
-            .ok_or_else(|| Status::not_found(format!("sandbox {} not found", quote(sandbox))))?;
-        ensure_not_deleting(&record)?;
-        let exists = sqlx::query("SELECT name FROM providers WHERE name = $1")
-            .bind(provider)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(|e| store_status(e.into()))?
-            .is_some();
-        let spec = record.spec.get_or_insert_with(Default::default);
-        let attached = spec.providers.iter().any(|p| p == provider);
-        if attach {
-            if !exists {
-                return Err(Status::not_found(format!(
-                    "provider {} not found",
-                    quote(provider)
-                )));
+        // The whole transaction is one store call: it has the store's deadline.
+        self.within_deadline(async {
+            let mut tx = self.store.begin_write().await.map_err(store_status)?;
+            let mut record = self
+                .locked_sandbox(&mut tx, &id)
+                .await
+                .map_err(store_status)?
+                .ok_or_else(|| {
+                    Status::not_found(format!("sandbox {} not found", quote(sandbox)))
+                })?;
+            ensure_not_deleting(&record)?;
+            let exists = sqlx::query("SELECT name FROM providers WHERE name = $1")
+                .bind(provider)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(|e| store_status(e.into()))?
+                .is_some();
+            let spec = record.spec.get_or_insert_with(Default::default);
+            let attached = spec.providers.iter().any(|p| p == provider);
+            if attach {
+                if !exists {
+                    return Err(Status::not_found(format!(
+                        "provider {} not found",
+                        quote(provider)
+                    )));
+                }
+                if attached {
+                    return Err(Status::already_exists(format!(
+                        "provider {} is already attached to sandbox {}",
+                        quote(provider),
+                        quote(sandbox)
+                    )));
+                }
+                if spec.providers.len() >= MAX_PROVIDERS_PER_SANDBOX {
+                    return Err(Status::resource_exhausted(format!(
+                        "a sandbox holds at most {MAX_PROVIDERS_PER_SANDBOX} providers"
+                    )));
+                }
+                spec.providers.push(provider.to_owned());
+            } else {
+                if !attached {
+                    return Err(Status::not_found(format!(
+                        "provider {} is not attached to sandbox {}",
+                        quote(provider),
+                        quote(sandbox)
+                    )));
+                }
+                spec.providers.retain(|p| p != provider);
             }
-            if attached {
-                return Err(Status::already_exists(format!(
-                    "provider {} is already attached to sandbox {}",
-                    quote(provider),
-                    quote(sandbox)
-                )));
-            }
-            if spec.providers.len() >= MAX_PROVIDERS_PER_SANDBOX {
-                return Err(Status::resource_exhausted(format!(
-                    "a sandbox holds at most {MAX_PROVIDERS_PER_SANDBOX} providers"
-                )));
-            }
-            spec.providers.push(provider.to_owned());
-        } else {
-            if !attached {
-                return Err(Status::not_found(format!(
-                    "provider {} is not attached to sandbox {}",
-                    quote(provider),
-                    quote(sandbox)
-                )));
-            }
-            spec.providers.retain(|p| p != provider);
-        }
-        let epoch = self
-            .next_provider_seq(&mut tx)
-            .await
-            .map_err(store_status)?;
-        spec.provider_attachment_epoch = epoch.to_string();
-        let meta = record.metadata.get_or_insert_with(Default::default);
-        meta.resource_version += 1;
-        let version = meta.resource_version as i64;
-        sqlx::query("UPDATE sandboxes SET record = $1, resource_version = $2 WHERE id = $3")
-            .bind(record.encode_to_vec())
-            .bind(version)
-            .bind(&id)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| store_status(e.into()))?;
-        self.store
-            .record_event(&mut tx, &id, false)
-            .await
-            .map_err(store_status)?;
-        tx.commit().await.map_err(|e| store_status(e.into()))?;
-        let spec = record.spec.as_ref().expect("set above");
-        tracing::info!(
-            sandbox_id = id,
-            provider,
-            attach,
-            epoch,
-            "provider attachment changed"
-        );
-        Ok((
-            AttachProviderResponse {
-                providers: spec.providers.clone(),
-                provider_attachment_epoch: spec.provider_attachment_epoch.clone(),
-            },
-            record,
-            Scope::Sandbox(id),
-        ))
+            let epoch = self
+                .next_provider_seq(&mut tx)
+                .await
+                .map_err(store_status)?;
+            spec.provider_attachment_epoch = epoch.to_string();
+            let meta = record.metadata.get_or_insert_with(Default::default);
+            meta.resource_version += 1;
+            let version = meta.resource_version as i64;
+            sqlx::query("UPDATE sandboxes SET record = $1, resource_version = $2 WHERE id = $3")
+                .bind(record.encode_to_vec())
+                .bind(version)
+                .bind(&id)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| store_status(e.into()))?;
+            self.store
+                .record_event(&mut tx, &id, false)
+                .await
+                .map_err(store_status)?;
+            tx.commit().await.map_err(|e| store_status(e.into()))?;
+            let spec = record.spec.as_ref().expect("set above");
+            tracing::info!(
+                sandbox_id = id,
+                provider,
+                attach,
+                epoch,
+                "provider attachment changed"
+            );
+            Ok((
+                AttachProviderResponse {
+                    providers: spec.providers.clone(),
+                    provider_attachment_epoch: spec.provider_attachment_epoch.clone(),
+                },
+                record,
+                Scope::Sandbox(id),
+            ))
+        })
+        .await
     }
 
     /// Ids of the sandboxes attaching `provider` (read after the write

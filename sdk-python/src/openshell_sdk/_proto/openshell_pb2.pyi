@@ -117,14 +117,16 @@ class HealthResponse(_message.Message):
     def __init__(self, status: _Optional[_Union[ServiceStatus, str]] = ..., version: _Optional[str] = ...) -> None: ...
 
 class Sandbox(_message.Message):
-    __slots__ = ("metadata", "spec", "status")
+    __slots__ = ("metadata", "spec", "status", "host_key_fingerprint")
     METADATA_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     STATUS_FIELD_NUMBER: _ClassVar[int]
+    HOST_KEY_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     metadata: _datamodel_pb2.ObjectMeta
     spec: SandboxSpec
     status: SandboxStatus
-    def __init__(self, metadata: _Optional[_Union[_datamodel_pb2.ObjectMeta, _Mapping]] = ..., spec: _Optional[_Union[SandboxSpec, _Mapping]] = ..., status: _Optional[_Union[SandboxStatus, _Mapping]] = ...) -> None: ...
+    host_key_fingerprint: str
+    def __init__(self, metadata: _Optional[_Union[_datamodel_pb2.ObjectMeta, _Mapping]] = ..., spec: _Optional[_Union[SandboxSpec, _Mapping]] = ..., status: _Optional[_Union[SandboxStatus, _Mapping]] = ..., host_key_fingerprint: _Optional[str] = ...) -> None: ...
 
 class SandboxSpec(_message.Message):
     __slots__ = ("log_level", "environment", "template", "policy", "providers", "resource_requirements", "command", "tty", "provider_attachment_epoch", "restart_policy")
@@ -463,6 +465,44 @@ class TcpForwardInit(_message.Message):
     authorization_token: str
     def __init__(self, sandbox: _Optional[str] = ..., workspace: _Optional[str] = ..., service_id: _Optional[str] = ..., ssh: _Optional[_Union[SshRelayTarget, _Mapping]] = ..., tcp: _Optional[_Union[TcpRelayTarget, _Mapping]] = ..., authorization_token: _Optional[str] = ...) -> None: ...
 
+class CreateSshSessionRequest(_message.Message):
+    __slots__ = ("sandbox", "workspace_scope")
+    SANDBOX_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_SCOPE_FIELD_NUMBER: _ClassVar[int]
+    sandbox: str
+    workspace_scope: _datamodel_pb2.WorkspaceSelector
+    def __init__(self, sandbox: _Optional[str] = ..., workspace_scope: _Optional[_Union[_datamodel_pb2.WorkspaceSelector, _Mapping]] = ...) -> None: ...
+
+class CreateSshSessionResponse(_message.Message):
+    __slots__ = ("sandbox_id", "token", "gateway_host", "gateway_port", "gateway_scheme", "host_key_fingerprint", "expiration_time")
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    GATEWAY_HOST_FIELD_NUMBER: _ClassVar[int]
+    GATEWAY_PORT_FIELD_NUMBER: _ClassVar[int]
+    GATEWAY_SCHEME_FIELD_NUMBER: _ClassVar[int]
+    HOST_KEY_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
+    EXPIRATION_TIME_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    token: str
+    gateway_host: str
+    gateway_port: int
+    gateway_scheme: str
+    host_key_fingerprint: str
+    expiration_time: _timestamp_pb2.Timestamp
+    def __init__(self, sandbox_id: _Optional[str] = ..., token: _Optional[str] = ..., gateway_host: _Optional[str] = ..., gateway_port: _Optional[int] = ..., gateway_scheme: _Optional[str] = ..., host_key_fingerprint: _Optional[str] = ..., expiration_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class RevokeSshSessionRequest(_message.Message):
+    __slots__ = ("token",)
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    token: str
+    def __init__(self, token: _Optional[str] = ...) -> None: ...
+
+class RevokeSshSessionResponse(_message.Message):
+    __slots__ = ("revoked",)
+    REVOKED_FIELD_NUMBER: _ClassVar[int]
+    revoked: bool
+    def __init__(self, revoked: _Optional[bool] = ...) -> None: ...
+
 class TcpForwardEof(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
@@ -486,7 +526,7 @@ class GatewayHeartbeat(_message.Message):
     def __init__(self) -> None: ...
 
 class SupervisorHello(_message.Message):
-    __slots__ = ("sandbox_id", "instance_id", "connection_epoch", "supports_provider_readiness", "redirected", "supports_session_redirect", "supports_config_push", "stay")
+    __slots__ = ("sandbox_id", "instance_id", "connection_epoch", "supports_provider_readiness", "redirected", "supports_session_redirect", "supports_config_push", "stay", "ssh_host_key_fingerprint")
     SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     CONNECTION_EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -495,6 +535,7 @@ class SupervisorHello(_message.Message):
     SUPPORTS_SESSION_REDIRECT_FIELD_NUMBER: _ClassVar[int]
     SUPPORTS_CONFIG_PUSH_FIELD_NUMBER: _ClassVar[int]
     STAY_FIELD_NUMBER: _ClassVar[int]
+    SSH_HOST_KEY_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     sandbox_id: str
     instance_id: str
     connection_epoch: int
@@ -503,7 +544,8 @@ class SupervisorHello(_message.Message):
     supports_session_redirect: bool
     supports_config_push: bool
     stay: bool
-    def __init__(self, sandbox_id: _Optional[str] = ..., instance_id: _Optional[str] = ..., connection_epoch: _Optional[int] = ..., supports_provider_readiness: _Optional[bool] = ..., redirected: _Optional[bool] = ..., supports_session_redirect: _Optional[bool] = ..., supports_config_push: _Optional[bool] = ..., stay: _Optional[bool] = ...) -> None: ...
+    ssh_host_key_fingerprint: str
+    def __init__(self, sandbox_id: _Optional[str] = ..., instance_id: _Optional[str] = ..., connection_epoch: _Optional[int] = ..., supports_provider_readiness: _Optional[bool] = ..., redirected: _Optional[bool] = ..., supports_session_redirect: _Optional[bool] = ..., supports_config_push: _Optional[bool] = ..., stay: _Optional[bool] = ..., ssh_host_key_fingerprint: _Optional[str] = ...) -> None: ...
 
 class SessionAccepted(_message.Message):
     __slots__ = ("session_id", "heartbeat_interval", "config_push_enabled", "bootstrap")

@@ -1,0 +1,321 @@
+//! The C ABI's contract, exercised through the exports as a C caller would:
+//! argument refusals never call back, every accepted call completes exactly
+//! once (errors and cancellation included), errors carry the core's code.
+
+use std::net::TcpListener;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use openshell_c::*;
+
+/// What one callback saw: (status, error code).
+#[derive(Default)]
+struct Seen(Mutex<Vec<(i32, String)>>);
+
+unsafe extern "C" fn record(user_data: usize, completion: *const OsCompletion) {
+    let seen = unsafe { &*(user_data as *const Seen) };
+    let c = unsafe { &*completion };
+    let code = if c.error.code.len == 0 {
+        String::new()
+    } else {
+        let bytes = unsafe { std::slice::from_raw_parts(c.error.code.ptr, c.error.code.len) };
+        String::from_utf8_lossy(bytes).into_owned()
+    };
+    seen.0.lock().unwrap().push((c.status, code));
+}
+
+fn bytes(s: &str) -> OsBytes {
+    OsBytes {
+        ptr: s.as_ptr(),
+        len: s.len(),
+    }
+}
+
+fn empty() -> OsBytes {
+    OsBytes {
+        ptr: std::ptr::null(),
+        len: 0,
+    }
+}
+
+fn options(endpoint: &str) -> OsClientOptions {
+    OsClientOptions {
+        endpoint: bytes(endpoint),
+        token: empty(),
+        ca_pem: empty(),
+        tls_server_name: empty(),
+        connect_timeout_ms: 2000,
+        default_timeout_ms: 0,
+        exec_output_limit: 0,
+        allow_cleartext_token: false,
+        token_provider: None,
+        token_provider_data: 0,
+    }
+}
+
+fn client(endpoint: &str) -> *mut OsClient {
+    let mut out = std::ptr::null_mut();
+    let status = unsafe { openshell_client_new(options(endpoint), &mut out, std::ptr::null_mut()) };
+    assert_eq!(status, OS_OK);
+    out
+}
+
+fn call_options(cancel: *const OsCancel, timeout_ms: u64) -> OsCallOptions {
+    OsCallOptions {
+        timeout_ms,
+        cancel,
+        output_limit: 0,
+    }
+}
+
+/// Waits (bounded) until `seen` has `n` entries, then a little longer to
+/// catch a second firing.
+fn settled(seen: &Seen, n: usize) -> Vec<(i32, String)> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while seen.0.lock().unwrap().len() < n {
+        assert!(Instant::now() < deadline, "no completion within 20 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    seen.0.lock().unwrap().clone()
+}
+
+#[test]
+fn refused_arguments_never_call_back() {
+    let seen = Seen::default();
+    let ud = &seen as *const Seen as usize;
+    let status = unsafe {
+        openshell_client_call(
+            std::ptr::null(),
+            OS_OP_HEALTH,
+            empty(),
+            call_options(std::ptr::null(), 0),
+            Some(record),
+            ud,
+        )
+    };
+    assert_eq!(status, OS_INVALID);
+    let c = client("http://127.0.0.1:1");
+    let status = unsafe {
+        openshell_client_call(
+            c,
+            OS_OP_HEALTH,
+            empty(),
+            call_options(std::ptr::null(), 0),
+            None,
+            ud,
+        )
+    };
+    assert_eq!(status, OS_INVALID);
+    std::thread::sleep(Duration::from_millis(100));
+    assert!(seen.0.lock().unwrap().is_empty());
+    unsafe { openshell_client_free(c) };
+}
+
+#[test]
+fn a_bad_endpoint_is_an_error_box_with_its_code() {
+    let mut out = std::ptr::null_mut();
+    let mut error = std::ptr::null_mut();
+    let status =
+        unsafe { openshell_client_new(options("ftp://127.0.0.1:1"), &mut out, &mut error) };
+    assert_eq!(status, OS_ERROR);
+    assert!(out.is_null() && !error.is_null());
+    let view = unsafe { openshell_error_view(error) };
+    let code = unsafe { std::slice::from_raw_parts(view.code.ptr, view.code.len) };
+    assert_eq!(code, b"invalid_config");
+    assert_eq!(view.grpc_status, 3);
+    unsafe { openshell_error_free(error) };
+}
+
+#[test]
+fn an_unreachable_gateway_completes_once_with_connect() {
+    let seen = Seen::default();
+    let c = client("http://127.0.0.1:1");
+    let status = unsafe {
+        openshell_client_call(
+            c,
+            OS_OP_HEALTH,
+            empty(),
+            call_options(std::ptr::null(), 0),
+            Some(record),
+            &seen as *const Seen as usize,
+        )
+    };
+    assert_eq!(status, OS_OK);
+    assert_eq!(settled(&seen, 1), vec![(OS_ERROR, "connect".to_owned())]);
+    unsafe { openshell_client_free(c) };
+}
+
+#[test]
+fn cancel_and_close_complete_a_hanging_call_exactly_once() {
+    // A peer that accepts and never answers: the call hangs until cancelled.
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap();
+    // Connections are kept open for the life of the test process.
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in silent.incoming() {
+            held.push(conn);
+        }
+    });
+    let c = client(&format!("http://{addr}"));
+    let seen = Seen::default();
+    let cancel = openshell_cancel_new();
+    let status = unsafe {
+        openshell_client_call(
+            c,
+            OS_OP_HEALTH,
+            empty(),
+            call_options(cancel, 0),
+            Some(record),
+            &seen as *const Seen as usize,
+        )
+    };
+    assert_eq!(status, OS_OK);
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        seen.0.lock().unwrap().is_empty(),
+        "completed before the cancel"
+    );
+    unsafe { openshell_cancel_cancel(cancel) };
+    unsafe { openshell_cancel_cancel(cancel) };
+    assert_eq!(settled(&seen, 1), vec![(OS_ERROR, "cancelled".to_owned())]);
+    unsafe { openshell_cancel_free(cancel) };
+
+    // close() ends a call in flight the same way.
+    let closed = Seen::default();
+    let status = unsafe {
+        openshell_client_call(
+            c,
+            OS_OP_HEALTH,
+            empty(),
+            call_options(std::ptr::null(), 0),
+            Some(record),
+            &closed as *const Seen as usize,
+        )
+    };
+    assert_eq!(status, OS_OK);
+    std::thread::sleep(Duration::from_millis(200));
+    unsafe { openshell_client_close(c) };
+    assert_eq!(
+        settled(&closed, 1),
+        vec![(OS_ERROR, "cancelled".to_owned())]
+    );
+    unsafe { openshell_client_free(c) };
+}
+
+#[test]
+fn a_deadline_completes_with_deadline_exceeded() {
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap();
+    let c = client(&format!("http://{addr}"));
+    let seen = Seen::default();
+    let status = unsafe {
+        openshell_client_call(
+            c,
+            OS_OP_HEALTH,
+            empty(),
+            call_options(std::ptr::null(), 300),
+            Some(record),
+            &seen as *const Seen as usize,
+        )
+    };
+    assert_eq!(status, OS_OK);
+    assert_eq!(
+        settled(&seen, 1),
+        vec![(OS_ERROR, "deadline_exceeded".to_owned())]
+    );
+    unsafe { openshell_client_free(c) };
+    drop(silent);
+}
+
+#[test]
+fn bad_request_bytes_complete_with_invalid_config() {
+    let c = client("http://127.0.0.1:1");
+    let seen = Seen::default();
+    let garbage = [0xffu8, 0xff, 0xff];
+    let status = unsafe {
+        openshell_client_call(
+            c,
+            OS_OP_GET,
+            OsBytes {
+                ptr: garbage.as_ptr(),
+                len: garbage.len(),
+            },
+            call_options(std::ptr::null(), 0),
+            Some(record),
+            &seen as *const Seen as usize,
+        )
+    };
+    assert_eq!(status, OS_OK);
+    assert_eq!(
+        settled(&seen, 1),
+        vec![(OS_ERROR, "invalid_config".to_owned())]
+    );
+    unsafe { openshell_client_free(c) };
+}
+
+fn error_code(error: *mut OsErrorBox) -> String {
+    let view = unsafe { openshell_error_view(error) };
+    let code = unsafe { std::slice::from_raw_parts(view.code.ptr, view.code.len) };
+    let code = String::from_utf8_lossy(code).into_owned();
+    unsafe { openshell_error_free(error) };
+    code
+}
+
+#[test]
+fn a_blocking_call_reports_errors_and_ends_when_cancelled_from_another_thread() {
+    let c = client("http://127.0.0.1:1");
+    let mut out = OsOwnedBytes {
+        ptr: std::ptr::null_mut(),
+        len: 0,
+        cap: 0,
+    };
+    let mut error = std::ptr::null_mut();
+    let status = unsafe {
+        openshell_client_call_blocking(
+            c,
+            OS_OP_HEALTH,
+            empty(),
+            call_options(std::ptr::null(), 0),
+            &mut out,
+            &mut error,
+        )
+    };
+    assert_eq!(status, OS_ERROR);
+    assert_eq!(error_code(error), "connect");
+    unsafe { openshell_client_free(c) };
+
+    let silent = TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = silent.local_addr().unwrap();
+    std::thread::spawn(move || {
+        let mut held = Vec::new();
+        for conn in silent.incoming() {
+            held.push(conn);
+        }
+    });
+    let c = client(&format!("http://{addr}"));
+    let cancel = openshell_cancel_new() as usize;
+    let canceller = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(300));
+        unsafe { openshell_cancel_cancel(cancel as *const OsCancel) };
+    });
+    let started = Instant::now();
+    let mut error = std::ptr::null_mut();
+    let status = unsafe {
+        openshell_client_call_blocking(
+            c,
+            OS_OP_HEALTH,
+            empty(),
+            call_options(cancel as *const OsCancel, 0),
+            &mut out,
+            &mut error,
+        )
+    };
+    assert_eq!(status, OS_ERROR);
+    assert_eq!(error_code(error), "cancelled");
+    assert!(started.elapsed() < Duration::from_secs(10));
+    canceller.join().unwrap();
+    unsafe { openshell_cancel_free(cancel as *mut OsCancel) };
+    unsafe { openshell_client_free(c) };
+}

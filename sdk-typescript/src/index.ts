@@ -1,0 +1,58 @@
+// @openshell/sdk: the OpenShell client for Node.
+export {
+  Client,
+  type ClientOptions,
+  type CreateSandboxOptions,
+  type ExecOptions,
+  Forward,
+  type ForwardOptions,
+  type ListSandboxesOptions,
+  RawCalls,
+  RawStream,
+  Sandboxes,
+  SandboxWatch,
+  type TokenAnswer,
+  type TokenProvider,
+} from "./client.js";
+export {
+  type ApplyCallback,
+  type ApplyResult,
+  ConfigSession,
+  type ConfigSessionOptions,
+  type ConfigSessionStats,
+  ConfigUpdate,
+  type DeliveryMode,
+  Rejected,
+  type SettingValue,
+} from "./config.js";
+export {
+  AlreadyExistsError,
+  AuthError,
+  CancelledError,
+  ConnectError,
+  DeadlineExceededError,
+  type ErrorDetails,
+  errorClass,
+  GrpcStatus,
+  InvalidArgumentError,
+  InvalidConfigError,
+  NotFoundError,
+  OpenShellError,
+  OutputLimitError,
+  PermissionDeniedError,
+  UnauthenticatedError,
+  UnavailableError,
+} from "./errors.js";
+export { ExecStream, InteractiveExec } from "./exec.js";
+export { method, path, registry } from "./registry.js";
+export type { CallOptions } from "./signal.js";
+export { type RawCallOptions, TypedStream } from "./typed-raw.js";
+export {
+  type ExecEvent,
+  ExecResult,
+  type ForwardStats,
+  type Health,
+  type RoutingStats,
+  type Sandbox,
+  type SandboxPhase,
+} from "./types.js";

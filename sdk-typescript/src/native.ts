@@ -1,0 +1,273 @@
+// The native addon (bindings/node) and the shape of what it exports. Not a
+// public API: everything here is wrapped by the modules next to it.
+import { existsSync } from "node:fs";
+import { createRequire } from "node:module";
+import { dirname, join } from "node:path";
+import { fileURLToPath } from "node:url";
+import { platformBase, platformName, platformSuffixes } from "./platform.js";
+
+export interface NativeTokenAnswer {
+  token?: string;
+  expiresInMs?: number;
+  error?: string;
+  retryable?: boolean;
+}
+
+export interface NativeClientOptions {
+  endpoint: string;
+  token?: string;
+  caPem?: Buffer;
+  tlsServerName?: string;
+  connectTimeoutMs?: number;
+  timeoutMs?: number;
+  execOutputLimit?: number;
+  allowCleartextToken?: boolean;
+}
+
+export interface NativeSandbox {
+  id: string;
+  name: string;
+  phase: string;
+  labels: Record<string, string>;
+  exitCode?: number | null;
+  resourceVersion: bigint;
+  proto: Buffer;
+}
+
+export interface NativeCreate {
+  name?: string;
+  image?: string;
+  environment?: Record<string, string>;
+  command?: string[];
+  labels?: Record<string, string>;
+  tty?: boolean;
+}
+
+export interface NativeExecRequest {
+  sandbox: string;
+  command: string[];
+  workdir?: string;
+  environment?: Record<string, string>;
+  stdin?: Buffer;
+  tty?: boolean;
+  cols?: number;
+  rows?: number;
+  execTimeoutMs?: number;
+  outputLimit?: number;
+}
+
+export interface NativeExecOutput {
+  stdout: Buffer;
+  stderr: Buffer;
+  exitCode: number;
+}
+
+export interface NativeEvent {
+  kind: 1 | 2 | 3;
+  data: Buffer;
+  exitCode: number;
+}
+
+export interface NativeForwardStats {
+  connectionsAccepted: bigint;
+  connectionsActive: bigint;
+  connectionsFailed: bigint;
+  bytesIn: bigint;
+  bytesOut: bigint;
+}
+
+export interface NativeRoutingStats {
+  hinted: bigint;
+  unhinted: bigint;
+  unroutedRetries: bigint;
+  ownerLookups: bigint;
+  cacheHits: bigint;
+}
+
+export type Pairs = string[][];
+
+export interface CancelToken {
+  cancel(): void;
+  readonly cancelled: boolean;
+}
+
+export interface NativeEvents {
+  nextBatch(): Promise<NativeEvent[]>;
+  collect(buffered: NativeEvent[]): Promise<NativeExecOutput>;
+  cancel(): void;
+}
+
+export interface NativeInteractive extends NativeEvents {
+  write(data: Buffer): Promise<void>;
+  resize(cols: number, rows: number): Promise<void>;
+  closeStdin(): void;
+}
+
+export interface NativeWatch {
+  next(): Promise<NativeSandbox | null>;
+  cancel(): void;
+}
+
+export interface NativeForward {
+  readonly localAddress: { address: string; family: string; port: number };
+  readonly sandbox: string;
+  readonly remotePort: number;
+  readonly closed: boolean;
+  stats(): NativeForwardStats;
+  close(): void;
+  waitClosed(): Promise<void>;
+}
+
+export interface NativeRawStream {
+  send(message: Buffer): Promise<void>;
+  closeSend(): void;
+  recv(): Promise<Buffer | null>;
+  responseMetadata(): Promise<Pairs>;
+  trailers(): Pairs | null;
+  cancel(): void;
+}
+
+export interface NativeConfigSessionOptions {
+  endpoint: string;
+  sandboxId: string;
+  sandboxToken: string;
+  pollIntervalMs?: number;
+  announcePush?: boolean;
+  instanceId?: string;
+  caPem?: Buffer;
+  tlsServerName?: string;
+  connectTimeoutMs?: number;
+  allowCleartextToken?: boolean;
+}
+
+export interface NativeConfigUpdate {
+  id: number;
+  sandboxConfig: Buffer;
+  providerEnvironment: Buffer;
+  mode: "push" | "poll";
+}
+
+export interface NativeConfigSessionStats {
+  mode?: "push" | "poll" | null;
+  applied: bigint;
+  rejected: bigint;
+  duplicates: bigint;
+  updatesReceived: bigint;
+  lastUpdateId: bigint;
+  configRevision: bigint;
+  polls: bigint;
+  sessionsAccepted: bigint;
+  redirects: bigint;
+  sessionId?: string | null;
+  servedBy?: string | null;
+}
+
+export interface NativeConfigSession {
+  readonly instanceId: string;
+  readonly closed: boolean;
+  start(onEnded?: () => void): void;
+  nextUpdate(): Promise<NativeConfigUpdate | null>;
+  waitClosed(): Promise<void>;
+  ack(id: number, applied: boolean, reason?: string | null): boolean;
+  stats(): NativeConfigSessionStats;
+  close(): void;
+  /** Tests only: the next start() runs a session that panics at once. */
+  panicInRunForTest(): void;
+}
+
+type Ms = number | undefined | null;
+type Cancel = CancelToken | undefined | null;
+
+export interface NativeClient {
+  readonly endpoint: string;
+  readonly closed: boolean;
+  close(): void;
+  health(
+    timeoutMs: Ms,
+    cancel: Cancel,
+  ): Promise<{ status: string; version: string; servedBy?: string | null }>;
+  createSandbox(request: NativeCreate, timeoutMs: Ms, cancel: Cancel): Promise<NativeSandbox>;
+  getSandbox(name: string, timeoutMs: Ms, cancel: Cancel): Promise<NativeSandbox>;
+  listSandboxes(
+    labelSelector: string | undefined,
+    pageSize: number | undefined,
+    timeoutMs: Ms,
+    cancel: Cancel,
+  ): Promise<NativeSandbox[]>;
+  deleteSandbox(name: string, timeoutMs: Ms, cancel: Cancel): Promise<string>;
+  waitReady(name: string, timeoutMs: Ms, cancel: Cancel): Promise<NativeSandbox>;
+  waitDeleted(name: string, timeoutMs: Ms, cancel: Cancel): Promise<void>;
+  watch(name: string, timeoutMs: Ms, cancel: Cancel): Promise<NativeWatch>;
+  exec(request: NativeExecRequest, timeoutMs: Ms, cancel: Cancel): Promise<NativeExecOutput>;
+  execStream(request: NativeExecRequest, timeoutMs: Ms, cancel: Cancel): Promise<NativeEvents>;
+  execInteractive(
+    request: NativeExecRequest,
+    timeoutMs: Ms,
+    cancel: Cancel,
+  ): Promise<NativeInteractive>;
+  forward(
+    sandbox: string,
+    remotePort: number,
+    localAddress: string | undefined,
+    timeoutMs: Ms,
+    cancel: Cancel,
+  ): Promise<NativeForward>;
+  rawUnary(
+    path: string,
+    request: Buffer,
+    metadata: Pairs | undefined,
+    timeoutMs: Ms,
+    cancel: Cancel,
+  ): Promise<{ bytes: Buffer; metadata: Pairs }>;
+  rawStream(
+    path: string,
+    metadata: Pairs | undefined,
+    timeoutMs: Ms,
+    cancel: Cancel,
+  ): Promise<NativeRawStream>;
+  routingStats(): NativeRoutingStats;
+}
+
+export interface NativeModule {
+  NativeClient: new (
+    options: NativeClientOptions,
+    tokenProvider?: (forceRefresh: boolean) => Promise<NativeTokenAnswer>,
+  ) => NativeClient;
+  CancelToken: new () => CancelToken;
+  NativeConfigSession: new (
+    options: NativeConfigSessionOptions,
+    apply?: (update: NativeConfigUpdate) => void,
+  ) => NativeConfigSession;
+  nativeVersion(): string;
+  errorMarker(): string;
+  descriptorSet(): Buffer;
+  panicForTest(): Promise<void>;
+}
+
+function load(): NativeModule {
+  const require = createRequire(import.meta.url);
+  const explicit = process.env.OPENSHELL_SDK_NATIVE;
+  if (explicit) return require(explicit) as NativeModule;
+  const packageDir = join(dirname(fileURLToPath(import.meta.url)), "..", "..");
+  const addon = (name: string) => join(packageDir, "native", `openshell-sdk.${name}.node`);
+  // An addon built here for this platform and architecture: when only one
+  // C library variant exists, it is this machine's, no detection needed.
+  const built = platformSuffixes()
+    .map((suffix) => addon(`${platformBase()}${suffix}`))
+    .filter((file) => existsSync(file));
+  if (built.length === 1 && built[0] !== undefined) return require(built[0]) as NativeModule;
+  const platform = platformName();
+  const local = addon(platform);
+  if (existsSync(local)) return require(local) as NativeModule;
+  try {
+    return require(`@openshell/sdk-${platform}`) as NativeModule;
+  } catch (cause) {
+    throw new Error(
+      `@openshell/sdk: no native addon for ${platform} (looked for ${local} and the package ` +
+        `@openshell/sdk-${platform}); reinstall the package so its install script can build it`,
+      { cause },
+    );
+  }
+}
+
+export const native: NativeModule = load();
