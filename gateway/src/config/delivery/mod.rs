@@ -624,12 +624,14 @@ impl ConfigDelivery {
         }
     }
 
-    /// A broadcast notification, sent up to three times: a peer channel
-    /// whose connection broke (the peer restarted) fails its first call, and
-    /// the next attempt reconnects. A notification carries no configuration
-    /// and only marks sessions, so a repeat is harmless. Without this, one
-    /// broken connection left the peer's sessions waiting for their
-    /// reconcile (30 to 60 s).
+    /// A broadcast notification, sent up to three times when the peer's
+    /// channel could not carry it (`UNAVAILABLE`: a connection that broke
+    /// because the peer restarted fails its first call, and the next attempt
+    /// reconnects). A notification carries no configuration and only marks
+    /// sessions, so a repeat is harmless. A peer that does not answer within
+    /// the timeout is not asked again: its reconcile repairs it. Without the
+    /// retry, one broken connection left the peer's sessions waiting for
+    /// their reconcile (30 to 60 s).
     async fn send_notify_retrying(
         &self,
         cluster: &Cluster,
@@ -641,11 +643,15 @@ impl ConfigDelivery {
             if attempt > 0 {
                 tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
             }
-            outcome = match self.send_notify(cluster, endpoint, scope.clone()).await {
+            let retry;
+            (outcome, retry) = match self
+                .send_notify_once(cluster, endpoint, scope.clone())
+                .await
+            {
                 Ok(_) => return "ok",
-                Err(outcome) => outcome,
+                Err(failed) => failed,
             };
-            if outcome == "unsupported_peer" {
+            if !retry {
                 break;
             }
         }
@@ -659,7 +665,22 @@ impl ConfigDelivery {
         endpoint: &str,
         scope: peer_notify_config_update_request::Scope,
     ) -> Result<PeerNotifyConfigUpdateResponse, &'static str> {
-        let channel = cluster.peer_channel(endpoint).map_err(|_| "error")?;
+        self.send_notify_once(cluster, endpoint, scope)
+            .await
+            .map_err(|(outcome, _)| outcome)
+    }
+
+    /// One PeerNotifyConfigUpdate; an error is its metric outcome and
+    /// whether the channel failed to carry the call (worth one more try).
+    async fn send_notify_once(
+        &self,
+        cluster: &Cluster,
+        endpoint: &str,
+        scope: peer_notify_config_update_request::Scope,
+    ) -> Result<PeerNotifyConfigUpdateResponse, (&'static str, bool)> {
+        let channel = cluster
+            .peer_channel(endpoint)
+            .map_err(|_| ("error", false))?;
         let mut client = PeerClient::new(channel);
         let mut request = tonic::Request::new(PeerNotifyConfigUpdateRequest {
             scope: Some(scope),
@@ -669,9 +690,10 @@ impl ConfigDelivery {
         request.set_timeout(PEER_NOTIFY_TIMEOUT);
         let bearer: MetadataValue<_> = format!("Bearer {}", cluster.config.peer_token.expose())
             .parse()
-            .map_err(|_| "error")?;
+            .map_err(|_| ("error", false))?;
         request.metadata_mut().insert("authorization", bearer);
-        let replica: MetadataValue<_> = cluster.replica_id().parse().map_err(|_| "error")?;
+        let replica: MetadataValue<_> =
+            cluster.replica_id().parse().map_err(|_| ("error", false))?;
         request.metadata_mut().insert(PEER_REPLICA_HEADER, replica);
         match tokio::time::timeout(
             PEER_NOTIFY_TIMEOUT,
@@ -681,15 +703,16 @@ impl ConfigDelivery {
         {
             Ok(Ok(response)) => Ok(response.into_inner()),
             Ok(Err(status)) if status.code() == tonic::Code::Unimplemented => {
-                Err("unsupported_peer")
+                Err(("unsupported_peer", false))
             }
             Ok(Err(status)) => {
-                if cluster.peer_tls_failure(endpoint, &status).is_none() {
+                let tls = cluster.peer_tls_failure(endpoint, &status).is_some();
+                if !tls {
                     tracing::debug!(%status, "config notification failed");
                 }
-                Err("error")
+                Err(("error", !tls && status.code() == tonic::Code::Unavailable))
             }
-            Err(_) => Err("error"),
+            Err(_) => Err(("error", false)),
         }
     }
 
