@@ -66,6 +66,30 @@ def test_a_forked_child_uses_the_parents_client(client: Client, ready_sandbox: s
     assert _native.runtime_info() == parent
 
 
+def _child_busy(client: Client, sandbox: str, queue: multiprocessing.Queue) -> None:
+    try:
+        outputs = [client.exec(sandbox, ["echo", str(n)], timeout=30).stdout_text for n in range(3)]
+        queue.put(("ok", outputs))
+    except BaseException as err:
+        queue.put(("error", repr(err)))
+
+
+def test_children_forked_one_after_another_all_work(client: Client, ready_sandbox: str) -> None:
+    # Before each fork the parent's runtime threads have just parked again
+    # after a call: a child must never inherit wait-queue state that points
+    # into the parent's thread stacks (glibc gives those stacks to the
+    # child's new threads).
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    for n in range(6):
+        assert client.exec(ready_sandbox, ["echo", f"parent-{n}"]).stdout_text == f"parent-{n}\n"
+        child = ctx.Process(target=_child_busy, args=(client, ready_sandbox, queue))
+        child.start()
+        assert queue.get(timeout=60) == ("ok", ["0\n", "1\n", "2\n"])
+        child.join(30)
+        assert child.exitcode == 0
+
+
 def test_a_forked_child_can_start_its_own_async_client(
     cluster: Cluster, ready_sandbox: str
 ) -> None:

@@ -19,6 +19,12 @@
 //! No lock is taken on this path (a lock held by another thread at the
 //! moment of `fork()` would stay locked in the child forever).
 //!
+//! The workspace builds tokio without its `parking_lot` feature on purpose:
+//! parking_lot keeps global wait queues that point into the stacks of the
+//! threads parked at the fork, and glibc gives those stacks to the child's
+//! new threads, so a child's runtime crashed or lost wake-ups
+//! (`tests/test_fork.py` forks six children in a row to catch it).
+//!
 //! # Interpreter exit
 //!
 //! Tokio threads outlive Python's finalization unless stopped: a future that
