@@ -30,6 +30,9 @@ pub struct Authority(pub String);
 #[derive(Clone)]
 pub struct GatewayLayer {
     pub replica_id: HeaderValue,
+    /// Take [`Authority`] from the edge's `x-openshell-forwarded-authority`
+    /// when a request carries it (`serve --trust-forwarded-authority`).
+    pub trust_forwarded_authority: bool,
     pub auth: Arc<Authenticator>,
     pub metrics: Arc<Metrics>,
 }
@@ -75,10 +78,12 @@ where
         let layer = self.layer.clone();
         Box::pin(async move {
             let path = req.uri().path().to_owned();
-            let authority = req
-                .uri()
-                .authority()
-                .map(|a| a.as_str().to_owned())
+            let forwarded = layer
+                .trust_forwarded_authority
+                .then(|| forwarded_authority(req.headers()))
+                .flatten();
+            let authority = forwarded
+                .or_else(|| req.uri().authority().map(|a| a.as_str().to_owned()))
                 .or_else(|| {
                     req.headers()
                         .get(http::header::HOST)
@@ -204,6 +209,17 @@ impl Drop for ObservedBody {
     fn drop(&mut self) {
         self.finish("cancelled");
     }
+}
+
+/// The edge's `x-openshell-forwarded-authority`, when it is one valid
+/// `host[:port]`.
+fn forwarded_authority(headers: &http::HeaderMap) -> Option<String> {
+    let value = headers
+        .get(openshell_edge::FORWARDED_AUTHORITY_HEADER)?
+        .to_str()
+        .ok()?;
+    let authority = value.parse::<http::uri::Authority>().ok()?;
+    (!value.contains('@')).then(|| authority.as_str().to_owned())
 }
 
 #[cfg(test)]
