@@ -307,7 +307,7 @@ impl Streams {
                 crate::validate::quote(&init.workspace)
             )));
         }
-        let target = match &init.target {
+        let mut target = match &init.target {
             Some(tcp_forward_init::Target::Tcp(tcp)) => {
                 let host = validate::forward_target(&tcp.host, tcp.port)?;
                 relay_open::Target::Tcp(TcpRelayTarget {
@@ -315,8 +315,11 @@ impl Streams {
                     port: tcp.port,
                 })
             }
-            // The sandbox's embedded SSH server (the supervisor's).
-            Some(tcp_forward_init::Target::Ssh(_)) => relay_open::Target::Ssh(SshRelayTarget {}),
+            // The sandbox's embedded SSH server (the supervisor's); its
+            // environment is the sandbox's, set below.
+            Some(tcp_forward_init::Target::Ssh(_)) => {
+                relay_open::Target::Ssh(SshRelayTarget::default())
+            }
             None => return Err(Status::invalid_argument("forward init needs a target")),
         };
         let (sandbox, ssh_session) = self
@@ -324,6 +327,9 @@ impl Streams {
             .await?;
         drop(init);
         require_ready(&sandbox)?;
+        if let relay_open::Target::Ssh(ssh) = &mut target {
+            ssh.environment = merged_environment(sandbox.spec.as_ref(), &Default::default());
+        }
         let relay = self
             .router
             .open(
