@@ -224,7 +224,28 @@ fn forwarded_authority(headers: &http::HeaderMap) -> Option<String> {
 
 #[cfg(test)]
 mod tests {
-    use super::method_label;
+    use super::{forwarded_authority, method_label};
+
+    #[test]
+    fn forwarded_authorities_are_host_and_port_only() {
+        let header = |value: &str| {
+            let mut headers = http::HeaderMap::new();
+            headers.insert(
+                openshell_edge::FORWARDED_AUTHORITY_HEADER,
+                value.parse().unwrap(),
+            );
+            forwarded_authority(&headers)
+        };
+        assert_eq!(
+            header("edge.example:8443").as_deref(),
+            Some("edge.example:8443")
+        );
+        assert_eq!(header("[::1]:9").as_deref(), Some("[::1]:9"));
+        for bad in ["user@edge.example:1", "a b", "edge/x", ""] {
+            assert_eq!(header(bad), None, "{bad}");
+        }
+        assert_eq!(forwarded_authority(&http::HeaderMap::new()), None);
+    }
 
     #[test]
     fn only_contract_paths_name_a_method() {

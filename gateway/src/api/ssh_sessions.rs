@@ -287,6 +287,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_revoke_reaches_every_open_forward_of_its_session_only() {
+        let forwards = Arc::new(OpenForwards::default());
+        let (a1, a2, b) = (
+            forwards.register("a"),
+            forwards.register("a"),
+            forwards.register("b"),
+        );
+        assert_eq!(forwards.revoked("a"), 2);
+        assert!(a1.revoked.is_cancelled() && a2.revoked.is_cancelled());
+        assert!(!b.revoked.is_cancelled());
+        assert_eq!(forwards.revoked("a"), 0, "nothing left to end");
+        drop((a1, a2, b));
+        assert!(
+            forwards.by_hash.lock().unwrap().is_empty(),
+            "closed forwards leave no entry"
+        );
+    }
+
+    #[test]
     fn authorities_split() {
         let config = SshSessionConfig {
             ttl: Duration::ZERO,

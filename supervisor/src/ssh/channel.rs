@@ -83,14 +83,18 @@ fn eof_frame() -> RelayFrame {
     }
 }
 
-/// Stdin bytes a frame carries.
-fn stdin_len(frame: &RelayFrame) -> usize {
-    match &frame.payload {
-        Some(relay_frame::Payload::ExecInput(ExecSandboxInput {
-            payload: Some(exec_sandbox_input::Payload::Stdin(data)),
-        })) => data.len(),
-        _ => 0,
-    }
+/// What a queued frame counts against [`STDIN_BACKLOG`]: its stdin bytes
+/// plus a fixed charge, so that many tiny frames (or window changes) are
+/// bounded too.
+fn queued_cost(frame: &RelayFrame) -> usize {
+    const FRAME_CHARGE: usize = 128;
+    FRAME_CHARGE
+        + match &frame.payload {
+            Some(relay_frame::Payload::ExecInput(ExecSandboxInput {
+                payload: Some(exec_sandbox_input::Payload::Stdin(data)),
+            })) => data.len(),
+            _ => 0,
+        }
 }
 
 /// Why the client side of a channel stopped.
@@ -241,7 +245,7 @@ pub async fn serve(
                     if process_gone {
                         continue;
                     }
-                    queued += stdin_len(&frame);
+                    queued += queued_cost(&frame);
                     if queued > STDIN_BACKLOG {
                         return InputEnd::Backlog;
                     }
@@ -250,7 +254,7 @@ pub async fn serve(
                 permit = in_tx.reserve(), if !queue.is_empty() && !process_gone => match permit {
                     Ok(permit) => {
                         let frame = queue.pop_front().expect("a queued frame");
-                        queued -= stdin_len(&frame);
+                        queued -= queued_cost(&frame);
                         permit.send(Ok(frame));
                     }
                     Err(_) => {
