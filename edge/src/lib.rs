@@ -22,6 +22,12 @@
 //! | the replica failed after the request was sent, before answering | UNAVAILABLE "upstream failed before response headers" | absent (the call may have run) |
 //! | the peer service (`/openshell.peer.v1.*`) | PERMISSION_DENIED | `not-forwarded` |
 //!
+//! Every forwarded request carries `x-openshell-forwarded-authority`: the
+//! `:authority` (or `host`) the client sent, which the upstream URI
+//! replaces. The edge drops any copy the client sent, so a replica that
+//! trusts the header (`serve --trust-forwarded-authority`) learns the
+//! address the client dialled.
+//!
 //! Bodies stream both ways frame by frame (trailers included); dropping
 //! either side resets the other. Routes come from `--replica ID=URL` and
 //! `--routes-file` (re-read on SIGHUP).
@@ -56,6 +62,8 @@ use tokio_util::sync::CancellationToken;
 
 /// Request header naming the replica a call should be routed to.
 pub const REPLICA_HEADER: &str = "x-openshell-replica";
+/// Request header the edge sets to the authority the client addressed.
+pub const FORWARDED_AUTHORITY_HEADER: &str = "x-openshell-forwarded-authority";
 /// Response header on the edge's own answers; see [`NOT_FORWARDED`].
 pub const EDGE_HEADER: &str = "x-openshell-edge";
 /// [`EDGE_HEADER`] value: the edge never forwarded the request to a replica.
@@ -304,6 +312,33 @@ mod tests {
         let mut names: Vec<_> = headers.keys().map(|k| k.as_str()).collect();
         names.sort();
         assert_eq!(names, ["authorization", "te", REPLICA_HEADER]);
+    }
+
+    #[test]
+    fn the_forwarded_authority_is_the_edge_s_never_the_client_s() {
+        let mut req = http::Request::builder()
+            .uri("http://edge.example:8080/openshell.v1.OpenShell/Health")
+            .header(crate::FORWARDED_AUTHORITY_HEADER, "evil.example:1")
+            .body(())
+            .unwrap();
+        set_forwarded_authority(&mut req);
+        let values: Vec<_> = req
+            .headers()
+            .get_all(crate::FORWARDED_AUTHORITY_HEADER)
+            .iter()
+            .collect();
+        assert_eq!(values, ["edge.example:8080"]);
+        // No authority at all: the client's copy still goes.
+        let mut req = http::Request::builder()
+            .uri("/openshell.v1.OpenShell/Health")
+            .header(crate::FORWARDED_AUTHORITY_HEADER, "evil.example:1")
+            .body(())
+            .unwrap();
+        set_forwarded_authority(&mut req);
+        assert!(
+            !req.headers()
+                .contains_key(crate::FORWARDED_AUTHORITY_HEADER)
+        );
     }
 
     #[test]

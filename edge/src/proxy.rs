@@ -161,6 +161,7 @@ impl Edge {
             );
         }
         let hint = replica_hint(req.headers());
+        set_forwarded_authority(&mut req);
         strip_hop_by_hop(req.headers_mut(), true);
         let routes = self.routes();
         match hint {
@@ -425,6 +426,29 @@ pub(crate) fn upstream_uri(authority: &Authority, uri: &Uri) -> Uri {
             .unwrap_or_else(|| PathAndQuery::from_static("/")),
     );
     Uri::from_parts(parts).expect("scheme, authority and path make a valid URI")
+}
+
+/// Replaces any client-supplied `x-openshell-forwarded-authority` with the
+/// authority the client addressed (`:authority`, else `host`), before the
+/// upstream URI replaces it.
+pub(crate) fn set_forwarded_authority<B>(req: &mut Request<B>) {
+    let name = HeaderName::from_static(crate::FORWARDED_AUTHORITY_HEADER);
+    let authority = req
+        .uri()
+        .authority()
+        .map(|a| a.as_str().to_owned())
+        .or_else(|| {
+            req.headers()
+                .get(header::HOST)
+                .and_then(|h| h.to_str().ok())
+                .map(str::to_owned)
+        })
+        .and_then(|a| HeaderValue::from_str(&a).ok());
+    let headers = req.headers_mut();
+    headers.remove(&name);
+    if let Some(authority) = authority {
+        headers.insert(name, authority);
+    }
 }
 
 /// Removes connection-level headers. Requests keep `te: trailers` (gRPC

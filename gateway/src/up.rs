@@ -119,6 +119,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
                     "127.0.0.1:0",
                 ])
                 .args(["--replica-id", &id, "--supervisor-url", &edge_url])
+                .arg("--trust-forwarded-authority")
                 .args(["--config-delivery-mode", mode])
                 .arg("--database-max-connections")
                 .arg(args.database_max_connections.to_string())

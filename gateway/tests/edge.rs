@@ -269,6 +269,7 @@ for_both_edges!(
     address_like_header_is_not_dialed,
     exec_streams_and_cancels_through_the_edge,
     forward_tcp_is_bidirectional_through_the_edge,
+    ssh_session_names_the_edge,
 );
 
 async fn routes_by_header_to_each_replica(kind: Kind) {
@@ -683,4 +684,44 @@ async fn builtin_opens_another_connection_when_a_replica_limits_streams() {
     let connections = edge.metric("openshell_edge_upstream_connections").unwrap();
     assert!(connections >= 3.0, "{connections} upstream connections");
     drop(watches);
+}
+
+/// `CreateSshSession` through the edge names the edge's address (which
+/// the edge passes in `x-openshell-forwarded-authority`), never a copy of
+/// that header the client sent.
+async fn ssh_session_names_the_edge(kind: Kind) {
+    let gw = Gateway::start(GatewayOptions {
+        replica_id: Some("gw-0".into()),
+        tokens: vec![TOKEN.into()],
+        extra_args: vec!["--trust-forwarded-authority".into()],
+        ..Default::default()
+    });
+    let front = Front::start(kind, &[("gw-0", &gw)]);
+    let mut client = client(front.url(), None).await;
+    client
+        .create_sandbox(CreateSandboxRequest {
+            name: "edge-ssh".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut request = Request::new(CreateSshSessionRequest {
+        sandbox: "edge-ssh".into(),
+        ..Default::default()
+    });
+    request.metadata_mut().insert(
+        "x-openshell-forwarded-authority",
+        "evil.example:1".parse().unwrap(),
+    );
+    let session = client
+        .create_ssh_session(request)
+        .await
+        .unwrap()
+        .into_inner();
+    let edge_addr = front.url().trim_start_matches("http://").to_owned();
+    assert_eq!(
+        format!("{}:{}", session.gateway_host, session.gateway_port),
+        edge_addr,
+        "{kind:?}"
+    );
 }

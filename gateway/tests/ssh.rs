@@ -13,6 +13,7 @@
 
 mod common;
 
+use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::Duration;
@@ -20,8 +21,8 @@ use std::time::Duration;
 use common::*;
 use openshell_proto::*;
 use openshell_sdk::{CallOptions, ClientConfig, ForwardTarget};
-use openshell_testkit::Edge;
 use openshell_testkit::cluster::{ClusterOptions, TestCluster};
+use openshell_testkit::{Edge, Gateway, GatewayOptions};
 use sha2::{Digest, Sha256};
 
 const COMMAND_LIMIT: Duration = Duration::from_secs(90);
@@ -139,6 +140,45 @@ fn sha256_hex(bytes: &[u8]) -> String {
         .collect()
 }
 
+/// Scans the server's host key through the forward at `port`, checks it is
+/// the one the gateway reported, and writes a known_hosts file for it
+/// (under the alias `sshbox`).
+async fn pin_host_key(port: u16, dir: &Path, fingerprint: &str) -> PathBuf {
+    let scan = run(
+        tokio::process::Command::new("ssh-keyscan").args([
+            "-T",
+            "30",
+            "-t",
+            "ed25519",
+            "-p",
+            &port.to_string(),
+            "127.0.0.1",
+        ]),
+        None,
+    )
+    .await;
+    let scanned = text(&scan.stdout);
+    let key = scanned
+        .lines()
+        .find_map(|line| line.split_once(' ').map(|(_, key)| key.to_owned()))
+        .unwrap_or_else(|| panic!("no host key scanned: {}", show(&scan)));
+    let known_hosts = dir.join("known_hosts");
+    std::fs::write(&known_hosts, format!("sshbox {key}\n")).unwrap();
+    let printed = run(
+        tokio::process::Command::new("ssh-keygen")
+            .arg("-lf")
+            .arg(&known_hosts),
+        None,
+    )
+    .await;
+    assert!(
+        text(&printed.stdout).contains(fingerprint),
+        "the server's key is not the one the gateway reported: {}",
+        show(&printed)
+    );
+    known_hosts
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ssh_scp_sftp_and_rsync_with_a_session_token_alone() {
     let cluster = TestCluster::start(ClusterOptions {
@@ -200,38 +240,7 @@ async fn ssh_scp_sftp_and_rsync_with_a_session_token_alone() {
     let work = tempfile::tempdir().unwrap();
 
     // Pin the host key: what the server presents is what the gateway said.
-    let scan = run(
-        tokio::process::Command::new("ssh-keyscan").args([
-            "-T",
-            "30",
-            "-t",
-            "ed25519",
-            "-p",
-            &port.to_string(),
-            "127.0.0.1",
-        ]),
-        None,
-    )
-    .await;
-    let scanned = text(&scan.stdout);
-    let key = scanned
-        .lines()
-        .find_map(|line| line.split_once(' ').map(|(_, key)| key.to_owned()))
-        .unwrap_or_else(|| panic!("no host key scanned: {}", show(&scan)));
-    let known_hosts = work.path().join("known_hosts");
-    std::fs::write(&known_hosts, format!("sshbox {key}\n")).unwrap();
-    let printed = run(
-        tokio::process::Command::new("ssh-keygen")
-            .arg("-lf")
-            .arg(&known_hosts),
-        None,
-    )
-    .await;
-    assert!(
-        text(&printed.stdout).contains(&session.host_key_fingerprint),
-        "the server's key is not the one the gateway reported: {}",
-        show(&printed)
-    );
+    let known_hosts = pin_host_key(port, work.path(), &session.host_key_fingerprint).await;
     let target = Target { port, known_hosts };
 
     // A command: output, the sandbox's uid, the exit status.
@@ -438,4 +447,213 @@ async fn ssh_scp_sftp_and_rsync_with_a_session_token_alone() {
     assert!(logs.contains("ssh session created"), "the logs were read");
     assert!(!logs.contains(&session.token), "the token is in a log");
     drop(edge);
+}
+
+/// `Target::ssh` over one shared connection: `ssh -o ControlPath=...`
+/// opens a channel on the master's connection.
+fn mux(target: &Target, control: &Path) -> tokio::process::Command {
+    let mut command = target.ssh();
+    command.args([
+        "-o",
+        "ControlMaster=no",
+        "-o",
+        &format!("ControlPath={}", control.display()),
+    ]);
+    command
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn spec_environment_symlinks_and_channels_of_one_connection() {
+    let gw = Gateway::start(GatewayOptions::with_token(TOKEN));
+    let mut user = client(&gw).await;
+    let environment: HashMap<String, String> =
+        [("SPEC_ONLY", "from-spec"), ("SPEC_AND_CLIENT", "spec")]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+    user.create_sandbox(CreateSandboxRequest {
+        name: "envbox".into(),
+        spec: Some(SandboxSpec {
+            environment,
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    wait_phase(&mut user, "envbox", SandboxPhase::Ready).await;
+    let session = user
+        .create_ssh_session(CreateSshSessionRequest {
+            sandbox: "envbox".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let config = ClientConfig::builder(&gw.url).build().unwrap();
+    let client = openshell_sdk::Client::connect_lazy(config).await.unwrap();
+    let forward = client
+        .forward_to(
+            "envbox",
+            ForwardTarget::Ssh,
+            Some(&session.token),
+            "127.0.0.1:0",
+            CallOptions::default(),
+        )
+        .await
+        .unwrap();
+    let port = forward.local_addr().port();
+    let work = tempfile::tempdir().unwrap();
+    let known_hosts = pin_host_key(port, work.path(), &session.host_key_fingerprint).await;
+    let target = Target { port, known_hosts };
+
+    // The sandbox's spec environment, as exec has it; the client's `env`
+    // requests go over it.
+    let exec_env = sh(&mut user, "envbox", "printenv SPEC_ONLY").await;
+    assert_eq!(exec_env.stdout_text(), "from-spec\n");
+    assert_eq!(ssh_ok(&target, "printenv SPEC_ONLY").await, "from-spec\n");
+    let both = run(
+        target
+            .ssh()
+            .args(["-o", "SetEnv=SPEC_AND_CLIENT=client"])
+            .arg(HOST)
+            .arg("printenv SPEC_AND_CLIENT"),
+        None,
+    )
+    .await;
+    assert_eq!(text(&both.stdout), "client\n", "{}", show(&both));
+
+    // A symlink made over sftp points where it was told to.
+    ssh_ok(&target, "mkdir -p dir && echo pointed-at > dir/target.txt").await;
+    let batch = work.path().join("links");
+    std::fs::write(&batch, "ln -s dir/target.txt link.txt\n").unwrap();
+    let linked = run(target.sftp(&batch).arg(HOST), None).await;
+    assert!(linked.status.success(), "sftp ln -s: {}", show(&linked));
+    let read = sh(&mut user, "envbox", "readlink link.txt; cat link.txt").await;
+    assert_eq!(read.stdout_text(), "dir/target.txt\npointed-at\n");
+
+    // One connection, many channels: a master connection and clients
+    // that open channels on it.
+    let control = work.path().join("cm");
+    let mut master = target
+        .ssh()
+        .args([
+            "-N",
+            "-o",
+            "ControlMaster=yes",
+            "-o",
+            &format!("ControlPath={}", control.display()),
+        ])
+        .arg(HOST)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    for _ in 0..300 {
+        if control.exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(control.exists(), "no control socket after 30 s");
+    let alive = run(mux(&target, &control).arg(HOST).arg("echo alive"), None).await;
+    assert_eq!(text(&alive.stdout), "alive\n", "{}", show(&alive));
+
+    // A process that never reads its stdin, fed 64 MiB: its channel is
+    // closed once 16 MiB wait unread, and the connection's other channels
+    // keep working meanwhile.
+    let mut staller = mux(&target, &control)
+        .arg(HOST)
+        .arg("sleep 120")
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut stdin = staller.stdin.take().unwrap();
+    let (fed, mut fed_rx) = tokio::sync::mpsc::channel::<()>(1);
+    let (more, mut more_rx) = tokio::sync::mpsc::channel::<()>(1);
+    let feeder = tokio::spawn(async move {
+        use tokio::io::AsyncWriteExt;
+        let chunk = vec![b'x'; 1 << 20];
+        for mib in 0..64 {
+            if mib == 8 {
+                let _ = fed.send(()).await;
+                let _ = more_rx.recv().await;
+            }
+            if stdin.write_all(&chunk).await.is_err() {
+                return;
+            }
+        }
+    });
+    // 8 MiB unread: the channel stays open and the others work.
+    tokio::time::timeout(COMMAND_LIMIT, fed_rx.recv())
+        .await
+        .expect("8 MiB fed");
+    let alive = run(mux(&target, &control).arg(HOST).arg("echo alive"), None).await;
+    assert_eq!(text(&alive.stdout), "alive\n", "{}", show(&alive));
+    more.send(()).await.unwrap();
+    let stalled = tokio::time::timeout(COMMAND_LIMIT, staller.wait_with_output())
+        .await
+        .expect("the channel of a process that does not read was not closed")
+        .unwrap();
+    assert!(!stalled.status.success(), "{}", show(&stalled));
+    assert!(
+        text(&stalled.stderr).contains("more than 16 MiB of input unread"),
+        "{}",
+        show(&stalled)
+    );
+    feeder.abort();
+    let alive = run(mux(&target, &control).arg(HOST).arg("echo alive"), None).await;
+    assert_eq!(text(&alive.stdout), "alive\n", "{}", show(&alive));
+
+    // At most 16 channels at once: the 17th is refused until one closes.
+    let mut sleepers = Vec::new();
+    for _ in 0..16 {
+        let mut sleeper = mux(&target, &control)
+            .arg(HOST)
+            .arg("echo up; sleep 120")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let mut out = tokio::io::BufReader::new(sleeper.stdout.take().unwrap());
+        let mut line = String::new();
+        use tokio::io::AsyncBufReadExt;
+        tokio::time::timeout(COMMAND_LIMIT, out.read_line(&mut line))
+            .await
+            .expect("a channel started")
+            .unwrap();
+        assert_eq!(line, "up\n");
+        sleepers.push((sleeper, out));
+    }
+    // (OpenSSH then falls back to a connection of its own.)
+    const REFUSED: &str = "Session open refused by peer";
+    let extra = run(mux(&target, &control).arg(HOST).arg("echo extra"), None).await;
+    assert!(
+        text(&extra.stderr).contains(REFUSED),
+        "a 17th channel: {}",
+        show(&extra)
+    );
+    let (mut first, _) = sleepers.remove(0);
+    first.kill().await.unwrap();
+    let mut admitted = false;
+    for _ in 0..50 {
+        let extra = run(mux(&target, &control).arg(HOST).arg("echo extra"), None).await;
+        if !text(&extra.stderr).contains(REFUSED) && text(&extra.stdout) == "extra\n" {
+            admitted = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(admitted, "a channel was still refused after one closed");
+    drop(sleepers);
+    master.kill().await.unwrap();
+    forward.close();
+    forward.closed().await;
 }

@@ -6,13 +6,11 @@ mod common;
 
 use std::time::{Duration, SystemTime};
 
+use common::forward::*;
 use common::*;
 use openshell_proto::*;
 use openshell_testkit::cluster::Postgres;
 use openshell_testkit::{Gateway, GatewayOptions};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::Code;
 
 /// TTL of the gateway under test: long enough to run every check before it.
@@ -21,82 +19,14 @@ const TTL_SECS: u64 = 8;
 fn gateway(database_url: Option<String>) -> Gateway {
     Gateway::start(GatewayOptions {
         database_url,
-        extra_args: vec!["--ssh-session-ttl-secs".into(), TTL_SECS.to_string()],
+        extra_args: vec![
+            "--ssh-session-ttl-secs".into(),
+            TTL_SECS.to_string(),
+            "--ssh-session-purge-secs".into(),
+            "1".into(),
+        ],
         ..GatewayOptions::with_token(TOKEN)
     })
-}
-
-/// A loopback echo service on the host (sandboxes share its network).
-async fn echo_service() -> u16 {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((mut conn, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buf = [0u8; 1024];
-                while let Ok(n) = conn.read(&mut buf).await {
-                    if n == 0 || conn.write_all(&buf[..n]).await.is_err() {
-                        return;
-                    }
-                }
-            });
-        }
-    });
-    port
-}
-
-/// An open forward: frames to send, frames received.
-struct Forward {
-    tx: mpsc::Sender<TcpForwardFrame>,
-    rx: tonic::Streaming<TcpForwardFrame>,
-}
-
-fn init(sandbox: &str, port: u16, token: &str) -> TcpForwardFrame {
-    TcpForwardFrame {
-        payload: Some(tcp_forward_frame::Payload::Init(TcpForwardInit {
-            sandbox: sandbox.into(),
-            target: Some(tcp_forward_init::Target::Tcp(TcpRelayTarget {
-                host: "127.0.0.1".into(),
-                port: port.into(),
-            })),
-            authorization_token: token.into(),
-            ..Default::default()
-        })),
-    }
-}
-
-async fn open(client: &mut Client, init: TcpForwardFrame) -> Result<Forward, tonic::Status> {
-    let (tx, rx) = mpsc::channel(8);
-    tx.send(init).await.unwrap();
-    let rx = client
-        .forward_tcp(ReceiverStream::new(rx))
-        .await?
-        .into_inner();
-    Ok(Forward { tx, rx })
-}
-
-/// Opens a forward and proves it carries bytes both ways.
-async fn echo(client: &mut Client, init: TcpForwardFrame) -> Result<Forward, tonic::Status> {
-    let mut forward = open(client, init).await?;
-    let data = TcpForwardFrame {
-        payload: Some(tcp_forward_frame::Payload::Data(b"ping".to_vec().into())),
-    };
-    forward.tx.send(data).await.unwrap();
-    let answer = tokio::time::timeout(Duration::from_secs(20), forward.rx.message())
-        .await
-        .expect("an answer within 20 s")?;
-    match answer.and_then(|f| f.payload) {
-        Some(tcp_forward_frame::Payload::Data(data)) => assert_eq!(&data[..], b"ping"),
-        other => panic!("unexpected answer {other:?}"),
-    }
-    Ok(forward)
-}
-
-fn code(result: Result<Forward, tonic::Status>) -> Code {
-    match result {
-        Ok(_) => Code::Ok,
-        Err(status) => status.code(),
-    }
 }
 
 async fn create_session(client: &mut Client, sandbox: &str) -> CreateSshSessionResponse {
@@ -125,6 +55,20 @@ async fn tokens_are_scoped_revocable_limited_and_expire(database_url: Option<Str
     assert_eq!(session.gateway_scheme, "http");
     assert_eq!(session.gateway_host, "127.0.0.1");
     assert_eq!(session.gateway_port, u32::from(gw.grpc_addr.port()));
+    // A replica not told to trust the edge's header ignores a client's copy.
+    let mut spoofed = tonic::Request::new(CreateSshSessionRequest {
+        sandbox: "alpha".into(),
+        ..Default::default()
+    });
+    spoofed.metadata_mut().insert(
+        "x-openshell-forwarded-authority",
+        "evil.example:1".parse().unwrap(),
+    );
+    let spoofed = user.create_ssh_session(spoofed).await.unwrap().into_inner();
+    assert_eq!(
+        (spoofed.gateway_host.as_str(), spoofed.gateway_port),
+        ("127.0.0.1", u32::from(gw.grpc_addr.port()))
+    );
     let expires = session.expiration_time.expect("an expiry with a TTL");
     let expires = SystemTime::UNIX_EPOCH + Duration::from_secs(expires.seconds as u64);
     let ttl = expires.duration_since(before).unwrap_or_default();
@@ -312,6 +256,11 @@ async fn tokens_are_scoped_revocable_limited_and_expire(database_url: Option<Str
         assert!(!logs.contains(secret.as_str()), "a token in the logs");
     }
     assert!(logs.contains("ssh session created"), "the logs were read");
+    // The purge of ended sessions (every second here) runs on this store.
+    assert!(
+        !logs.contains("could not purge ended ssh sessions"),
+        "{logs}"
+    );
 }
 
 async fn wait_gone(client: &mut Client, name: &str) {

@@ -306,7 +306,7 @@ fn init_frame(sandbox: &str, target: ForwardTarget, token: Option<&str>) -> Byte
             host: "127.0.0.1".into(),
             port: u32::from(port),
         }),
-        ForwardTarget::Ssh => pb::tcp_forward_init::Target::Ssh(pb::SshRelayTarget {}),
+        ForwardTarget::Ssh => pb::tcp_forward_init::Target::Ssh(pb::SshRelayTarget::default()),
     };
     let frame = pb::TcpForwardFrame {
         payload: Some(FramePayload::Init(pb::TcpForwardInit {

@@ -208,8 +208,11 @@ async fn serve_relay(
             exec::run(request, &exec, claimed.out, claimed.inbound, cancel).await;
         }
         // The public protocol: no target means SSH.
-        Some(relay_open::Target::Ssh(_)) | None => {
-            crate::ssh::run(&ctx, &channel_id, ssh, exec, cancel).await;
+        Some(relay_open::Target::Ssh(target)) => {
+            crate::ssh::run(&ctx, &channel_id, ssh, exec, target.environment, cancel).await;
+        }
+        None => {
+            crate::ssh::run(&ctx, &channel_id, ssh, exec, HashMap::new(), cancel).await;
         }
     }
 }

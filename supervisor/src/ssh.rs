@@ -12,8 +12,9 @@
 //!
 //! Every channel runs as an exec of this sandbox ([`channel`]), through the
 //! same machinery as `ExecSandbox`: inside the sandbox's namespaces, as its
-//! uid, with the environment the client asks for (the sandbox spec's
-//! environment is not merged in yet). `shell` and `exec` requests run the sandbox's
+//! uid, with the sandbox spec's environment (which the gateway sends in the
+//! relay's target) and over it the one the client asks for. `shell` and
+//! `exec` requests run the sandbox's
 //! shell (with a pty after `pty-req`, resized by `window-change`, with the
 //! `env` variables asked for); the `sftp` subsystem runs the built-in SFTP
 //! server (`crate::sftp`) the same way, so scp and sftp see the sandbox's files
@@ -26,19 +27,21 @@
 
 mod channel;
 
+use std::collections::HashMap;
 use std::future::Future;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::Path;
 use std::pin::pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use anyhow::Context;
 use russh::keys::ssh_key::LineEnding;
 use russh::keys::{HashAlg, PrivateKey};
 use russh::server::{Auth, Msg, Session};
-use russh::{Channel, ChannelId, MethodKind, MethodSet};
+use russh::{Channel, ChannelId, ChannelOpenFailure, MethodKind, MethodSet};
 use tracing::debug;
 
 use crate::exec::ExecSettings;
@@ -47,6 +50,10 @@ use crate::transport;
 
 /// Bytes buffered in memory between the relay and the SSH server.
 const PIPE_BUFFER: usize = 256 * 1024;
+/// Session channels open at once on one SSH connection; more are refused
+/// (`resource shortage`). Bounds the processes and the unread input
+/// ([`channel::STDIN_BACKLOG`] each) one connection can hold.
+const MAX_CHANNELS: usize = 16;
 
 /// The sandbox's SSH host key.
 #[derive(Clone)]
@@ -151,12 +158,14 @@ pub fn config(host_key: &HostKey) -> Arc<russh::server::Config> {
 }
 
 /// Claims the relay and serves one SSH connection over it until it ends
-/// or `cancel` resolves.
+/// or `cancel` resolves. `environment`: the sandbox's spec environment,
+/// which every channel starts with (the relay's `SshRelayTarget`).
 pub async fn run(
     ctx: &RelayContext,
     channel_id: &str,
     server: Option<Arc<russh::server::Config>>,
     exec: Arc<ExecSettings>,
+    environment: HashMap<String, String>,
     cancel: impl Future<Output = ()>,
 ) {
     let Some(server) = server else {
@@ -186,7 +195,11 @@ pub async fn run(
     // ends, the pipe closes, the connection ends, and every channel's
     // process is killed (its channel task sees the channel gone).
     let (ours, theirs) = tokio::io::duplex(PIPE_BUFFER);
-    let connection = Connection { exec };
+    let connection = Connection {
+        exec,
+        environment: Arc::new(environment),
+        channels: Arc::new(AtomicUsize::new(0)),
+    };
     let id = channel_id.to_owned();
     // Its version exchange needs the pump running: a task of its own.
     tokio::spawn(async move {
@@ -203,9 +216,22 @@ pub async fn run(
 }
 
 /// One SSH connection: accepts the `none` authentication and session
-/// channels, each served by its own task.
+/// channels (up to [`MAX_CHANNELS`] at once), each served by its own task.
 struct Connection {
     exec: Arc<ExecSettings>,
+    /// The sandbox's spec environment.
+    environment: Arc<HashMap<String, String>>,
+    /// Session channels open now.
+    channels: Arc<AtomicUsize>,
+}
+
+/// Counts one open channel until dropped.
+struct OpenChannel(Arc<AtomicUsize>);
+
+impl Drop for OpenChannel {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl russh::server::Handler for Connection {
@@ -222,8 +248,23 @@ impl russh::server::Handler for Connection {
         reply: russh::server::ChannelOpenHandle,
         _session: &mut Session,
     ) -> Result<(), Self::Error> {
+        let open = self.channels.fetch_add(1, Ordering::AcqRel);
+        let counted = OpenChannel(self.channels.clone());
+        if open >= MAX_CHANNELS {
+            debug!(
+                open,
+                "ssh channel refused: too many open on this connection"
+            );
+            drop(counted);
+            reply.reject(ChannelOpenFailure::ResourceShortage).await;
+            return Ok(());
+        }
         reply.accept().await;
-        tokio::spawn(channel::serve(channel, self.exec.clone()));
+        let (exec, environment) = (self.exec.clone(), self.environment.clone());
+        tokio::spawn(async move {
+            let _counted = counted;
+            channel::serve(channel, exec, &environment).await;
+        });
         Ok(())
     }
 

@@ -30,6 +30,9 @@ pub struct Authority(pub String);
 #[derive(Clone)]
 pub struct GatewayLayer {
     pub replica_id: HeaderValue,
+    /// Take [`Authority`] from the edge's `x-openshell-forwarded-authority`
+    /// when a request carries it (`serve --trust-forwarded-authority`).
+    pub trust_forwarded_authority: bool,
     pub auth: Arc<Authenticator>,
     pub metrics: Arc<Metrics>,
 }
@@ -75,10 +78,12 @@ where
         let layer = self.layer.clone();
         Box::pin(async move {
             let path = req.uri().path().to_owned();
-            let authority = req
-                .uri()
-                .authority()
-                .map(|a| a.as_str().to_owned())
+            let forwarded = layer
+                .trust_forwarded_authority
+                .then(|| forwarded_authority(req.headers()))
+                .flatten();
+            let authority = forwarded
+                .or_else(|| req.uri().authority().map(|a| a.as_str().to_owned()))
                 .or_else(|| {
                     req.headers()
                         .get(http::header::HOST)
@@ -206,9 +211,41 @@ impl Drop for ObservedBody {
     }
 }
 
+/// The edge's `x-openshell-forwarded-authority`, when it is one valid
+/// `host[:port]`.
+fn forwarded_authority(headers: &http::HeaderMap) -> Option<String> {
+    let value = headers
+        .get(openshell_edge::FORWARDED_AUTHORITY_HEADER)?
+        .to_str()
+        .ok()?;
+    let authority = value.parse::<http::uri::Authority>().ok()?;
+    (!value.contains('@')).then(|| authority.as_str().to_owned())
+}
+
 #[cfg(test)]
 mod tests {
-    use super::method_label;
+    use super::{forwarded_authority, method_label};
+
+    #[test]
+    fn forwarded_authorities_are_host_and_port_only() {
+        let header = |value: &str| {
+            let mut headers = http::HeaderMap::new();
+            headers.insert(
+                openshell_edge::FORWARDED_AUTHORITY_HEADER,
+                value.parse().unwrap(),
+            );
+            forwarded_authority(&headers)
+        };
+        assert_eq!(
+            header("edge.example:8443").as_deref(),
+            Some("edge.example:8443")
+        );
+        assert_eq!(header("[::1]:9").as_deref(), Some("[::1]:9"));
+        for bad in ["user@edge.example:1", "a b", "edge/x", ""] {
+            assert_eq!(header(bad), None, "{bad}");
+        }
+        assert_eq!(forwarded_authority(&http::HeaderMap::new()), None);
+    }
 
     #[test]
     fn only_contract_paths_name_a_method() {

@@ -276,7 +276,12 @@ impl OpenShell for GatewayService {
         request: Request<RevokeSshSessionRequest>,
     ) -> Result<Response<RevokeSshSessionResponse>, Status> {
         Ok(Response::new(
-            ssh_sessions::revoke(&self.sandboxes, request.into_inner()).await?,
+            ssh_sessions::revoke(
+                &self.sandboxes,
+                &self.streams.ssh_forwards,
+                request.into_inner(),
+            )
+            .await?,
         ))
     }
 

@@ -9,7 +9,9 @@
 //! init names, else UNAUTHENTICATED, whoever calls. A caller without a user
 //! token ([`Principal::SshSessionOnly`]) must bring one. Every refusal is the
 //! same message, so a token-only caller learns nothing about other
-//! sandboxes, and no message or log line carries the token.
+//! sandboxes, and no message or log line carries the token. Such a forward
+//! ends with UNAUTHENTICATED when its session does (see
+//! [`OpenForwards`](crate::api::ssh_sessions::OpenForwards)).
 
 use std::sync::Arc;
 
@@ -23,6 +25,7 @@ use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Status, Streaming};
 
+use crate::api::ssh_sessions::{OpenForwards, RECHECK_INTERVAL};
 use crate::auth::{self, Principal};
 use crate::sandboxes::{Sandboxes, id_of, merged_environment, phase_of, store_status};
 use crate::sessions::Relay;
@@ -37,6 +40,14 @@ pub struct Streams {
     pub sandboxes: Arc<Sandboxes>,
     pub router: Arc<RelayRouter>,
     pub shutdown: CancellationToken,
+    pub ssh_forwards: Arc<OpenForwards>,
+}
+
+/// The SSH session a forward was opened with: its token hash and the time
+/// it has left.
+struct ForwardSession {
+    hash: String,
+    expires_in: Option<std::time::Duration>,
 }
 
 fn eof_frame() -> RelayFrame {
@@ -111,13 +122,13 @@ impl Streams {
     }
 
     /// The sandbox a forward reaches, checked against its SSH session token
-    /// when there is one. Returns the sandbox and the session's token hash.
+    /// when there is one. Returns the sandbox and the session.
     async fn forward_sandbox(
         &self,
         principal: &Principal,
         name: &str,
         token: &str,
-    ) -> Result<(openshell_proto::Sandbox, Option<String>), Status> {
+    ) -> Result<(openshell_proto::Sandbox, Option<ForwardSession>), Status> {
         if token.is_empty() {
             if *principal == Principal::SshSessionOnly {
                 return Err(Status::unauthenticated(
@@ -153,7 +164,13 @@ impl Streams {
         if id_of(&sandbox) != session.sandbox_id {
             return Err(Status::unauthenticated(BAD_SSH_SESSION));
         }
-        Ok((sandbox, Some(hash)))
+        Ok((
+            sandbox,
+            Some(ForwardSession {
+                hash,
+                expires_in: session.expires_in,
+            }),
+        ))
     }
 
     pub async fn exec(&self, req: ExecSandboxRequest) -> Result<ExecEvents, Status> {
@@ -290,7 +307,7 @@ impl Streams {
                 crate::validate::quote(&init.workspace)
             )));
         }
-        let target = match &init.target {
+        let mut target = match &init.target {
             Some(tcp_forward_init::Target::Tcp(tcp)) => {
                 let host = validate::forward_target(&tcp.host, tcp.port)?;
                 relay_open::Target::Tcp(TcpRelayTarget {
@@ -298,8 +315,11 @@ impl Streams {
                     port: tcp.port,
                 })
             }
-            // The sandbox's embedded SSH server (the supervisor's).
-            Some(tcp_forward_init::Target::Ssh(_)) => relay_open::Target::Ssh(SshRelayTarget {}),
+            // The sandbox's embedded SSH server (the supervisor's); its
+            // environment is the sandbox's, set below.
+            Some(tcp_forward_init::Target::Ssh(_)) => {
+                relay_open::Target::Ssh(SshRelayTarget::default())
+            }
             None => return Err(Status::invalid_argument("forward init needs a target")),
         };
         let (sandbox, ssh_session) = self
@@ -307,10 +327,29 @@ impl Streams {
             .await?;
         drop(init);
         require_ready(&sandbox)?;
+        if let relay_open::Target::Ssh(ssh) = &mut target {
+            ssh.environment = merged_environment(sandbox.spec.as_ref(), &Default::default());
+        }
         let relay = self
             .router
-            .open(id_of(&sandbox), target, ssh_session.as_deref())
+            .open(
+                id_of(&sandbox),
+                target,
+                ssh_session.as_ref().map(|s| s.hash.as_str()),
+            )
             .await?;
+        // Resolves with the status the forward ends with when its SSH
+        // session ends; never for a forward without one.
+        let session_end: std::pin::Pin<Box<dyn Future<Output = Status> + Send>> = match ssh_session
+        {
+            Some(session) => Box::pin(self.ssh_forwards.session_end(
+                self.sandboxes.store.clone(),
+                session.hash,
+                session.expires_in,
+                RECHECK_INTERVAL,
+            )),
+            None => Box::pin(std::future::pending()),
+        };
 
         let (tx, rx) = mpsc::channel(32);
         let abort = CancellationToken::new();
@@ -385,10 +424,16 @@ impl Streams {
         let shutdown = self.shutdown.clone();
         tokio::spawn(async move {
             let mut relay = relay;
+            let mut session_end = session_end;
             loop {
                 let frame = tokio::select! {
                     _ = abort.cancelled() => return,
                     _ = tx.closed() => { abort.cancel(); return; }
+                    status = &mut session_end => {
+                        let _ = tx.send(Err(status)).await;
+                        abort.cancel();
+                        return;
+                    }
                     _ = shutdown.cancelled() => {
                         let _ = tx.send(Err(Status::unavailable("gateway is shutting down"))).await;
                         abort.cancel();
@@ -415,6 +460,9 @@ impl Streams {
                             _ = client_done.cancelled() => {}
                             _ = abort.cancelled() => {}
                             _ = tx.closed() => {}
+                            status = &mut session_end => {
+                                let _ = tx.send(Err(status)).await;
+                            }
                             _ = shutdown.cancelled() => {
                                 let _ = tx.send(Err(Status::unavailable("gateway is shutting down"))).await;
                             }

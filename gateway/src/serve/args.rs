@@ -124,6 +124,16 @@ pub struct ServeArgs {
     /// expire (RevokeSshSession or deleting the sandbox still ends them).
     #[arg(long, default_value_t = crate::api::ssh_sessions::DEFAULT_TTL_SECS)]
     pub ssh_session_ttl_secs: u64,
+    /// How often ended (expired or revoked) SSH sessions are deleted from
+    /// the store, a bounded batch per pass.
+    #[arg(long, default_value_t = crate::api::ssh_sessions::DEFAULT_PURGE_SECS, value_parser = clap::value_parser!(u64).range(1..))]
+    pub ssh_session_purge_secs: u64,
+    /// Take the address clients dialled (the gateway address of
+    /// CreateSshSession) from the edge's `x-openshell-forwarded-authority`
+    /// header. For replicas that sit behind the built-in edge, which
+    /// replaces any copy a client sends.
+    #[arg(long)]
+    pub trust_forwarded_authority: bool,
     /// Stop every supervisor when the gateway exits (they restart with it).
     #[arg(long)]
     pub stop_sandboxes_on_exit: bool,

@@ -204,6 +204,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     sandboxes.recover().await.context("recovering sandboxes")?;
     tokio::spawn(sandboxes.clone().follow_events());
     tokio::spawn(sandboxes.clone().report_unreachable_gateways());
+    tokio::spawn(crate::api::ssh_sessions::purge_ended(
+        store.clone(),
+        Duration::from_secs(args.ssh_session_purge_secs),
+    ));
     if let Some(cluster) = &cluster {
         tokio::spawn(send_sessions_home(
             cluster.clone(),
@@ -254,6 +258,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             sandboxes: sandboxes.clone(),
             router: router.clone(),
             shutdown: shutdown.clone(),
+            ssh_forwards: Default::default(),
         },
         router: router.clone(),
         cluster: cluster.clone(),
@@ -266,6 +271,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     let layer = GatewayLayer {
         replica_id: replica_header,
+        trust_forwarded_authority: args.trust_forwarded_authority,
         auth: Arc::new(Authenticator::new(
             &tokens,
             peer_token.as_ref().map(Secret::expose),

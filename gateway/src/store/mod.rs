@@ -269,11 +269,10 @@ pub struct SshSessionState {
     pub revoked: bool,
     /// Past its expiry by the database's clock.
     pub expired: bool,
+    /// Time left until the expiry by the database's clock; `None` for a
+    /// session that never expires.
+    pub expires_in: Option<Duration>,
 }
-
-/// Expired or revoked SSH sessions are deleted this long after they
-/// ended (when a new session of the same sandbox is created).
-const SSH_SESSION_KEEP_MS: i64 = 24 * 3600 * 1000;
 
 /// A change to one sandbox, from `sandbox_events`.
 #[derive(Debug, Clone)]
@@ -806,9 +805,9 @@ impl Store {
     // ------------------------------------------------------------ ssh sessions
 
     /// Records a new SSH session token hash for `sandbox_id`, expiring
-    /// `ttl_ms` from now by the database's clock (0: never), and forgets
-    /// the sandbox's sessions that ended more than a day ago. Returns the
-    /// expiry in milliseconds since the epoch (0: none).
+    /// `ttl_ms` from now by the database's clock (0: never). Returns the
+    /// expiry in milliseconds since the epoch (0: none). Ended sessions go
+    /// in [`Store::purge_ended_ssh_sessions`].
     pub async fn insert_ssh_session(
         &self,
         token_hash: &str,
@@ -826,15 +825,6 @@ impl Store {
             } else {
                 0
             };
-            sqlx::query(
-                "DELETE FROM ssh_sessions WHERE sandbox_id = $1
-                 AND ((revoked <> 0 AND created_ms < $2) OR (expires_ms <> 0 AND expires_ms < $3))",
-            )
-            .bind(sandbox_id)
-            .bind(now - SSH_SESSION_KEEP_MS)
-            .bind(now - SSH_SESSION_KEEP_MS)
-            .execute(&mut *tx)
-            .await?;
             sqlx::query(
                 "INSERT INTO ssh_sessions (token_hash, sandbox_id, created_ms, expires_ms, revoked)
                  VALUES ($1, $2, $3, $4, 0)",
@@ -857,11 +847,12 @@ impl Store {
         token_hash: &str,
     ) -> Result<Option<SshSessionState>, StoreError> {
         self.bounded(async {
+            let now = self.dialect.now_ms();
             let sql = format!(
                 "SELECT sandbox_id, revoked,
-                    CASE WHEN expires_ms <> 0 AND expires_ms <= {} THEN 1 ELSE 0 END
-                 FROM ssh_sessions WHERE token_hash = $1",
-                self.dialect.now_ms()
+                    CASE WHEN expires_ms <> 0 AND expires_ms <= {now} THEN 1 ELSE 0 END,
+                    CASE WHEN expires_ms = 0 THEN -1 ELSE expires_ms - {now} END
+                 FROM ssh_sessions WHERE token_hash = $1"
             );
             let row = sqlx::query(AssertSqlSafe(sql))
                 .bind(token_hash)
@@ -871,7 +862,30 @@ impl Store {
                 sandbox_id: r.get(0),
                 revoked: r.get::<i64, _>(1) != 0,
                 expired: r.get::<i64, _>(2) != 0,
+                expires_in: u64::try_from(r.get::<i64, _>(3))
+                    .ok()
+                    .map(Duration::from_millis),
             }))
+        })
+        .await
+    }
+
+    /// Deletes up to `limit` SSH sessions that ended (revoked, or past
+    /// their expiry by the database's clock); returns how many went.
+    pub async fn purge_ended_ssh_sessions(&self, limit: i64) -> Result<u64, StoreError> {
+        self.bounded(async {
+            let sql = format!(
+                "DELETE FROM ssh_sessions WHERE token_hash IN (
+                    SELECT token_hash FROM ssh_sessions
+                    WHERE revoked <> 0 OR (expires_ms <> 0 AND expires_ms <= {})
+                    LIMIT $1)",
+                self.dialect.now_ms()
+            );
+            let result = sqlx::query(AssertSqlSafe(sql))
+                .bind(limit)
+                .execute(&self.pool)
+                .await?;
+            Ok(result.rows_affected())
         })
         .await
     }

@@ -2,6 +2,8 @@
 //! real gateway started by testkit, and small bounded waits.
 #![allow(dead_code)]
 
+pub mod forward;
+
 use std::time::Duration;
 
 use openshell_proto::open_shell_client::OpenShellClient;

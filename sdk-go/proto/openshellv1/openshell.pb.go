@@ -2233,7 +2233,11 @@ func (*ExecSandboxInput_Stdin) isExecSandboxInput_Payload() {}
 func (*ExecSandboxInput_Resize) isExecSandboxInput_Payload() {}
 
 type SshRelayTarget struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Ours: the sandbox's spec environment (template, then sandbox), which
+	// every SSH channel starts with, as an exec does. The gateway sets it on
+	// the relay it opens and ignores it in ForwardTcp's init.
+	Environment   map[string]string `protobuf:"bytes,20,rep,name=environment,proto3" json:"environment,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2266,6 +2270,13 @@ func (x *SshRelayTarget) ProtoReflect() protoreflect.Message {
 // Deprecated: Use SshRelayTarget.ProtoReflect.Descriptor instead.
 func (*SshRelayTarget) Descriptor() ([]byte, []int) {
 	return file_openshell_openshell_proto_rawDescGZIP(), []int{27}
+}
+
+func (x *SshRelayTarget) GetEnvironment() map[string]string {
+	if x != nil {
+		return x.Environment
+	}
+	return nil
 }
 
 type TcpRelayTarget struct {
@@ -4829,8 +4840,12 @@ const file_openshell_openshell_proto_rawDesc = "" +
 	"\x05start\x18\x01 \x01(\v2 .openshell.v1.ExecSandboxRequestH\x00R\x05start\x12\x16\n" +
 	"\x05stdin\x18\x02 \x01(\fH\x00R\x05stdin\x12?\n" +
 	"\x06resize\x18\x03 \x01(\v2%.openshell.v1.ExecSandboxWindowResizeH\x00R\x06resizeB\t\n" +
-	"\apayload\"\x10\n" +
-	"\x0eSshRelayTarget\"8\n" +
+	"\apayload\"\xa1\x01\n" +
+	"\x0eSshRelayTarget\x12O\n" +
+	"\venvironment\x18\x14 \x03(\v2-.openshell.v1.SshRelayTarget.EnvironmentEntryR\venvironment\x1a>\n" +
+	"\x10EnvironmentEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"8\n" +
 	"\x0eTcpRelayTarget\x12\x12\n" +
 	"\x04host\x18\x01 \x01(\tR\x04host\x12\x12\n" +
 	"\x04port\x18\x02 \x01(\rR\x04port\"\x86\x02\n" +
@@ -5082,7 +5097,7 @@ func file_openshell_openshell_proto_rawDescGZIP() []byte {
 }
 
 var file_openshell_openshell_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_openshell_openshell_proto_msgTypes = make([]protoimpl.MessageInfo, 72)
+var file_openshell_openshell_proto_msgTypes = make([]protoimpl.MessageInfo, 73)
 var file_openshell_openshell_proto_goTypes = []any{
 	(ServiceStatus)(0),                            // 0: openshell.v1.ServiceStatus
 	(SandboxRestartPolicy)(0),                     // 1: openshell.v1.SandboxRestartPolicy
@@ -5161,140 +5176,142 @@ var file_openshell_openshell_proto_goTypes = []any{
 	nil,                                           // 74: openshell.v1.CreateSandboxRequest.AnnotationsEntry
 	nil,                                           // 75: openshell.v1.SandboxResponse.ServiceUrlsEntry
 	nil,                                           // 76: openshell.v1.ExecSandboxRequest.EnvironmentEntry
-	nil,                                           // 77: openshell.v1.GetSandboxProviderEnvironmentResponse.EnvironmentEntry
-	nil,                                           // 78: openshell.v1.Provider.EnvironmentEntry
-	(*datamodelv1.ObjectMeta)(nil),                // 79: openshell.datamodel.v1.ObjectMeta
-	(*sandboxv1.SandboxPolicy)(nil),               // 80: openshell.sandbox.v1.SandboxPolicy
-	(*timestamppb.Timestamp)(nil),                 // 81: google.protobuf.Timestamp
-	(*datamodelv1.WorkspaceSelector)(nil),         // 82: openshell.datamodel.v1.WorkspaceSelector
-	(*durationpb.Duration)(nil),                   // 83: google.protobuf.Duration
-	(*sandboxv1.GetSandboxConfigResponse)(nil),    // 84: openshell.sandbox.v1.GetSandboxConfigResponse
-	(*sandboxv1.SettingValue)(nil),                // 85: openshell.sandbox.v1.SettingValue
-	(*sandboxv1.GetSandboxConfigRequest)(nil),     // 86: openshell.sandbox.v1.GetSandboxConfigRequest
+	nil,                                           // 77: openshell.v1.SshRelayTarget.EnvironmentEntry
+	nil,                                           // 78: openshell.v1.GetSandboxProviderEnvironmentResponse.EnvironmentEntry
+	nil,                                           // 79: openshell.v1.Provider.EnvironmentEntry
+	(*datamodelv1.ObjectMeta)(nil),                // 80: openshell.datamodel.v1.ObjectMeta
+	(*sandboxv1.SandboxPolicy)(nil),               // 81: openshell.sandbox.v1.SandboxPolicy
+	(*timestamppb.Timestamp)(nil),                 // 82: google.protobuf.Timestamp
+	(*datamodelv1.WorkspaceSelector)(nil),         // 83: openshell.datamodel.v1.WorkspaceSelector
+	(*durationpb.Duration)(nil),                   // 84: google.protobuf.Duration
+	(*sandboxv1.GetSandboxConfigResponse)(nil),    // 85: openshell.sandbox.v1.GetSandboxConfigResponse
+	(*sandboxv1.SettingValue)(nil),                // 86: openshell.sandbox.v1.SettingValue
+	(*sandboxv1.GetSandboxConfigRequest)(nil),     // 87: openshell.sandbox.v1.GetSandboxConfigRequest
 }
 var file_openshell_openshell_proto_depIdxs = []int32{
 	0,  // 0: openshell.v1.HealthResponse.status:type_name -> openshell.v1.ServiceStatus
-	79, // 1: openshell.v1.Sandbox.metadata:type_name -> openshell.datamodel.v1.ObjectMeta
+	80, // 1: openshell.v1.Sandbox.metadata:type_name -> openshell.datamodel.v1.ObjectMeta
 	10, // 2: openshell.v1.Sandbox.spec:type_name -> openshell.v1.SandboxSpec
 	15, // 3: openshell.v1.Sandbox.status:type_name -> openshell.v1.SandboxStatus
 	70, // 4: openshell.v1.SandboxSpec.environment:type_name -> openshell.v1.SandboxSpec.EnvironmentEntry
 	13, // 5: openshell.v1.SandboxSpec.template:type_name -> openshell.v1.SandboxTemplate
-	80, // 6: openshell.v1.SandboxSpec.policy:type_name -> openshell.sandbox.v1.SandboxPolicy
+	81, // 6: openshell.v1.SandboxSpec.policy:type_name -> openshell.sandbox.v1.SandboxPolicy
 	11, // 7: openshell.v1.SandboxSpec.resource_requirements:type_name -> openshell.v1.ResourceRequirements
 	1,  // 8: openshell.v1.SandboxSpec.restart_policy:type_name -> openshell.v1.SandboxRestartPolicy
 	12, // 9: openshell.v1.ResourceRequirements.gpu:type_name -> openshell.v1.GpuResourceRequirements
 	71, // 10: openshell.v1.SandboxTemplate.labels:type_name -> openshell.v1.SandboxTemplate.LabelsEntry
 	72, // 11: openshell.v1.SandboxTemplate.environment:type_name -> openshell.v1.SandboxTemplate.EnvironmentEntry
-	81, // 12: openshell.v1.SandboxCondition.transition_time:type_name -> google.protobuf.Timestamp
+	82, // 12: openshell.v1.SandboxCondition.transition_time:type_name -> google.protobuf.Timestamp
 	14, // 13: openshell.v1.SandboxStatus.conditions:type_name -> openshell.v1.SandboxCondition
 	2,  // 14: openshell.v1.SandboxStatus.phase:type_name -> openshell.v1.SandboxPhase
 	10, // 15: openshell.v1.CreateSandboxRequest.spec:type_name -> openshell.v1.SandboxSpec
 	73, // 16: openshell.v1.CreateSandboxRequest.labels:type_name -> openshell.v1.CreateSandboxRequest.LabelsEntry
 	74, // 17: openshell.v1.CreateSandboxRequest.annotations:type_name -> openshell.v1.CreateSandboxRequest.AnnotationsEntry
-	82, // 18: openshell.v1.CreateSandboxRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
+	83, // 18: openshell.v1.CreateSandboxRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
 	17, // 19: openshell.v1.CreateSandboxRequest.service_exposures:type_name -> openshell.v1.SandboxServiceExposure
 	3,  // 20: openshell.v1.SandboxServiceExposure.authorization_mode:type_name -> openshell.v1.ServiceAuthorizationMode
 	9,  // 21: openshell.v1.SandboxResponse.sandbox:type_name -> openshell.v1.Sandbox
 	75, // 22: openshell.v1.SandboxResponse.service_urls:type_name -> openshell.v1.SandboxResponse.ServiceUrlsEntry
-	82, // 23: openshell.v1.GetSandboxRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
-	82, // 24: openshell.v1.ListSandboxesRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
+	83, // 23: openshell.v1.GetSandboxRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
+	83, // 24: openshell.v1.ListSandboxesRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
 	9,  // 25: openshell.v1.ListSandboxesResponse.sandboxes:type_name -> openshell.v1.Sandbox
-	82, // 26: openshell.v1.DeleteSandboxRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
+	83, // 26: openshell.v1.DeleteSandboxRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
 	4,  // 27: openshell.v1.DeleteSandboxResponse.outcome:type_name -> openshell.v1.DeletionOutcome
-	82, // 28: openshell.v1.WatchSandboxRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
+	83, // 28: openshell.v1.WatchSandboxRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
 	9,  // 29: openshell.v1.SandboxStreamEvent.sandbox:type_name -> openshell.v1.Sandbox
 	25, // 30: openshell.v1.SandboxStreamEvent.warning:type_name -> openshell.v1.SandboxStreamWarning
 	76, // 31: openshell.v1.ExecSandboxRequest.environment:type_name -> openshell.v1.ExecSandboxRequest.EnvironmentEntry
-	82, // 32: openshell.v1.ExecSandboxRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
-	83, // 33: openshell.v1.ExecSandboxRequest.execution_timeout:type_name -> google.protobuf.Duration
+	83, // 32: openshell.v1.ExecSandboxRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
+	84, // 33: openshell.v1.ExecSandboxRequest.execution_timeout:type_name -> google.protobuf.Duration
 	28, // 34: openshell.v1.ExecSandboxEvent.stdout:type_name -> openshell.v1.ExecSandboxStdout
 	29, // 35: openshell.v1.ExecSandboxEvent.stderr:type_name -> openshell.v1.ExecSandboxStderr
 	30, // 36: openshell.v1.ExecSandboxEvent.exit:type_name -> openshell.v1.ExecSandboxExit
 	27, // 37: openshell.v1.ExecSandboxInput.start:type_name -> openshell.v1.ExecSandboxRequest
 	32, // 38: openshell.v1.ExecSandboxInput.resize:type_name -> openshell.v1.ExecSandboxWindowResize
-	34, // 39: openshell.v1.TcpForwardInit.ssh:type_name -> openshell.v1.SshRelayTarget
-	35, // 40: openshell.v1.TcpForwardInit.tcp:type_name -> openshell.v1.TcpRelayTarget
-	82, // 41: openshell.v1.CreateSshSessionRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
-	81, // 42: openshell.v1.CreateSshSessionResponse.expiration_time:type_name -> google.protobuf.Timestamp
-	36, // 43: openshell.v1.TcpForwardFrame.init:type_name -> openshell.v1.TcpForwardInit
-	41, // 44: openshell.v1.TcpForwardFrame.eof:type_name -> openshell.v1.TcpForwardEof
-	83, // 45: openshell.v1.SessionAccepted.heartbeat_interval:type_name -> google.protobuf.Duration
-	57, // 46: openshell.v1.SessionAccepted.bootstrap:type_name -> openshell.v1.ConfigUpdate
-	34, // 47: openshell.v1.RelayOpen.ssh:type_name -> openshell.v1.SshRelayTarget
-	35, // 48: openshell.v1.RelayOpen.tcp:type_name -> openshell.v1.TcpRelayTarget
-	27, // 49: openshell.v1.RelayOpen.exec:type_name -> openshell.v1.ExecSandboxRequest
-	52, // 50: openshell.v1.RelayFrame.init:type_name -> openshell.v1.RelayInit
-	53, // 51: openshell.v1.RelayFrame.eof:type_name -> openshell.v1.RelayEof
-	31, // 52: openshell.v1.RelayFrame.exec_event:type_name -> openshell.v1.ExecSandboxEvent
-	33, // 53: openshell.v1.RelayFrame.exec_input:type_name -> openshell.v1.ExecSandboxInput
-	45, // 54: openshell.v1.SupervisorMessage.hello:type_name -> openshell.v1.SupervisorHello
-	43, // 55: openshell.v1.SupervisorMessage.heartbeat:type_name -> openshell.v1.SupervisorHeartbeat
-	50, // 56: openshell.v1.SupervisorMessage.relay_open_result:type_name -> openshell.v1.RelayOpenResult
-	51, // 57: openshell.v1.SupervisorMessage.relay_close:type_name -> openshell.v1.RelayClose
-	58, // 58: openshell.v1.SupervisorMessage.config_update_result:type_name -> openshell.v1.ConfigUpdateResult
-	46, // 59: openshell.v1.GatewayMessage.session_accepted:type_name -> openshell.v1.SessionAccepted
-	47, // 60: openshell.v1.GatewayMessage.session_rejected:type_name -> openshell.v1.SessionRejected
-	44, // 61: openshell.v1.GatewayMessage.heartbeat:type_name -> openshell.v1.GatewayHeartbeat
-	49, // 62: openshell.v1.GatewayMessage.relay_open:type_name -> openshell.v1.RelayOpen
-	51, // 63: openshell.v1.GatewayMessage.relay_close:type_name -> openshell.v1.RelayClose
-	48, // 64: openshell.v1.GatewayMessage.session_redirect:type_name -> openshell.v1.SessionRedirect
-	57, // 65: openshell.v1.GatewayMessage.config_update:type_name -> openshell.v1.ConfigUpdate
-	84, // 66: openshell.v1.ConfigUpdate.sandbox_config:type_name -> openshell.sandbox.v1.GetSandboxConfigResponse
-	60, // 67: openshell.v1.ConfigUpdate.provider_environment:type_name -> openshell.v1.GetSandboxProviderEnvironmentResponse
-	5,  // 68: openshell.v1.ConfigUpdateResult.outcome:type_name -> openshell.v1.ConfigApplyOutcome
-	6,  // 69: openshell.v1.ConfigUpdateResult.policy_status:type_name -> openshell.v1.PolicyStatus
-	77, // 70: openshell.v1.GetSandboxProviderEnvironmentResponse.environment:type_name -> openshell.v1.GetSandboxProviderEnvironmentResponse.EnvironmentEntry
-	80, // 71: openshell.v1.UpdateConfigRequest.policy:type_name -> openshell.sandbox.v1.SandboxPolicy
-	85, // 72: openshell.v1.UpdateConfigRequest.setting_value:type_name -> openshell.sandbox.v1.SettingValue
-	78, // 73: openshell.v1.Provider.environment:type_name -> openshell.v1.Provider.EnvironmentEntry
-	63, // 74: openshell.v1.CreateProviderRequest.provider:type_name -> openshell.v1.Provider
-	63, // 75: openshell.v1.UpdateProviderRequest.provider:type_name -> openshell.v1.Provider
-	63, // 76: openshell.v1.ProviderResponse.provider:type_name -> openshell.v1.Provider
-	7,  // 77: openshell.v1.OpenShell.Health:input_type -> openshell.v1.HealthRequest
-	16, // 78: openshell.v1.OpenShell.CreateSandbox:input_type -> openshell.v1.CreateSandboxRequest
-	19, // 79: openshell.v1.OpenShell.GetSandbox:input_type -> openshell.v1.GetSandboxRequest
-	20, // 80: openshell.v1.OpenShell.ListSandboxes:input_type -> openshell.v1.ListSandboxesRequest
-	22, // 81: openshell.v1.OpenShell.DeleteSandbox:input_type -> openshell.v1.DeleteSandboxRequest
-	24, // 82: openshell.v1.OpenShell.WatchSandbox:input_type -> openshell.v1.WatchSandboxRequest
-	27, // 83: openshell.v1.OpenShell.ExecSandbox:input_type -> openshell.v1.ExecSandboxRequest
-	33, // 84: openshell.v1.OpenShell.ExecSandboxInteractive:input_type -> openshell.v1.ExecSandboxInput
-	42, // 85: openshell.v1.OpenShell.ForwardTcp:input_type -> openshell.v1.TcpForwardFrame
-	37, // 86: openshell.v1.OpenShell.CreateSshSession:input_type -> openshell.v1.CreateSshSessionRequest
-	39, // 87: openshell.v1.OpenShell.RevokeSshSession:input_type -> openshell.v1.RevokeSshSessionRequest
-	86, // 88: openshell.v1.OpenShell.GetSandboxConfig:input_type -> openshell.sandbox.v1.GetSandboxConfigRequest
-	59, // 89: openshell.v1.OpenShell.GetSandboxProviderEnvironment:input_type -> openshell.v1.GetSandboxProviderEnvironmentRequest
-	61, // 90: openshell.v1.OpenShell.UpdateConfig:input_type -> openshell.v1.UpdateConfigRequest
-	64, // 91: openshell.v1.OpenShell.CreateProvider:input_type -> openshell.v1.CreateProviderRequest
-	65, // 92: openshell.v1.OpenShell.UpdateProvider:input_type -> openshell.v1.UpdateProviderRequest
-	67, // 93: openshell.v1.OpenShell.AttachProvider:input_type -> openshell.v1.AttachProviderRequest
-	68, // 94: openshell.v1.OpenShell.DetachProvider:input_type -> openshell.v1.DetachProviderRequest
-	55, // 95: openshell.v1.OpenShell.ConnectSupervisor:input_type -> openshell.v1.SupervisorMessage
-	54, // 96: openshell.v1.OpenShell.RelayStream:input_type -> openshell.v1.RelayFrame
-	8,  // 97: openshell.v1.OpenShell.Health:output_type -> openshell.v1.HealthResponse
-	18, // 98: openshell.v1.OpenShell.CreateSandbox:output_type -> openshell.v1.SandboxResponse
-	18, // 99: openshell.v1.OpenShell.GetSandbox:output_type -> openshell.v1.SandboxResponse
-	21, // 100: openshell.v1.OpenShell.ListSandboxes:output_type -> openshell.v1.ListSandboxesResponse
-	23, // 101: openshell.v1.OpenShell.DeleteSandbox:output_type -> openshell.v1.DeleteSandboxResponse
-	26, // 102: openshell.v1.OpenShell.WatchSandbox:output_type -> openshell.v1.SandboxStreamEvent
-	31, // 103: openshell.v1.OpenShell.ExecSandbox:output_type -> openshell.v1.ExecSandboxEvent
-	31, // 104: openshell.v1.OpenShell.ExecSandboxInteractive:output_type -> openshell.v1.ExecSandboxEvent
-	42, // 105: openshell.v1.OpenShell.ForwardTcp:output_type -> openshell.v1.TcpForwardFrame
-	38, // 106: openshell.v1.OpenShell.CreateSshSession:output_type -> openshell.v1.CreateSshSessionResponse
-	40, // 107: openshell.v1.OpenShell.RevokeSshSession:output_type -> openshell.v1.RevokeSshSessionResponse
-	84, // 108: openshell.v1.OpenShell.GetSandboxConfig:output_type -> openshell.sandbox.v1.GetSandboxConfigResponse
-	60, // 109: openshell.v1.OpenShell.GetSandboxProviderEnvironment:output_type -> openshell.v1.GetSandboxProviderEnvironmentResponse
-	62, // 110: openshell.v1.OpenShell.UpdateConfig:output_type -> openshell.v1.UpdateConfigResponse
-	66, // 111: openshell.v1.OpenShell.CreateProvider:output_type -> openshell.v1.ProviderResponse
-	66, // 112: openshell.v1.OpenShell.UpdateProvider:output_type -> openshell.v1.ProviderResponse
-	69, // 113: openshell.v1.OpenShell.AttachProvider:output_type -> openshell.v1.AttachProviderResponse
-	69, // 114: openshell.v1.OpenShell.DetachProvider:output_type -> openshell.v1.AttachProviderResponse
-	56, // 115: openshell.v1.OpenShell.ConnectSupervisor:output_type -> openshell.v1.GatewayMessage
-	54, // 116: openshell.v1.OpenShell.RelayStream:output_type -> openshell.v1.RelayFrame
-	97, // [97:117] is the sub-list for method output_type
-	77, // [77:97] is the sub-list for method input_type
-	77, // [77:77] is the sub-list for extension type_name
-	77, // [77:77] is the sub-list for extension extendee
-	0,  // [0:77] is the sub-list for field type_name
+	77, // 39: openshell.v1.SshRelayTarget.environment:type_name -> openshell.v1.SshRelayTarget.EnvironmentEntry
+	34, // 40: openshell.v1.TcpForwardInit.ssh:type_name -> openshell.v1.SshRelayTarget
+	35, // 41: openshell.v1.TcpForwardInit.tcp:type_name -> openshell.v1.TcpRelayTarget
+	83, // 42: openshell.v1.CreateSshSessionRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
+	82, // 43: openshell.v1.CreateSshSessionResponse.expiration_time:type_name -> google.protobuf.Timestamp
+	36, // 44: openshell.v1.TcpForwardFrame.init:type_name -> openshell.v1.TcpForwardInit
+	41, // 45: openshell.v1.TcpForwardFrame.eof:type_name -> openshell.v1.TcpForwardEof
+	84, // 46: openshell.v1.SessionAccepted.heartbeat_interval:type_name -> google.protobuf.Duration
+	57, // 47: openshell.v1.SessionAccepted.bootstrap:type_name -> openshell.v1.ConfigUpdate
+	34, // 48: openshell.v1.RelayOpen.ssh:type_name -> openshell.v1.SshRelayTarget
+	35, // 49: openshell.v1.RelayOpen.tcp:type_name -> openshell.v1.TcpRelayTarget
+	27, // 50: openshell.v1.RelayOpen.exec:type_name -> openshell.v1.ExecSandboxRequest
+	52, // 51: openshell.v1.RelayFrame.init:type_name -> openshell.v1.RelayInit
+	53, // 52: openshell.v1.RelayFrame.eof:type_name -> openshell.v1.RelayEof
+	31, // 53: openshell.v1.RelayFrame.exec_event:type_name -> openshell.v1.ExecSandboxEvent
+	33, // 54: openshell.v1.RelayFrame.exec_input:type_name -> openshell.v1.ExecSandboxInput
+	45, // 55: openshell.v1.SupervisorMessage.hello:type_name -> openshell.v1.SupervisorHello
+	43, // 56: openshell.v1.SupervisorMessage.heartbeat:type_name -> openshell.v1.SupervisorHeartbeat
+	50, // 57: openshell.v1.SupervisorMessage.relay_open_result:type_name -> openshell.v1.RelayOpenResult
+	51, // 58: openshell.v1.SupervisorMessage.relay_close:type_name -> openshell.v1.RelayClose
+	58, // 59: openshell.v1.SupervisorMessage.config_update_result:type_name -> openshell.v1.ConfigUpdateResult
+	46, // 60: openshell.v1.GatewayMessage.session_accepted:type_name -> openshell.v1.SessionAccepted
+	47, // 61: openshell.v1.GatewayMessage.session_rejected:type_name -> openshell.v1.SessionRejected
+	44, // 62: openshell.v1.GatewayMessage.heartbeat:type_name -> openshell.v1.GatewayHeartbeat
+	49, // 63: openshell.v1.GatewayMessage.relay_open:type_name -> openshell.v1.RelayOpen
+	51, // 64: openshell.v1.GatewayMessage.relay_close:type_name -> openshell.v1.RelayClose
+	48, // 65: openshell.v1.GatewayMessage.session_redirect:type_name -> openshell.v1.SessionRedirect
+	57, // 66: openshell.v1.GatewayMessage.config_update:type_name -> openshell.v1.ConfigUpdate
+	85, // 67: openshell.v1.ConfigUpdate.sandbox_config:type_name -> openshell.sandbox.v1.GetSandboxConfigResponse
+	60, // 68: openshell.v1.ConfigUpdate.provider_environment:type_name -> openshell.v1.GetSandboxProviderEnvironmentResponse
+	5,  // 69: openshell.v1.ConfigUpdateResult.outcome:type_name -> openshell.v1.ConfigApplyOutcome
+	6,  // 70: openshell.v1.ConfigUpdateResult.policy_status:type_name -> openshell.v1.PolicyStatus
+	78, // 71: openshell.v1.GetSandboxProviderEnvironmentResponse.environment:type_name -> openshell.v1.GetSandboxProviderEnvironmentResponse.EnvironmentEntry
+	81, // 72: openshell.v1.UpdateConfigRequest.policy:type_name -> openshell.sandbox.v1.SandboxPolicy
+	86, // 73: openshell.v1.UpdateConfigRequest.setting_value:type_name -> openshell.sandbox.v1.SettingValue
+	79, // 74: openshell.v1.Provider.environment:type_name -> openshell.v1.Provider.EnvironmentEntry
+	63, // 75: openshell.v1.CreateProviderRequest.provider:type_name -> openshell.v1.Provider
+	63, // 76: openshell.v1.UpdateProviderRequest.provider:type_name -> openshell.v1.Provider
+	63, // 77: openshell.v1.ProviderResponse.provider:type_name -> openshell.v1.Provider
+	7,  // 78: openshell.v1.OpenShell.Health:input_type -> openshell.v1.HealthRequest
+	16, // 79: openshell.v1.OpenShell.CreateSandbox:input_type -> openshell.v1.CreateSandboxRequest
+	19, // 80: openshell.v1.OpenShell.GetSandbox:input_type -> openshell.v1.GetSandboxRequest
+	20, // 81: openshell.v1.OpenShell.ListSandboxes:input_type -> openshell.v1.ListSandboxesRequest
+	22, // 82: openshell.v1.OpenShell.DeleteSandbox:input_type -> openshell.v1.DeleteSandboxRequest
+	24, // 83: openshell.v1.OpenShell.WatchSandbox:input_type -> openshell.v1.WatchSandboxRequest
+	27, // 84: openshell.v1.OpenShell.ExecSandbox:input_type -> openshell.v1.ExecSandboxRequest
+	33, // 85: openshell.v1.OpenShell.ExecSandboxInteractive:input_type -> openshell.v1.ExecSandboxInput
+	42, // 86: openshell.v1.OpenShell.ForwardTcp:input_type -> openshell.v1.TcpForwardFrame
+	37, // 87: openshell.v1.OpenShell.CreateSshSession:input_type -> openshell.v1.CreateSshSessionRequest
+	39, // 88: openshell.v1.OpenShell.RevokeSshSession:input_type -> openshell.v1.RevokeSshSessionRequest
+	87, // 89: openshell.v1.OpenShell.GetSandboxConfig:input_type -> openshell.sandbox.v1.GetSandboxConfigRequest
+	59, // 90: openshell.v1.OpenShell.GetSandboxProviderEnvironment:input_type -> openshell.v1.GetSandboxProviderEnvironmentRequest
+	61, // 91: openshell.v1.OpenShell.UpdateConfig:input_type -> openshell.v1.UpdateConfigRequest
+	64, // 92: openshell.v1.OpenShell.CreateProvider:input_type -> openshell.v1.CreateProviderRequest
+	65, // 93: openshell.v1.OpenShell.UpdateProvider:input_type -> openshell.v1.UpdateProviderRequest
+	67, // 94: openshell.v1.OpenShell.AttachProvider:input_type -> openshell.v1.AttachProviderRequest
+	68, // 95: openshell.v1.OpenShell.DetachProvider:input_type -> openshell.v1.DetachProviderRequest
+	55, // 96: openshell.v1.OpenShell.ConnectSupervisor:input_type -> openshell.v1.SupervisorMessage
+	54, // 97: openshell.v1.OpenShell.RelayStream:input_type -> openshell.v1.RelayFrame
+	8,  // 98: openshell.v1.OpenShell.Health:output_type -> openshell.v1.HealthResponse
+	18, // 99: openshell.v1.OpenShell.CreateSandbox:output_type -> openshell.v1.SandboxResponse
+	18, // 100: openshell.v1.OpenShell.GetSandbox:output_type -> openshell.v1.SandboxResponse
+	21, // 101: openshell.v1.OpenShell.ListSandboxes:output_type -> openshell.v1.ListSandboxesResponse
+	23, // 102: openshell.v1.OpenShell.DeleteSandbox:output_type -> openshell.v1.DeleteSandboxResponse
+	26, // 103: openshell.v1.OpenShell.WatchSandbox:output_type -> openshell.v1.SandboxStreamEvent
+	31, // 104: openshell.v1.OpenShell.ExecSandbox:output_type -> openshell.v1.ExecSandboxEvent
+	31, // 105: openshell.v1.OpenShell.ExecSandboxInteractive:output_type -> openshell.v1.ExecSandboxEvent
+	42, // 106: openshell.v1.OpenShell.ForwardTcp:output_type -> openshell.v1.TcpForwardFrame
+	38, // 107: openshell.v1.OpenShell.CreateSshSession:output_type -> openshell.v1.CreateSshSessionResponse
+	40, // 108: openshell.v1.OpenShell.RevokeSshSession:output_type -> openshell.v1.RevokeSshSessionResponse
+	85, // 109: openshell.v1.OpenShell.GetSandboxConfig:output_type -> openshell.sandbox.v1.GetSandboxConfigResponse
+	60, // 110: openshell.v1.OpenShell.GetSandboxProviderEnvironment:output_type -> openshell.v1.GetSandboxProviderEnvironmentResponse
+	62, // 111: openshell.v1.OpenShell.UpdateConfig:output_type -> openshell.v1.UpdateConfigResponse
+	66, // 112: openshell.v1.OpenShell.CreateProvider:output_type -> openshell.v1.ProviderResponse
+	66, // 113: openshell.v1.OpenShell.UpdateProvider:output_type -> openshell.v1.ProviderResponse
+	69, // 114: openshell.v1.OpenShell.AttachProvider:output_type -> openshell.v1.AttachProviderResponse
+	69, // 115: openshell.v1.OpenShell.DetachProvider:output_type -> openshell.v1.AttachProviderResponse
+	56, // 116: openshell.v1.OpenShell.ConnectSupervisor:output_type -> openshell.v1.GatewayMessage
+	54, // 117: openshell.v1.OpenShell.RelayStream:output_type -> openshell.v1.RelayFrame
+	98, // [98:118] is the sub-list for method output_type
+	78, // [78:98] is the sub-list for method input_type
+	78, // [78:78] is the sub-list for extension type_name
+	78, // [78:78] is the sub-list for extension extendee
+	0,  // [0:78] is the sub-list for field type_name
 }
 
 func init() { file_openshell_openshell_proto_init() }
@@ -5361,7 +5378,7 @@ func file_openshell_openshell_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_openshell_openshell_proto_rawDesc), len(file_openshell_openshell_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   72,
+			NumMessages:   73,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

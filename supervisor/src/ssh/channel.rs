@@ -7,7 +7,7 @@
 //! exit code as `exit-status`, then EOF and close. The client closing the
 //! channel (or the connection ending) kills the process.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use openshell_proto::{
@@ -28,9 +28,15 @@ pub const SFTP: &str = "sftp";
 /// `env` requests kept per channel, and the longest value kept.
 const MAX_ENV: usize = 64;
 const MAX_ENV_VALUE: usize = 4096;
-/// Input messages buffered towards the process: reading the channel must
-/// not wait on a process that is busy writing (see `run`).
-const INPUT_FRAMES: usize = 1024;
+/// Input messages handed to the process ahead of its reading them.
+const INPUT_FRAMES: usize = 16;
+/// Stdin bytes a channel holds for a process that is not reading them.
+/// russh delivers every channel's data from one connection loop, which
+/// waits while a channel's queue is full, and it opens the client's window
+/// again as data arrives, not as it is consumed. So a channel keeps reading
+/// whatever its process does, and one whose process leaves this much
+/// unread is closed instead of stalling its connection's other channels.
+pub(crate) const STDIN_BACKLOG: usize = 16 << 20;
 
 /// Names an `env` request may set: shell identifiers, none of ours.
 pub fn acceptable_env_name(name: &str) -> bool {
@@ -77,8 +83,35 @@ fn eof_frame() -> RelayFrame {
     }
 }
 
-/// Serves one session channel to its end.
-pub async fn serve(channel: Channel<Msg>, settings: Arc<ExecSettings>) {
+/// What a queued frame counts against [`STDIN_BACKLOG`]: its stdin bytes
+/// plus a fixed charge, so that many tiny frames (or window changes) are
+/// bounded too.
+fn queued_cost(frame: &RelayFrame) -> usize {
+    const FRAME_CHARGE: usize = 128;
+    FRAME_CHARGE
+        + match &frame.payload {
+            Some(relay_frame::Payload::ExecInput(ExecSandboxInput {
+                payload: Some(exec_sandbox_input::Payload::Stdin(data)),
+            })) => data.len(),
+            _ => 0,
+        }
+}
+
+/// Why the client side of a channel stopped.
+enum InputEnd {
+    /// The client closed the channel, or the connection ended.
+    Closed,
+    /// The process left more than [`STDIN_BACKLOG`] bytes unread.
+    Backlog,
+}
+
+/// Serves one session channel to its end. `base_env`: the sandbox's spec
+/// environment, under what the client's `env` requests set.
+pub async fn serve(
+    channel: Channel<Msg>,
+    settings: Arc<ExecSettings>,
+    base_env: &HashMap<String, String>,
+) {
     let (mut read, write) = channel.split();
     let mut env: HashMap<String, String> = HashMap::new();
     let mut pty: Option<Pty> = None;
@@ -141,6 +174,11 @@ pub async fn serve(channel: Channel<Msg>, settings: Arc<ExecSettings>) {
         Request::Sftp => (Program::Sftp, vec!["sftp-server".into()], false),
     };
     let tty = tty && pty.is_some();
+    let mut env = {
+        let mut merged = base_env.clone();
+        merged.extend(env);
+        merged
+    };
     env.insert("SHELL".into(), shell.into());
     if let Some(pty) = pty.as_ref().filter(|_| tty) {
         env.insert("TERM".into(), pty.term.clone());
@@ -173,33 +211,58 @@ pub async fn serve(channel: Channel<Msg>, settings: Arc<ExecSettings>) {
         });
     }
 
-    // Client -> process: until the client closes the channel.
+    // Client -> process: until the client closes the channel. The channel
+    // is read without waiting on the process (see STDIN_BACKLOG).
     let input = async move {
-        if eof_early && in_tx.send(Ok(eof_frame())).await.is_err() {
-            return;
+        let mut queue: VecDeque<RelayFrame> = VecDeque::new();
+        let mut queued = 0usize;
+        let mut process_gone = false;
+        if eof_early {
+            queue.push_back(eof_frame());
         }
         loop {
-            let frame = match read.wait().await {
-                None | Some(ChannelMsg::Close) => return,
-                Some(ChannelMsg::Data { data }) => input_frame(exec_sandbox_input::Payload::Stdin(
-                    bytes::Bytes::copy_from_slice(&data),
-                )),
-                Some(ChannelMsg::Eof) => eof_frame(),
-                Some(ChannelMsg::WindowChange {
-                    col_width,
-                    row_height,
-                    ..
-                }) => input_frame(exec_sandbox_input::Payload::Resize(
-                    ExecSandboxWindowResize {
-                        cols: col_width,
-                        rows: row_height,
-                    },
-                )),
-                Some(_) => continue,
-            };
-            if in_tx.send(Ok(frame)).await.is_err() {
-                // The process is gone; keep reading until the close.
-                continue;
+            tokio::select! {
+                message = read.wait() => {
+                    let frame = match message {
+                        None | Some(ChannelMsg::Close) => return InputEnd::Closed,
+                        Some(ChannelMsg::Data { data }) => input_frame(
+                            exec_sandbox_input::Payload::Stdin(bytes::Bytes::copy_from_slice(&data)),
+                        ),
+                        Some(ChannelMsg::Eof) => eof_frame(),
+                        Some(ChannelMsg::WindowChange {
+                            col_width,
+                            row_height,
+                            ..
+                        }) => input_frame(exec_sandbox_input::Payload::Resize(
+                            ExecSandboxWindowResize {
+                                cols: col_width,
+                                rows: row_height,
+                            },
+                        )),
+                        Some(_) => continue,
+                    };
+                    // The process is gone: keep reading until the close.
+                    if process_gone {
+                        continue;
+                    }
+                    queued += queued_cost(&frame);
+                    if queued > STDIN_BACKLOG {
+                        return InputEnd::Backlog;
+                    }
+                    queue.push_back(frame);
+                }
+                permit = in_tx.reserve(), if !queue.is_empty() && !process_gone => match permit {
+                    Ok(permit) => {
+                        let frame = queue.pop_front().expect("a queued frame");
+                        queued -= queued_cost(&frame);
+                        permit.send(Ok(frame));
+                    }
+                    Err(_) => {
+                        process_gone = true;
+                        queue.clear();
+                        queued = 0;
+                    }
+                },
             }
         }
     };
@@ -231,9 +294,23 @@ pub async fn serve(channel: Channel<Msg>, settings: Arc<ExecSettings>) {
         let _ = write.close().await;
     };
 
-    tokio::select! {
-        _ = input => debug!("ssh channel closed by the client"),
-        _ = output => debug!("ssh channel finished"),
+    let end = tokio::select! {
+        end = input => Some(end),
+        _ = output => None,
+    };
+    match end {
+        None => debug!("ssh channel finished"),
+        Some(InputEnd::Closed) => debug!("ssh channel closed by the client"),
+        Some(InputEnd::Backlog) => {
+            debug!("ssh channel closed: its process left too much input unread");
+            let message = format!(
+                "openshell: closing the channel: the program left more than {} MiB of input unread\r\n",
+                STDIN_BACKLOG >> 20
+            );
+            let _ = write.extended_data(1, message.as_bytes()).await;
+            let _ = write.eof().await;
+            let _ = write.close().await;
+        }
     }
 }
 

@@ -438,8 +438,17 @@ class ExecSandboxInput(_message.Message):
     def __init__(self, start: _Optional[_Union[ExecSandboxRequest, _Mapping]] = ..., stdin: _Optional[bytes] = ..., resize: _Optional[_Union[ExecSandboxWindowResize, _Mapping]] = ...) -> None: ...
 
 class SshRelayTarget(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("environment",)
+    class EnvironmentEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
+    environment: _containers.ScalarMap[str, str]
+    def __init__(self, environment: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
 class TcpRelayTarget(_message.Message):
     __slots__ = ("host", "port")
