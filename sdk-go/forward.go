@@ -36,6 +36,12 @@ type Forward struct {
 type ForwardOptions struct {
 	// LocalAddr is the listener's address; 127.0.0.1:0 (a free port) when empty.
 	LocalAddr string
+	// SSHSessionToken (SSHSession.Token), when set, goes with every
+	// connection's stream: a client without a user token can then forward
+	// to that token's sandbox, and to no other. The gateway checks it per
+	// connection; a refused connection is closed and counted in
+	// ForwardStats.ConnectionsFailed.
+	SSHSessionToken string
 }
 
 // Forward listens locally and forwards each connection to remotePort of
@@ -48,12 +54,12 @@ func (c *Client) Forward(ctx context.Context, sandbox string, remotePort int, op
 	if err := ctx.Err(); err != nil {
 		return nil, contextError(err)
 	}
-	var local string
+	var options ForwardOptions
 	for _, o := range opts {
-		local = o.LocalAddr
+		options = o
 	}
 	o, release := callOpts(ctx, 0)
-	comp := c.n.Forward(sandbox, uint32(remotePort), local, o)
+	comp := c.n.Forward(sandbox, uint32(remotePort), options.SSHSessionToken, options.LocalAddr, o)
 	if err := c.done(ctx, comp); err != nil {
 		release()
 		return nil, err

@@ -11,6 +11,7 @@ export {
   RawStream,
   Sandboxes,
   SandboxWatch,
+  SshSessions,
   type TokenAnswer,
   type TokenProvider,
 } from "./client.js";
@@ -55,4 +56,5 @@ export {
   type RoutingStats,
   type Sandbox,
   type SandboxPhase,
+  SshSession,
 } from "./types.js";

@@ -34,6 +34,16 @@ export interface NativeSandbox {
   proto: Buffer;
 }
 
+export interface NativeSshSession {
+  sandboxId: string;
+  token: string;
+  hostKeyFingerprint: string;
+  expiresAtMs?: number | null;
+  gatewayHost: string;
+  gatewayPort: number;
+  gatewayScheme: string;
+}
+
 export interface NativeCreate {
   name?: string;
   image?: string;
@@ -209,9 +219,12 @@ export interface NativeClient {
     sandbox: string,
     remotePort: number,
     localAddress: string | undefined,
+    sshSessionToken: string | undefined,
     timeoutMs: Ms,
     cancel: Cancel,
   ): Promise<NativeForward>;
+  createSshSession(sandbox: string, timeoutMs: Ms, cancel: Cancel): Promise<NativeSshSession>;
+  revokeSshSession(token: string, timeoutMs: Ms, cancel: Cancel): Promise<boolean>;
   rawUnary(
     path: string,
     request: Buffer,

@@ -1,5 +1,6 @@
 // Plain data the client returns.
-import type { NativeExecOutput, NativeSandbox } from "./native.js";
+import { inspect } from "node:util";
+import type { NativeExecOutput, NativeSandbox, NativeSshSession } from "./native.js";
 
 /** Lifecycle phase of a sandbox. */
 export type SandboxPhase =
@@ -98,4 +99,72 @@ export interface Health {
   status: string;
   version: string;
   servedBy: string | null;
+}
+
+/**
+ * An SSH session token for one sandbox, as `CreateSshSession` issued it.
+ *
+ * `token` is a secret, so it is a getter over a private field rather than a
+ * property: `util.inspect` (and so `console.log`) and `JSON.stringify` show
+ * every other field and never the token, and neither do `Object.keys`,
+ * `Object.entries` or `{ ...session }`. Read `session.token` where it is
+ * needed (a forward's `sshSessionToken`).
+ */
+export class SshSession {
+  /** The sandbox's id. */
+  readonly sandboxId: string;
+  /** `SHA256:<base64>` of the sandbox's SSH host key (pin it); empty until known. */
+  readonly hostKeyFingerprint: string;
+  /** When the token stops working; null when it does not expire. */
+  readonly expiresAt: Date | null;
+  /** The gateway address the session was issued through. */
+  readonly gatewayHost: string;
+  readonly gatewayPort: number;
+  /** `http` or `https`. */
+  readonly gatewayScheme: string;
+  readonly #token: string;
+
+  /** @internal Builds one (the constructor is private: not public API). */
+  static _of(s: NativeSshSession): SshSession {
+    return new SshSession(s);
+  }
+
+  private constructor(s: NativeSshSession) {
+    this.sandboxId = s.sandboxId;
+    this.#token = s.token;
+    this.hostKeyFingerprint = s.hostKeyFingerprint;
+    this.expiresAt =
+      s.expiresAtMs === undefined || s.expiresAtMs === null ? null : new Date(s.expiresAtMs);
+    this.gatewayHost = s.gatewayHost;
+    this.gatewayPort = s.gatewayPort;
+    this.gatewayScheme = s.gatewayScheme;
+    Object.freeze(this);
+  }
+
+  /** The secret: a forward's `sshSessionToken`. */
+  get token(): string {
+    return this.#token;
+  }
+
+  /** What `JSON.stringify` writes: every field but the token. */
+  toJSON(): Record<string, unknown> {
+    return {
+      sandboxId: this.sandboxId,
+      hostKeyFingerprint: this.hostKeyFingerprint,
+      expiresAt: this.expiresAt,
+      gatewayHost: this.gatewayHost,
+      gatewayPort: this.gatewayPort,
+      gatewayScheme: this.gatewayScheme,
+    };
+  }
+
+  /** What `util.inspect` shows: the fields, with the token redacted. */
+  [inspect.custom](_depth: number, options: object): string {
+    const shown = { ...this.toJSON(), token: "<redacted>" };
+    return `SshSession ${inspect(shown, options)}`;
+  }
+
+  toString(): string {
+    return `SshSession(${this.sandboxId}, token <redacted>)`;
+  }
 }

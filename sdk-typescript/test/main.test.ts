@@ -8,5 +8,6 @@ import "./auth.js";
 import "./errors.js";
 import "./lifetime.js";
 import "./config.js";
+import "./ssh.js";
 
 after(stopCluster);

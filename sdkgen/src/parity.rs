@@ -140,6 +140,16 @@ const LANGUAGES: &[Language] = &[
             ),
             c("ForwardTcp", "`client.forward`", "async def forward("),
             c(
+                "CreateSshSession",
+                "`client.create_ssh_session`",
+                "async def create_ssh_session(",
+            ),
+            c(
+                "RevokeSshSession",
+                "`client.revoke_ssh_session`",
+                "async def revoke_ssh_session(",
+            ),
+            c(
                 "GetSandboxConfig",
                 "`ConfigSession` (polls it when not pushed)",
                 "class ConfigSession(",
@@ -194,6 +204,16 @@ const LANGUAGES: &[Language] = &[
                 "async execInteractive(",
             ),
             c("ForwardTcp", "`client.forward`", "async forward("),
+            c(
+                "CreateSshSession",
+                "`client.sshSessions.create`",
+                "create(sandbox: string, options: CallOptions = {}): Promise<SshSession>",
+            ),
+            c(
+                "RevokeSshSession",
+                "`client.sshSessions.revoke`",
+                "revoke(session: SshSession | string",
+            ),
             c(
                 "GetSandboxConfig",
                 "`ConfigSession` (polls it when not pushed)",
@@ -256,6 +276,16 @@ const LANGUAGES: &[Language] = &[
                 "ForwardTcp",
                 "`client.Forward`",
                 "func (c *Client) Forward(",
+            ),
+            c(
+                "CreateSshSession",
+                "`SSHSessions().Create`",
+                "func (s *SSHSessions) Create(",
+            ),
+            c(
+                "RevokeSshSession",
+                "`SSHSessions().Revoke`",
+                "func (s *SSHSessions) Revoke(",
             ),
             c(
                 "GetSandboxConfig",

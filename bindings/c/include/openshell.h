@@ -350,6 +350,20 @@ int32_t openshell_client_forward(const struct OsClient *client,
                                  OsCallback callback,
                                  size_t user_data);
 
+// [`openshell_client_forward`] with an SSH session token (from
+// `CreateSshSession`; empty for none) that every connection's stream
+// carries: a client without a user token can then forward to the token's
+// sandbox. The gateway checks the token per connection; a refused
+// connection is closed and counted in `connections_failed`.
+int32_t openshell_client_forward_to(const struct OsClient *client,
+                                    struct OsBytes sandbox,
+                                    uint32_t remote_port,
+                                    struct OsBytes ssh_session_token,
+                                    struct OsBytes local_addr,
+                                    struct OsCallOptions options,
+                                    OsCallback callback,
+                                    size_t user_data);
+
 // The forward's local address (`127.0.0.1:PORT`); free with
 // `openshell_bytes_free`.
 struct OsOwnedBytes openshell_forward_local_addr(const struct OsForward *forward);

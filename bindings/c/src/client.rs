@@ -9,7 +9,7 @@ use futures::future::BoxFuture;
 use openshell_sdk::proto as pb;
 use openshell_sdk::{
     AccessToken, CancellationToken, Client, ClientConfig, CreateSandbox, Error, ForwardHandle,
-    ListSandboxes, Metadata, TokenProvider,
+    ForwardTarget, ListSandboxes, Metadata, TokenProvider,
 };
 use prost::Message;
 use tokio::sync::oneshot;
@@ -642,6 +642,37 @@ pub unsafe extern "C" fn openshell_client_forward(
     callback: OsCallback,
     user_data: usize,
 ) -> i32 {
+    unsafe {
+        openshell_client_forward_to(
+            client,
+            sandbox,
+            remote_port,
+            OsBytes::empty(),
+            local_addr,
+            options,
+            callback,
+            user_data,
+        )
+    }
+}
+
+/// [`openshell_client_forward`] with an SSH session token (from
+/// `CreateSshSession`; empty for none) that every connection's stream
+/// carries: a client without a user token can then forward to the token's
+/// sandbox. The gateway checks the token per connection; a refused
+/// connection is closed and counted in `connections_failed`.
+#[unsafe(no_mangle)]
+#[allow(clippy::too_many_arguments)]
+pub unsafe extern "C" fn openshell_client_forward_to(
+    client: *const OsClient,
+    sandbox: OsBytes,
+    remote_port: u32,
+    ssh_session_token: OsBytes,
+    local_addr: OsBytes,
+    options: OsCallOptions,
+    callback: OsCallback,
+    user_data: usize,
+) -> i32 {
     let Some(c) = (unsafe { client.as_ref() }) else {
         return OS_INVALID;
     };
@@ -649,19 +680,28 @@ pub unsafe extern "C" fn openshell_client_forward(
         let call = Call::new(c, &options);
         let sandbox = unsafe { sandbox.to_string("sandbox") };
         let local = unsafe { local_addr.to_opt_string("local address") };
+        let session = unsafe { ssh_session_token.to_opt_string("ssh session token") };
         let client = c.client.clone();
         let token = call.token.clone();
         async move {
             let started = async {
                 let sandbox = sandbox?;
                 let local = local?.unwrap_or_else(|| "127.0.0.1:0".to_owned());
+                let session = session?;
                 let port = u16::try_from(remote_port)
                     .ok()
                     .filter(|p| *p > 0)
                     .ok_or_else(|| {
                         Error::invalid_config("remote port must be between 1 and 65535")
                     })?;
-                Call::run(&token, client.forward(&sandbox, port, local, call.options)).await
+                let forward = client.forward_to(
+                    &sandbox,
+                    ForwardTarget::Tcp(port),
+                    session.as_deref(),
+                    local,
+                    call.options,
+                );
+                Call::run(&token, forward).await
             };
             let handle = match started.await {
                 Ok(handle) => handle,

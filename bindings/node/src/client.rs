@@ -26,7 +26,7 @@ use napi::{Env, Result};
 use napi_derive::napi;
 use openshell_sdk::{
     CallOptions, CancellationToken, Client, ClientConfig, CreateSandbox, ExecRequest,
-    ListSandboxes, Metadata,
+    ForwardTarget, ListSandboxes, Metadata,
 };
 
 use crate::errors::{guard, guard_sync, invalid, to_napi};
@@ -113,6 +113,20 @@ pub struct NativeHealth {
     pub status: String,
     pub version: String,
     pub served_by: Option<String>,
+}
+
+/// An SSH session as `CreateSshSession` issued it (`@openshell/sdk` keeps
+/// the token out of what inspection and JSON print).
+#[napi(object)]
+pub struct NativeSshSession {
+    pub sandbox_id: String,
+    pub token: String,
+    pub host_key_fingerprint: String,
+    /// Milliseconds since the epoch; absent when the token never expires.
+    pub expires_at_ms: Option<f64>,
+    pub gateway_host: String,
+    pub gateway_port: u32,
+    pub gateway_scheme: String,
 }
 
 #[napi(object)]
@@ -564,14 +578,17 @@ impl NativeClient {
         }))
     }
 
-    /// Forwards a local listener to `remotePort` of the sandbox's host.
+    /// Forwards a local listener to `remotePort` of the sandbox's host;
+    /// each connection's stream carries `sshSessionToken` when given.
     #[napi]
+    #[allow(clippy::too_many_arguments)]
     pub fn forward<'e>(
         &self,
         env: &'e Env,
         sandbox: String,
         remote_port: u32,
         local_address: Option<String>,
+        ssh_session_token: Option<String>,
         timeout_ms: Option<f64>,
         cancel: Option<&CancelToken>,
     ) -> Result<PromiseRaw<'e, NativeForward>> {
@@ -584,12 +601,67 @@ impl NativeClient {
         let local = local_address.unwrap_or_else(|| "127.0.0.1:0".to_owned());
         env.spawn_future(guard(async move {
             let options = call.options.clone();
-            let handle = call
-                .run(client.forward(&sandbox, port, local, options))
-                .await?;
+            let forward = client.forward_to(
+                &sandbox,
+                ForwardTarget::Tcp(port),
+                ssh_session_token.as_deref(),
+                local,
+                options,
+            );
+            let handle = call.run(forward).await?;
             Ok(NativeForward {
                 handle: Arc::new(handle),
             })
+        }))
+    }
+
+    /// Issues an SSH session token for `sandbox`.
+    #[napi]
+    pub fn create_ssh_session<'e>(
+        &self,
+        env: &'e Env,
+        sandbox: String,
+        timeout_ms: Option<f64>,
+        cancel: Option<&CancelToken>,
+    ) -> Result<PromiseRaw<'e, NativeSshSession>> {
+        let call = self.call(timeout_ms, cancel)?;
+        let client = self.client.clone();
+        env.spawn_future(guard(async move {
+            let options = call.options.clone();
+            let s = call
+                .run(client.create_ssh_session(&sandbox, options))
+                .await?;
+            let expires_at_ms = s.expires_at.map(|t| {
+                t.duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_millis() as f64
+            });
+            Ok(NativeSshSession {
+                sandbox_id: s.sandbox_id,
+                token: s.token,
+                host_key_fingerprint: s.host_key_fingerprint,
+                expires_at_ms,
+                gateway_host: s.gateway_host,
+                gateway_port: u32::from(s.gateway_port),
+                gateway_scheme: s.gateway_scheme,
+            })
+        }))
+    }
+
+    /// Revokes an SSH session token; resolves to whether it was live.
+    #[napi]
+    pub fn revoke_ssh_session<'e>(
+        &self,
+        env: &'e Env,
+        token: String,
+        timeout_ms: Option<f64>,
+        cancel: Option<&CancelToken>,
+    ) -> Result<PromiseRaw<'e, bool>> {
+        let call = self.call(timeout_ms, cancel)?;
+        let client = self.client.clone();
+        env.spawn_future(guard(async move {
+            let options = call.options.clone();
+            call.run(client.revoke_ssh_session(&token, options)).await
         }))
     }
 

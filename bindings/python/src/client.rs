@@ -26,7 +26,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use openshell_sdk::{
     CallOptions, CancellationToken, Client, ClientConfig, CreateSandbox, ExecRequest,
-    ListSandboxes, Metadata,
+    ForwardTarget, ListSandboxes, Metadata,
 };
 use prost::Message;
 use pyo3::prelude::*;
@@ -536,14 +536,16 @@ impl NativeClient {
         })
     }
 
-    /// Forwards `local_address` to `remote_port` inside the sandbox's host.
-    #[pyo3(signature = (sandbox, remote_port, *, local_address = "127.0.0.1:0".to_owned(), timeout = None))]
+    /// Forwards `local_address` to `remote_port` inside the sandbox's host;
+    /// every connection's stream carries `ssh_session_token` when given.
+    #[pyo3(signature = (sandbox, remote_port, *, local_address = "127.0.0.1:0".to_owned(), ssh_session_token = None, timeout = None))]
     fn forward<'py>(
         &self,
         py: Python<'py>,
         sandbox: String,
         remote_port: u16,
         local_address: String,
+        ssh_session_token: Option<String>,
         timeout: Option<f64>,
     ) -> PyResult<Bound<'py, PyAny>> {
         let blocking = self.blocking;
@@ -551,12 +553,65 @@ impl NativeClient {
         let options = self.unary_options(py, timeout)?;
         run(py, self.blocking, async move {
             let handle = client
-                .forward(&sandbox, remote_port, local_address, options)
+                .forward_to(
+                    &sandbox,
+                    ForwardTarget::Tcp(remote_port),
+                    ssh_session_token.as_deref(),
+                    local_address,
+                    options,
+                )
                 .await?;
             Ok(NativeForward {
                 handle: Arc::new(handle),
                 blocking,
             })
+        })
+    }
+
+    /// Issues an SSH session token for `sandbox`: `(sandbox_id, token,
+    /// host_key_fingerprint, expires_at, gateway_host, gateway_port,
+    /// gateway_scheme)`, `expires_at` in float seconds since the epoch (or
+    /// `None`: no expiry).
+    #[pyo3(signature = (sandbox, *, timeout = None))]
+    fn create_ssh_session<'py>(
+        &self,
+        py: Python<'py>,
+        sandbox: String,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.client(py)?;
+        let options = self.unary_options(py, timeout)?;
+        run(py, self.blocking, async move {
+            let s = client.create_ssh_session(&sandbox, options).await?;
+            let expires_at = s.expires_at.map(|t| {
+                t.duration_since(std::time::UNIX_EPOCH)
+                    .unwrap_or_default()
+                    .as_secs_f64()
+            });
+            Ok((
+                s.sandbox_id,
+                s.token,
+                s.host_key_fingerprint,
+                expires_at,
+                s.gateway_host,
+                s.gateway_port,
+                s.gateway_scheme,
+            ))
+        })
+    }
+
+    /// Revokes an SSH session token; `True` when it was live.
+    #[pyo3(signature = (token, *, timeout = None))]
+    fn revoke_ssh_session<'py>(
+        &self,
+        py: Python<'py>,
+        token: String,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.client(py)?;
+        let options = self.unary_options(py, timeout)?;
+        run(py, self.blocking, async move {
+            client.revoke_ssh_session(&token, options).await
         })
     }
 

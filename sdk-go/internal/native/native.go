@@ -484,10 +484,11 @@ func (c *Client) RawStream(path string, md []string, o CallOpts) Completion {
 	})
 }
 
-// Forward starts a forward; the completion's Handle is the forward.
-func (c *Client) Forward(sandbox string, port uint32, local string, o CallOpts) Completion {
+// Forward starts a forward whose connections carry sshSessionToken (none
+// when empty); the completion's Handle is the forward.
+func (c *Client) Forward(sandbox string, port uint32, sshSessionToken, local string, o CallOpts) Completion {
 	return c.start(func(p *C.OsClient, cb C.OsCallback, ud C.size_t) C.int32_t {
-		return C.openshell_client_forward(p, stringOf(sandbox), C.uint32_t(port), stringOf(local), o.c(), cb, ud)
+		return C.openshell_client_forward_to(p, stringOf(sandbox), C.uint32_t(port), stringOf(sshSessionToken), stringOf(local), o.c(), cb, ud)
 	})
 }
 

@@ -89,6 +89,7 @@ from .types import (
     Sandbox,
     SandboxPhase,
     ServiceStatus,
+    SshSession,
 )
 
 # Stop the native runtime before the interpreter is torn down (see
@@ -150,6 +151,7 @@ __all__ = [
     "Sandboxes",
     "ServerStream",
     "ServiceStatus",
+    "SshSession",
     "StreamClosedError",
     "SyncConfigSession",
     "SyncExecStream",

@@ -7,6 +7,7 @@ import collections
 import inspect
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, TypeAlias
 
@@ -25,6 +26,7 @@ from .types import (
     RoutingStats,
     Sandbox,
     ServiceStatus,
+    SshSession,
 )
 
 __all__ = [
@@ -679,15 +681,61 @@ class AsyncClient:
         remote_port: int,
         *,
         local_address: str = "127.0.0.1:0",
+        ssh_session_token: str | None = None,
         timeout: float | None = None,
     ) -> Forward:
         """Listens on ``local_address`` and forwards every connection to
-        ``remote_port`` on loopback inside the sandbox's host."""
+        ``remote_port`` on loopback inside the sandbox's host.
+
+        With ``ssh_session_token`` (:attr:`SshSession.token`) every connection's
+        stream carries it: a client without a user token can then forward to
+        that token's sandbox, and to no other. The gateway checks it per
+        connection, so a refused one (wrong sandbox, revoked or expired token)
+        is closed and counted in ``stats().connections_failed``.
+        """
         return Forward(
             await self._native.forward(
-                sandbox, remote_port, local_address=local_address, timeout=timeout
+                sandbox,
+                remote_port,
+                local_address=local_address,
+                ssh_session_token=ssh_session_token,
+                timeout=timeout,
             )
         )
+
+    async def create_ssh_session(self, sandbox: str, *, timeout: float | None = None) -> SshSession:
+        """Issues an SSH session token for ``sandbox`` (needs a user token).
+
+        How long it lives is the gateway's setting (``expires_at``). The token
+        is a secret: :class:`SshSession`'s ``repr`` leaves it out.
+        """
+        (
+            sandbox_id,
+            token,
+            fingerprint,
+            expires_at,
+            host,
+            port,
+            scheme,
+        ) = await self._native.create_ssh_session(sandbox, timeout=timeout)
+        return SshSession(
+            sandbox_id=sandbox_id,
+            token=token,
+            host_key_fingerprint=fingerprint,
+            expires_at=None if expires_at is None else datetime.fromtimestamp(expires_at, UTC),
+            gateway_host=host,
+            gateway_port=port,
+            gateway_scheme=scheme,
+        )
+
+    async def revoke_ssh_session(
+        self, session: SshSession | str, *, timeout: float | None = None
+    ) -> bool:
+        """Revokes an SSH session (or its token): forwards can no longer open
+        with it. ``True`` when it was live; an unknown, expired or already
+        revoked token is ``False``, not an error."""
+        token = session.token if isinstance(session, SshSession) else session
+        return await self._native.revoke_ssh_session(token, timeout=timeout)
 
     def routing_stats(self) -> RoutingStats:
         """Owner-routing counters of this client (hinted, unhinted, unrouted

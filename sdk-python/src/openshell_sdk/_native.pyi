@@ -159,8 +159,17 @@ class NativeClient:
         remote_port: int,
         *,
         local_address: str = "127.0.0.1:0",
+        ssh_session_token: str | None = None,
         timeout: float | None = None,
     ) -> Awaitable[NativeForward]: ...
+    # (sandbox_id, token, host_key_fingerprint, expires_at epoch seconds or None,
+    # gateway_host, gateway_port, gateway_scheme).
+    def create_ssh_session(
+        self, sandbox: str, *, timeout: float | None = None
+    ) -> Awaitable[tuple[str, str, str, float | None, str, int, str]]: ...
+    def revoke_ssh_session(
+        self, token: str, *, timeout: float | None = None
+    ) -> Awaitable[bool]: ...
     def raw_unary(
         self,
         path: str,

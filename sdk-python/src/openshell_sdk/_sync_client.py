@@ -26,7 +26,15 @@ from ._async_client import (
 )
 from ._blocking import run
 from .raw_sync import SyncRaw
-from .types import DeletionOutcome, ExecEvent, ExecResult, Health, RoutingStats, Sandbox
+from .types import (
+    DeletionOutcome,
+    ExecEvent,
+    ExecResult,
+    Health,
+    RoutingStats,
+    Sandbox,
+    SshSession,
+)
 
 __all__ = [
     "Client",
@@ -397,13 +405,33 @@ class Client:
         remote_port: int,
         *,
         local_address: str = "127.0.0.1:0",
+        ssh_session_token: str | None = None,
         timeout: float | None = None,
     ) -> SyncForward:
-        """Listens on ``local_address`` and forwards connections into the sandbox's host."""
+        """Listens on ``local_address`` and forwards connections into the sandbox's host
+        (with ``ssh_session_token`` on every connection when given; see
+        :meth:`AsyncClient.forward`)."""
         forward = run(
-            self._async.forward(sandbox, remote_port, local_address=local_address, timeout=timeout)
+            self._async.forward(
+                sandbox,
+                remote_port,
+                local_address=local_address,
+                ssh_session_token=ssh_session_token,
+                timeout=timeout,
+            )
         )
         return SyncForward(forward)
+
+    def create_ssh_session(self, sandbox: str, *, timeout: float | None = None) -> SshSession:
+        """Issues an SSH session token for ``sandbox`` (see
+        :meth:`AsyncClient.create_ssh_session`)."""
+        return run(self._async.create_ssh_session(sandbox, timeout=timeout))
+
+    def revoke_ssh_session(
+        self, session: SshSession | str, *, timeout: float | None = None
+    ) -> bool:
+        """Revokes an SSH session (or its token); ``True`` when it was live."""
+        return run(self._async.revoke_ssh_session(session, timeout=timeout))
 
     def routing_stats(self) -> RoutingStats:
         return self._async.routing_stats()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from ._proto import openshell_pb2 as pb
 
@@ -21,6 +22,7 @@ __all__ = [
     "Sandbox",
     "SandboxPhase",
     "ServiceStatus",
+    "SshSession",
 ]
 
 
@@ -187,3 +189,26 @@ class RoutingStats:
     unrouted_retries: int
     owner_lookups: int
     cache_hits: int
+
+
+@dataclass(frozen=True)
+class SshSession:
+    """An SSH session token for one sandbox, as ``CreateSshSession`` issued it.
+
+    ``token`` is a secret: it lets whoever holds it forward to this sandbox
+    (``forward(..., ssh_session_token=session.token)``) without a user token,
+    until ``expires_at`` or a revoke. ``repr`` (and so ``str``, logging and
+    tracebacks) leaves it out. Pin ``host_key_fingerprint`` (OpenSSH's
+    ``SHA256:`` form; empty until the supervisor reports one) as the sandbox's
+    host key.
+    """
+
+    sandbox_id: str
+    token: str = field(repr=False)
+    host_key_fingerprint: str
+    expires_at: datetime | None
+    """When the token stops working (UTC); ``None``: only a revoke ends it."""
+    gateway_host: str
+    gateway_port: int
+    gateway_scheme: str
+    """``http`` or ``https``."""
