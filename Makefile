@@ -82,7 +82,7 @@ conformance: build python typescript conformance-go
 # rust blocks are compiled as binaries of a scratch crate in the target dir and
 # run, python blocks run with the venv, sh commands run, against a 3-replica
 # cluster the check starts on loopback (127.0.0.1:17670 when free).
-check-docs: build python typescript
+check-docs: build python typescript go-native
 	$(PYTHON) docs-check/check_docs.py
 
 # `pip install ./sdk-python` into a clean venv (PEP 517 abi3 wheel, release).

@@ -53,6 +53,9 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_FILES = [
     "README.md",
     "sdk-python/README.md",
+    "sdk-typescript/README.md",
+    "sdk-go/README.md",
+    "sdkgen/README.md",
     "deploy/nginx/README.md",
     "sdk-core/README.md",
     "conformance/README.md",

@@ -179,6 +179,33 @@ async fn pin_host_key(port: u16, dir: &Path, fingerprint: &str) -> PathBuf {
     known_hosts
 }
 
+/// A forward to `sandbox`'s SSH server opened with the session token alone
+/// (a client with no user token), a work directory, and the target the tools
+/// use with the host key pinned to the session's fingerprint. The forward
+/// and the directory must outlive the target's use.
+async fn ssh_through(
+    url: &str,
+    sandbox: &str,
+    session: &CreateSshSessionResponse,
+) -> (openshell_sdk::ForwardHandle, tempfile::TempDir, Target) {
+    let config = ClientConfig::builder(url).build().unwrap();
+    let client = openshell_sdk::Client::connect_lazy(config).await.unwrap();
+    let forward = client
+        .forward_to(
+            sandbox,
+            ForwardTarget::Ssh,
+            Some(&session.token),
+            "127.0.0.1:0",
+            CallOptions::default(),
+        )
+        .await
+        .unwrap();
+    let port = forward.local_addr().port();
+    let work = tempfile::tempdir().unwrap();
+    let known_hosts = pin_host_key(port, work.path(), &session.host_key_fingerprint).await;
+    (forward, work, Target { port, known_hosts })
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ssh_scp_sftp_and_rsync_with_a_session_token_alone() {
     let cluster = TestCluster::start(ClusterOptions {
@@ -223,25 +250,9 @@ async fn ssh_scp_sftp_and_rsync_with_a_session_token_alone() {
         .into_inner();
     assert!(session.host_key_fingerprint.starts_with("SHA256:"));
 
-    // The client side holds the session token and nothing else.
-    let config = ClientConfig::builder(&edge.url).build().unwrap();
-    let client = openshell_sdk::Client::connect_lazy(config).await.unwrap();
-    let forward = client
-        .forward_to(
-            "sshbox",
-            ForwardTarget::Ssh,
-            Some(&session.token),
-            "127.0.0.1:0",
-            CallOptions::default(),
-        )
-        .await
-        .unwrap();
-    let port = forward.local_addr().port();
-    let work = tempfile::tempdir().unwrap();
-
-    // Pin the host key: what the server presents is what the gateway said.
-    let known_hosts = pin_host_key(port, work.path(), &session.host_key_fingerprint).await;
-    let target = Target { port, known_hosts };
+    // The client side holds the session token and nothing else; the host
+    // key is pinned to what the gateway said.
+    let (forward, work, target) = ssh_through(&edge.url, "sshbox", &session).await;
 
     // A command: output, the sandbox's uid, the exit status.
     let output = run(
@@ -490,22 +501,7 @@ async fn spec_environment_symlinks_and_channels_of_one_connection() {
         .await
         .unwrap()
         .into_inner();
-    let config = ClientConfig::builder(&gw.url).build().unwrap();
-    let client = openshell_sdk::Client::connect_lazy(config).await.unwrap();
-    let forward = client
-        .forward_to(
-            "envbox",
-            ForwardTarget::Ssh,
-            Some(&session.token),
-            "127.0.0.1:0",
-            CallOptions::default(),
-        )
-        .await
-        .unwrap();
-    let port = forward.local_addr().port();
-    let work = tempfile::tempdir().unwrap();
-    let known_hosts = pin_host_key(port, work.path(), &session.host_key_fingerprint).await;
-    let target = Target { port, known_hosts };
+    let (forward, work, target) = ssh_through(&gw.url, "envbox", &session).await;
 
     // The sandbox's spec environment, as exec has it; the client's `env`
     // requests go over it.

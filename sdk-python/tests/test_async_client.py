@@ -9,7 +9,7 @@ import threading
 import time
 
 import pytest
-from conftest import Cluster, marked_pids, process_running, unique
+from conftest import Cluster, echo_server, marked_pids, process_running, unique
 
 import openshell_sdk as osdk
 from openshell_sdk import AsyncClient, proto
@@ -190,29 +190,6 @@ async def test_interactive_wait_past_the_cap_fails_with_output_limit(
             await asyncio.wait_for(session.wait(), 30)
         assert info.value.code == "output_limit"
     await wait_gone(pids, "the output cap")
-
-
-def echo_server() -> tuple[socket.socket, threading.Thread]:
-    """A TCP echo server on loopback: the forward's target inside the sandbox's host."""
-    server = socket.create_server(("127.0.0.1", 0))
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-
-            def pump(c: socket.socket) -> None:
-                with c:
-                    while data := c.recv(65536):
-                        c.sendall(data)
-
-            threading.Thread(target=pump, args=(conn,), daemon=True).start()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    return server, thread
 
 
 async def test_forward_concurrent_connections(aclient: AsyncClient, ready_sandbox: str) -> None:

@@ -7,13 +7,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-import threading
 import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from conftest import TokenGateway, unique
+from conftest import TokenGateway, echo_server, unique
 
 import openshell_sdk as osdk
 from openshell_sdk import AsyncClient, Client, SshSession
@@ -22,23 +21,7 @@ from openshell_sdk import AsyncClient, Client, SshSession
 @pytest.fixture(scope="module")
 def echo_port() -> Iterator[int]:
     """A TCP echo server on loopback of the host (the sandboxes' network)."""
-    server = socket.create_server(("127.0.0.1", 0))
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-
-            def pump(c: socket.socket) -> None:
-                with c:
-                    while data := c.recv(65536):
-                        c.sendall(data)
-
-            threading.Thread(target=pump, args=(conn,), daemon=True).start()
-
-    threading.Thread(target=serve, daemon=True).start()
+    server, _ = echo_server()
     yield int(server.getsockname()[1])
     server.close()
 
