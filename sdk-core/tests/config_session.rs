@@ -197,6 +197,17 @@ async fn drive(mode: &str, announce_push: bool) -> Run {
         worst.as_secs_f64() * 1000.0
     );
 
+    // The apply function records a snapshot a moment before the session
+    // counts it (the count follows the function's return): wait, bounded,
+    // for the count to catch up, so the cancel below cannot cut it short.
+    let recorded = applied.lock().unwrap().len() as u64;
+    assert!(
+        eventually(Duration::from_secs(5), || session.stats().applied
+            >= recorded)
+        .await,
+        "{mode}: {recorded} recorded, {:?}",
+        session.stats()
+    );
     cancel.cancel();
     runner.await.unwrap().unwrap();
     signal(pid, libc::SIGKILL);
