@@ -11,7 +11,7 @@
 //! same message, so a token-only caller learns nothing about other
 //! sandboxes, and no message or log line carries the token. Such a forward
 //! ends with UNAUTHENTICATED when its session does (see
-//! [`OpenForwards`](crate::api::ssh_sessions::OpenForwards)).
+//! [`OpenForwards`]).
 
 use std::sync::Arc;
 

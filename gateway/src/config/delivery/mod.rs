@@ -16,7 +16,9 @@
 //!    at notify time, read after the write committed: a replica registers
 //!    before it accepts sessions, so one missing from that list holds only
 //!    sessions whose bootstrap reads the write. The ring (refreshed every
-//!    10 s) is only the fallback when the store cannot answer. A mark is one flag ([`tokio::sync::Notify`]'s
+//!    10 s) is only the fallback when the store cannot answer. A broadcast
+//!    whose peer channel answered `UNAVAILABLE` is sent twice more (100 and
+//!    200 ms later); one that timed out is not. A mark is one flag ([`tokio::sync::Notify`]'s
 //!    single stored permit): later marks merge into it.
 //! 2. **Permit.** Each push session has one delivery task. On a mark it
 //!    waits for a build permit from one FIFO pool ([`Permits`], tokio's fair
@@ -26,7 +28,7 @@
 //!    sees every write that marked it) and builds the sandbox configuration;
 //!    the provider environment is rebuilt only when the identity the
 //!    configuration names changed, else the session's cached one is reused.
-//! 4. **Slots.** [`Slots`] keeps at most one update in flight; a newer build
+//! 4. **Slots.** [`Slots`](session::Slots) keeps at most one update in flight; a newer build
 //!    waits in one pending slot (the newest wins); a build identical to what
 //!    the supervisor has or will have is not sent.
 //! 5. **Result.** The supervisor answers every update in order; the
