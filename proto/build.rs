@@ -8,8 +8,9 @@
 
 use std::path::PathBuf;
 
-const FILES: [&str; 5] = [
+const FILES: [&str; 6] = [
     "openshell/openshell.proto",
+    "openshell/supervisor_host.proto",
     "openshell/sandbox.proto",
     "openshell/peer.proto",
     "openshell/datamodel.proto",

@@ -27,6 +27,11 @@ pub mod openshell {
             tonic::include_proto!("openshell.sandbox.v1");
         }
     }
+    pub mod supervisor_host {
+        pub mod v1 {
+            tonic::include_proto!("openshell.supervisor_host.v1");
+        }
+    }
     pub mod options {
         pub mod v1 {
             tonic::include_proto!("openshell.options.v1");
@@ -37,6 +42,7 @@ pub mod openshell {
 pub use openshell::datamodel::v1 as datamodel;
 pub use openshell::peer::v1 as peer;
 pub use openshell::sandbox::v1 as sandbox;
+pub use openshell::supervisor_host::v1 as supervisor_host;
 pub use openshell::v1::*;
 
 /// Encoded `FileDescriptorSet` of the whole contract (with source info), for

@@ -180,4 +180,12 @@ pub static METHODS: &[MethodInfo] = &[
         response: "openshell.peer.v1.PeerNotifyConfigUpdateResponse",
         owner_routed_field: None,
     },
+    MethodInfo {
+        path: "/openshell.supervisor_host.v1.SupervisorHost/ConnectHost",
+        name: "ConnectHost",
+        kind: StreamingKind::BidiStreaming,
+        request: "openshell.supervisor_host.v1.HostMessage",
+        response: "openshell.supervisor_host.v1.HostGatewayMessage",
+        owner_routed_field: None,
+    },
 ];

@@ -41,12 +41,15 @@ pub fn go_tool(name: &str) -> PathBuf {
 }
 
 /// The Go package (import path suffix and name) of a proto package:
-/// `openshell.sandbox.v1` -> `sandboxv1`, `openshell.v1` -> `openshellv1`.
+/// `openshell.sandbox.v1` -> `sandboxv1`, `openshell.v1` -> `openshellv1`,
+/// `openshell.supervisor_host.v1` -> `supervisorhostv1`.
 fn go_package(proto_package: &str) -> String {
     let parts: Vec<&str> = proto_package.split('.').collect();
     match parts.as_slice() {
         ["openshell", version] => format!("openshell{version}"),
-        [.., name, version] => format!("{name}{version}"),
+        // `supervisor_host` -> `supervisorhost`: Go package names take no
+        // underscores.
+        [.., name, version] => format!("{}{version}", name.replace('_', "")),
         _ => proto_package.replace('.', ""),
     }
 }

@@ -143,6 +143,7 @@ const OWNED_DIRS: &[&str] = &[
     "sdk-go/proto/sandboxv1",
     "sdk-go/proto/optionsv1",
     "sdk-go/proto/peerv1",
+    "sdk-go/proto/supervisorhostv1",
 ];
 
 fn stale_files(root: &Path, outputs: &Outputs) -> anyhow::Result<Vec<String>> {

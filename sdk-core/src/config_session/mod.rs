@@ -13,7 +13,7 @@
 //! 2. **Hello.** The session opens with `SupervisorHello{sandbox_id,
 //!    instance_id, connection_epoch (increases every attempt), redirected,
 //!    supports_session_redirect: true, supports_config_push (true unless
-//!    [`ConfigSessionBuilder::config_push`] turned it off), stay}`.
+//!    [`ConfigSessionBuilder::config_push`] turned it off)}`.
 //! 3. **Accepted.** With `config_push_enabled`, `SessionAccepted.bootstrap`
 //!    is update 1: it is applied like any update (usually an
 //!    `IGNORED_DUPLICATE` of the startup config) and polling stops. Without
@@ -228,7 +228,6 @@ pub struct ConfigSessionBuilder {
     apply: Option<ApplyWithModeFn>,
     poll_interval: Duration,
     events: Option<mpsc::Sender<SessionEvent>>,
-    stay: bool,
     config_push: bool,
     ssh_host_key_fingerprint: String,
 }
@@ -266,11 +265,6 @@ impl ConfigSessionBuilder {
         self
     }
 
-    /// Sets `stay` in the hello (a shared host asking to stay where it landed).
-    pub fn stay(mut self, stay: bool) -> Self {
-        self.stay = stay;
-        self
-    }
 
     /// Whether the hello announces `supports_config_push` (default true).
     /// Off, the session never gets pushed configuration and keeps polling
@@ -312,7 +306,6 @@ impl ConfigSessionBuilder {
                     .unwrap_or_else(|| uuid::Uuid::new_v4().to_string()),
                 poll_interval: self.poll_interval,
                 session_events: self.events,
-                stay: self.stay,
                 config_push: self.config_push,
                 ssh_host_key_fingerprint: self.ssh_host_key_fingerprint,
                 applier: Applier {
@@ -343,7 +336,6 @@ struct Inner {
     instance_id: String,
     poll_interval: Duration,
     session_events: Option<mpsc::Sender<SessionEvent>>,
-    stay: bool,
     /// Announce `supports_config_push` in the hello.
     config_push: bool,
     ssh_host_key_fingerprint: String,
@@ -377,7 +369,6 @@ impl ConfigSession {
             apply: None,
             poll_interval: DEFAULT_POLL_INTERVAL,
             events: None,
-            stay: false,
             config_push: true,
             ssh_host_key_fingerprint: String::new(),
         }

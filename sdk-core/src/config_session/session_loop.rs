@@ -118,7 +118,6 @@ impl Inner {
                 redirected,
                 supports_session_redirect: true,
                 supports_config_push: self.config_push,
-                stay: self.stay,
                 ssh_host_key_fingerprint: self.ssh_host_key_fingerprint.clone(),
             })),
         }

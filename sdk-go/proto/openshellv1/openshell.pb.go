@@ -2914,8 +2914,6 @@ type SupervisorHello struct {
 	SupportsSessionRedirect bool `protobuf:"varint,6,opt,name=supports_session_redirect,json=supportsSessionRedirect,proto3" json:"supports_session_redirect,omitempty"`
 	// Ours: the supervisor applies pushed ConfigUpdates and answers each.
 	SupportsConfigPush bool `protobuf:"varint,20,opt,name=supports_config_push,json=supportsConfigPush,proto3" json:"supports_config_push,omitempty"`
-	// Ours: a shared host asks to be admitted where it landed.
-	Stay bool `protobuf:"varint,21,opt,name=stay,proto3" json:"stay,omitempty"`
 	// Ours: `SHA256:<base64>` fingerprint of the host key of the SSH server
 	// this supervisor serves SSH relays with (empty: no SSH server).
 	SshHostKeyFingerprint string `protobuf:"bytes,22,opt,name=ssh_host_key_fingerprint,json=sshHostKeyFingerprint,proto3" json:"ssh_host_key_fingerprint,omitempty"`
@@ -2998,13 +2996,6 @@ func (x *SupervisorHello) GetSupportsSessionRedirect() bool {
 func (x *SupervisorHello) GetSupportsConfigPush() bool {
 	if x != nil {
 		return x.SupportsConfigPush
-	}
-	return false
-}
-
-func (x *SupervisorHello) GetStay() bool {
-	if x != nil {
-		return x.Stay
 	}
 	return false
 }
@@ -4881,7 +4872,7 @@ const file_openshell_openshell_proto_rawDesc = "" +
 	"\x03eof\x18\x14 \x01(\v2\x1b.openshell.v1.TcpForwardEofH\x00R\x03eofB\t\n" +
 	"\apayload\"\x15\n" +
 	"\x13SupervisorHeartbeat\"\x12\n" +
-	"\x10GatewayHeartbeat\"\xa9\x03\n" +
+	"\x10GatewayHeartbeat\"\xa1\x03\n" +
 	"\x0fSupervisorHello\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x1f\n" +
@@ -4893,10 +4884,9 @@ const file_openshell_openshell_proto_rawDesc = "" +
 	"redirected\x18\x05 \x01(\bR\n" +
 	"redirected\x12:\n" +
 	"\x19supports_session_redirect\x18\x06 \x01(\bR\x17supportsSessionRedirect\x120\n" +
-	"\x14supports_config_push\x18\x14 \x01(\bR\x12supportsConfigPush\x12\x12\n" +
-	"\x04stay\x18\x15 \x01(\bR\x04stay\x127\n" +
+	"\x14supports_config_push\x18\x14 \x01(\bR\x12supportsConfigPush\x127\n" +
 	"\x18ssh_host_key_fingerprint\x18\x16 \x01(\tR\x15sshHostKeyFingerprintJ\x04\b\a\x10\bJ\x04\b\b\x10\tJ\x04\b\t\x10\n" +
-	"\"\xf6\x01\n" +
+	"J\x04\b\x15\x10\x16R\x04stay\"\xf6\x01\n" +
 	"\x0fSessionAccepted\x12\x1d\n" +
 	"\n" +
 	"session_id\x18\x01 \x01(\tR\tsessionId\x12H\n" +

@@ -6,3 +6,4 @@ export * from "./openshell/openshell_pb.js";
 export * from "./openshell/options_pb.js";
 export * from "./openshell/peer_pb.js";
 export * from "./openshell/sandbox_pb.js";
+export * from "./openshell/supervisor_host_pb.js";

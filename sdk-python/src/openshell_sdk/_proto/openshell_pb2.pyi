@@ -535,7 +535,7 @@ class GatewayHeartbeat(_message.Message):
     def __init__(self) -> None: ...
 
 class SupervisorHello(_message.Message):
-    __slots__ = ("sandbox_id", "instance_id", "connection_epoch", "supports_provider_readiness", "redirected", "supports_session_redirect", "supports_config_push", "stay", "ssh_host_key_fingerprint")
+    __slots__ = ("sandbox_id", "instance_id", "connection_epoch", "supports_provider_readiness", "redirected", "supports_session_redirect", "supports_config_push", "ssh_host_key_fingerprint")
     SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
     INSTANCE_ID_FIELD_NUMBER: _ClassVar[int]
     CONNECTION_EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -543,7 +543,6 @@ class SupervisorHello(_message.Message):
     REDIRECTED_FIELD_NUMBER: _ClassVar[int]
     SUPPORTS_SESSION_REDIRECT_FIELD_NUMBER: _ClassVar[int]
     SUPPORTS_CONFIG_PUSH_FIELD_NUMBER: _ClassVar[int]
-    STAY_FIELD_NUMBER: _ClassVar[int]
     SSH_HOST_KEY_FINGERPRINT_FIELD_NUMBER: _ClassVar[int]
     sandbox_id: str
     instance_id: str
@@ -552,9 +551,8 @@ class SupervisorHello(_message.Message):
     redirected: bool
     supports_session_redirect: bool
     supports_config_push: bool
-    stay: bool
     ssh_host_key_fingerprint: str
-    def __init__(self, sandbox_id: _Optional[str] = ..., instance_id: _Optional[str] = ..., connection_epoch: _Optional[int] = ..., supports_provider_readiness: _Optional[bool] = ..., redirected: _Optional[bool] = ..., supports_session_redirect: _Optional[bool] = ..., supports_config_push: _Optional[bool] = ..., stay: _Optional[bool] = ..., ssh_host_key_fingerprint: _Optional[str] = ...) -> None: ...
+    def __init__(self, sandbox_id: _Optional[str] = ..., instance_id: _Optional[str] = ..., connection_epoch: _Optional[int] = ..., supports_provider_readiness: _Optional[bool] = ..., redirected: _Optional[bool] = ..., supports_session_redirect: _Optional[bool] = ..., supports_config_push: _Optional[bool] = ..., ssh_host_key_fingerprint: _Optional[str] = ...) -> None: ...
 
 class SessionAccepted(_message.Message):
     __slots__ = ("session_id", "heartbeat_interval", "config_push_enabled", "bootstrap")
