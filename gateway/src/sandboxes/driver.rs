@@ -85,6 +85,9 @@ pub enum DriverKind {
     /// process. The sandbox stays PROVISIONING until something opens its
     /// session with the token from `<dir>/token` (mode 0600).
     None,
+    /// Shared supervisor hosts: a new sandbox is assigned to the connected
+    /// host serving the fewest sandboxes, which runs it; no process here.
+    Hosts,
 }
 
 pub struct ProcessDriver {
