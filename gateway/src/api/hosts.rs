@@ -388,13 +388,19 @@ impl HostTask {
             self.sandboxes.lock().unwrap().remove(&sandbox_id);
         }
         let Some(supervisor_message::Payload::Hello(mut hello)) = message.payload else {
-            self.reject(&sandbox_id, "the first message of a sandbox session must be hello")
-                .await;
+            self.reject(
+                &sandbox_id,
+                "the first message of a sandbox session must be hello",
+            )
+            .await;
             return;
         };
         if hello.sandbox_id != sandbox_id {
-            self.reject(&sandbox_id, "hello.sandbox_id must name the envelope's sandbox")
-                .await;
+            self.reject(
+                &sandbox_id,
+                "hello.sandbox_id must name the envelope's sandbox",
+            )
+            .await;
             return;
         }
         // Inside a host the session moves with its host, never alone.
@@ -450,12 +456,17 @@ impl HostTask {
                             reason: status.message().to_owned(),
                         })),
                     };
-                    let _ = out.send(Ok(envelope(&sandbox_id, Some(rejected), false))).await;
+                    let _ = out
+                        .send(Ok(envelope(&sandbox_id, Some(rejected), false)))
+                        .await;
                 }
             }
             let _ = out.send(Ok(envelope(&sandbox_id, None, true))).await;
             let mut map = sandboxes.lock().unwrap();
-            if map.get(&sandbox_id).is_some_and(|s| s.generation == generation) {
+            if map
+                .get(&sandbox_id)
+                .is_some_and(|s| s.generation == generation)
+            {
                 map.remove(&sandbox_id);
             }
         });

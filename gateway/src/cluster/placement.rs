@@ -155,7 +155,11 @@ mod tests {
         let ring = full.without("gw-2");
         // Hosts seated on the leaving gw-2 count towards the cap but not
         // towards any replica, and gw-2 is never chosen.
-        let seats = vec![seat("h-a", "gw-2"), seat("h-b", "gw-2"), seat("h-c", "gw-2")];
+        let seats = vec![
+            seat("h-a", "gw-2"),
+            seat("h-b", "gw-2"),
+            seat("h-c", "gw-2"),
+        ];
         let counts = counts(&seats, "h-0", &ring);
         assert!(counts.is_empty(), "{counts:?}");
         for i in 0..20 {

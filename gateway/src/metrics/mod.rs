@@ -127,7 +127,13 @@ impl Metrics {
             "Owner-routed stream attempts by route (local, peer), relay kind and outcome",
             routed_requests.clone(),
         );
-        for reason in ["connect", "shutdown", "rebalance", "host_connect", "host_shutdown"] {
+        for reason in [
+            "connect",
+            "shutdown",
+            "rebalance",
+            "host_connect",
+            "host_shutdown",
+        ] {
             let _ = session_redirects.get_or_create(&RedirectLabels { reason });
         }
         for route in ["local", "peer"] {

@@ -193,6 +193,18 @@ impl ProcessDriver {
             .filter(|pid| is_our_supervisor(*pid, sandbox_id))
     }
 
+    /// Tests only (`--expose-sandbox-tokens`): keeps a copy of a pooled
+    /// sandbox's token in its directory, which holds nothing else.
+    pub async fn keep_token_copy(&self, sandbox_id: &str, token: &str) -> std::io::Result<()> {
+        if !self.expose_tokens {
+            return Ok(());
+        }
+        let dir = self.sandbox_dir(sandbox_id);
+        tokio::fs::create_dir_all(&dir).await?;
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+        write_token_file(&dir.join("token"), token).await
+    }
+
     /// Creates the sandbox's directory and starts its supervisor.
     pub async fn start(&self, sandbox_id: &str, token: &str) -> std::io::Result<i32> {
         let dir = self.sandbox_dir(sandbox_id);

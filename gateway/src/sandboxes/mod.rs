@@ -36,8 +36,8 @@ use crate::auth;
 use crate::cluster::Cluster;
 use crate::sandboxes::driver::{ProcessDriver, SupervisorExit};
 use crate::sandboxes::watch::{Change, WatchHub};
-use crate::sessions::routing::OWNER_TTL;
 use crate::sessions::hosts::{HOST_TTL, HostSessions};
+use crate::sessions::routing::OWNER_TTL;
 use crate::sessions::{SessionEnd, SessionHooks, Sessions};
 use crate::store::{PolicySeed, Store, StoreError};
 use crate::validate;
@@ -228,7 +228,14 @@ impl Sandboxes {
                 .insert_placed(&sandbox, token_hash, &self.host, policy, Some(HOST_TTL))
                 .await
                 .map_err(store_status)?;
-            tracing::info!(sandbox_id = id, host = host.as_deref(), "sandbox assigned to a supervisor host");
+            tracing::info!(
+                sandbox_id = id,
+                host = host.as_deref(),
+                "sandbox assigned to a supervisor host"
+            );
+            if let Err(err) = self.driver.keep_token_copy(&id, token).await {
+                tracing::warn!(sandbox_id = id, %err, "could not keep the token copy");
+            }
             self.hub.publish(Change::Updated(Box::new(sandbox.clone())));
             pool.assignment_changed();
             return Ok(sandbox);

@@ -476,7 +476,10 @@ async fn hand_off_hosts(
         })
         .inc_by(sent);
     if sent > 0 {
-        tracing::info!(sent, "redirected supervisor hosts to the remaining replicas");
+        tracing::info!(
+            sent,
+            "redirected supervisor hosts to the remaining replicas"
+        );
     }
 }
 

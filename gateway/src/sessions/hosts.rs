@@ -10,9 +10,9 @@
 //! re-reads its assignment at once instead of on its next tick.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
 
 use openshell_proto::supervisor_host::{HostGatewayMessage, HostRedirect, host_gateway_message};
 use tokio::sync::{mpsc, watch};
@@ -90,7 +90,10 @@ impl HostSessions {
     /// Removes the host's entry if it is still this session's.
     pub fn unregister(&self, host_id: &str, session_id: &str) {
         let mut hosts = self.hosts.lock().unwrap();
-        if hosts.get(host_id).is_some_and(|h| h.session_id == session_id) {
+        if hosts
+            .get(host_id)
+            .is_some_and(|h| h.session_id == session_id)
+        {
             hosts.remove(host_id);
             drop(hosts);
             self.metrics.supervisor_hosts.dec();

@@ -219,7 +219,13 @@ impl Store {
             .fetch_all(&mut **tx)
             .await?
             .iter()
-            .map(|r| (r.get::<i64, _>(2), r.get::<String, _>(0), r.get::<i64, _>(1)))
+            .map(|r| {
+                (
+                    r.get::<i64, _>(2),
+                    r.get::<String, _>(0),
+                    r.get::<i64, _>(1),
+                )
+            })
             .collect();
         if live.is_empty() {
             return Err(StoreError::NoHost);
