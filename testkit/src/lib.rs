@@ -437,3 +437,30 @@ pub async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> boo
     }
     check()
 }
+
+/// Issues the token of shared supervisor host `host_id` in the store under
+/// `data_dir` with the real `openshell-gateway host-token` and returns it.
+pub fn issue_host_token(data_dir: &Path, host_id: &str) -> String {
+    let out = data_dir.join(format!("{host_id}.host-token"));
+    let output = std::process::Command::new(bin("openshell-gateway"))
+        .arg("host-token")
+        .arg("--data-dir")
+        .arg(data_dir)
+        .args(["--host-id", host_id])
+        .arg("--out")
+        .arg(&out)
+        .env_remove("OPENSHELL_DATABASE_URL")
+        .output()
+        .expect("run openshell-gateway host-token");
+    assert!(
+        output.status.success(),
+        "host-token failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let token = std::fs::read_to_string(&out).expect("host token file");
+    let token = token.trim().to_owned();
+    // What it prints names the file, never the token.
+    let printed = String::from_utf8_lossy(&output.stdout);
+    assert!(!printed.contains(&token), "host-token printed the token");
+    token
+}
