@@ -441,15 +441,35 @@ pub async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> boo
 /// Issues the token of shared supervisor host `host_id` in the store under
 /// `data_dir` with the real `openshell-gateway host-token` and returns it.
 pub fn issue_host_token(data_dir: &Path, host_id: &str) -> String {
-    let out = data_dir.join(format!("{host_id}.host-token"));
-    let output = std::process::Command::new(bin("openshell-gateway"))
-        .arg("host-token")
-        .arg("--data-dir")
-        .arg(data_dir)
+    run_host_token(data_dir, None, host_id)
+}
+
+/// [`issue_host_token`] for replicas on a database server (`database_url`,
+/// passed in the environment as an operator would); the token file goes
+/// into `dir`.
+pub fn issue_host_token_in_database(database_url: &str, dir: &Path, host_id: &str) -> String {
+    run_host_token(dir, Some(database_url), host_id)
+}
+
+fn run_host_token(dir: &Path, database_url: Option<&str>, host_id: &str) -> String {
+    let out = dir.join(format!("{host_id}.host-token"));
+    let mut command = std::process::Command::new(bin("openshell-gateway"));
+    command.arg("host-token");
+    match database_url {
+        Some(url) => {
+            command.env("OPENSHELL_DATABASE_URL", url);
+        }
+        None => {
+            command
+                .arg("--data-dir")
+                .arg(dir)
+                .env_remove("OPENSHELL_DATABASE_URL");
+        }
+    }
+    let output = command
         .args(["--host-id", host_id])
         .arg("--out")
         .arg(&out)
-        .env_remove("OPENSHELL_DATABASE_URL")
         .output()
         .expect("run openshell-gateway host-token");
     assert!(
