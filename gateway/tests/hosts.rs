@@ -894,3 +894,85 @@ async fn a_host_token_acts_only_as_its_host_for_its_sandboxes() {
         .expect("the host of the sandbox claims its relay");
     exec.abort();
 }
+
+// ------------------------------------------------ with sdk-core's HostSession
+
+/// sdk-core's `HostSession` (what the reference supervisor's host mode and
+/// the language bindings use) against real replicas: placed, serving its
+/// sandboxes' configuration by polling with its host token, and moved with
+/// its sandboxes' sessions when the replica holding it stops.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_sdk_host_session_serves_its_sandboxes_and_follows_a_stopping_replica() {
+    use openshell_sdk::{ApplyOutcome, CancellationToken, ClientConfig, HostSession};
+
+    let mut cluster = TestCluster::start(cluster_options(2));
+    wait_ring(&cluster, 2.0).await;
+    let data = cluster.shared_dir().join("data");
+    let creds = tokens(&data, 1);
+    let config = ClientConfig::builder(cluster.replicas[0].url.clone())
+        .token(creds[0].1.clone())
+        .build()
+        .unwrap();
+    let applied: Arc<Mutex<Vec<String>>> = Arc::default();
+    let seen = applied.clone();
+    let host = HostSession::builder(config, "h-0")
+        .apply(Arc::new(move |sandbox_id: &str, _snapshot| {
+            seen.lock().unwrap().push(sandbox_id.to_owned());
+            ApplyOutcome::Applied
+        }))
+        .build()
+        .unwrap();
+    let cancel = CancellationToken::new();
+    let run = tokio::spawn({
+        let host = host.clone();
+        let cancel = cancel.clone();
+        async move { host.run(cancel).await }
+    });
+    assert!(eventually(Duration::from_secs(20), || host.stats().served_by.is_some()).await);
+    let holder = host.stats().served_by.unwrap();
+    let other = cluster.ids().into_iter().find(|r| *r != holder).unwrap();
+    let mut user = client(cluster.replica(&other)).await;
+    let mut ids = Vec::new();
+    for name in ["sdk-pool-0", "sdk-pool-1"] {
+        ids.push(create_ready(&mut user, name).await.metadata.unwrap().id);
+        assert_eq!(owner_via(&mut user, name).await, Some(holder.clone()));
+    }
+    // Poll mode: each sandbox's configuration was read with the host token
+    // and applied.
+    let all_applied = eventually(Duration::from_secs(20), || {
+        let applied = applied.lock().unwrap();
+        ids.iter().all(|id| applied.contains(id))
+    })
+    .await;
+    assert!(all_applied, "configuration not applied for every sandbox");
+    assert_eq!(metric(cluster.replica(&holder), INSTANCES_MAX), 2.0);
+
+    // The holder stops: the host follows its redirect with `stay`, and its
+    // sandboxes' sessions reopen inside the new host session.
+    cluster.replica_mut(&holder).stop();
+    let moved = eventually(Duration::from_secs(30), || {
+        host.stats().served_by.as_deref() == Some(other.as_str())
+    })
+    .await;
+    assert!(
+        moved,
+        "the host did not move to {other}: {:?}",
+        host.stats()
+    );
+    assert!(host.stats().stay, "a followed redirect carries stay");
+    for name in ["sdk-pool-0", "sdk-pool-1"] {
+        let mut owner = None;
+        for _ in 0..100 {
+            owner = owner_via(&mut user, name).await;
+            if owner.as_deref() == Some(other.as_str()) {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert_eq!(owner, Some(other.clone()), "{name}");
+        wait_phase(&mut user, name, SandboxPhase::Ready).await;
+    }
+    assert_eq!(metric(cluster.replica(&other), HOSTS_HELD), 1.0);
+    cancel.cancel();
+    let _ = tokio::time::timeout(Duration::from_secs(10), run).await;
+}
