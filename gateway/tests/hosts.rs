@@ -22,7 +22,7 @@ use openshell_proto::supervisor_host::{
     SandboxSupervisorMessage, host_gateway_message, host_message,
 };
 use openshell_proto::*;
-use openshell_testkit::cluster::{ClusterOptions, Postgres, TestCluster};
+use openshell_testkit::cluster::{ClusterOptions, Postgres, TestCluster, ring_owner};
 use openshell_testkit::{
     Gateway, GatewayOptions, eventually, issue_host_token, issue_host_token_in_database,
     metric_value, sandbox_token,
@@ -632,21 +632,37 @@ async fn a_hosts_sandbox_session_rides_its_stream_and_reports_its_replica() {
     let holder = host.replica.clone();
     let other = cluster.ids().into_iter().find(|r| *r != holder).unwrap();
     let mut user = client(cluster.replica(&other)).await;
-    let created = user
-        .create_sandbox(CreateSandboxRequest {
-            name: "pooled-1".into(),
-            ..Default::default()
-        })
-        .await
-        .expect("create on a pooled cluster")
-        .into_inner()
-        .sandbox
-        .unwrap();
-    let id = created.metadata.unwrap().id;
+    // A sandbox whose ring owner is the other replica: were its session
+    // one of its own, the rebalancer would send it there.
+    let mut names = Vec::new();
+    let mut target = None;
+    for n in 0..20 {
+        let name = format!("pooled-{n}");
+        let created = user
+            .create_sandbox(CreateSandboxRequest {
+                name: name.clone(),
+                ..Default::default()
+            })
+            .await
+            .expect("create on a pooled cluster")
+            .into_inner()
+            .sandbox
+            .unwrap();
+        names.push(name.clone());
+        let id = created.metadata.unwrap().id;
+        if ring_owner(&["gw-0", "gw-1"], &id) == other {
+            target = Some((name, id));
+            break;
+        }
+    }
+    let (name, id) = target.expect("one of 20 sandboxes is owned by the other replica");
     // Created on the other replica, announced to the host within a second
     // or two (the holder re-reads its assignment every second).
     host.assignment_where(|ids| ids.contains(&id)).await;
-    assert_eq!(metric(cluster.replica(&holder), INSTANCES_MAX), 1.0);
+    assert_eq!(
+        metric(cluster.replica(&holder), INSTANCES_MAX),
+        names.len() as f64
+    );
     host.sandbox_hello(&id).await;
     match host.sandbox_message(&id).await {
         Some(gateway_message::Payload::SessionAccepted(accepted)) => {
@@ -654,14 +670,23 @@ async fn a_hosts_sandbox_session_rides_its_stream_and_reports_its_replica() {
         }
         other => panic!("expected SessionAccepted, got {other:?}"),
     }
-    wait_phase(&mut user, "pooled-1", SandboxPhase::Ready).await;
+    wait_phase(&mut user, &name, SandboxPhase::Ready).await;
     // Owner reporting points at the replica holding the host's session,
     // asked of either replica.
-    assert_eq!(owner_via(&mut user, "pooled-1").await, Some(holder.clone()));
+    assert_eq!(owner_via(&mut user, &name).await, Some(holder.clone()));
     let mut on_holder = client(cluster.replica(&holder)).await;
+    assert_eq!(owner_via(&mut on_holder, &name).await, Some(holder.clone()));
+    // Several rebalancer rounds later (every 300 ms, sessions older than
+    // 600 ms) the session is still inside the host's stream on the holder:
+    // neither it nor the host session was sent anywhere.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(owner_via(&mut user, &name).await, Some(holder.clone()));
     assert_eq!(
-        owner_via(&mut on_holder, "pooled-1").await,
-        Some(holder.clone())
+        metric(
+            cluster.replica(&holder),
+            r#"openshell_server_session_redirects_total{reason="rebalance"}"#
+        ),
+        0.0
     );
     // A sandbox that is not assigned to this host: rejected, then ended.
     let stranger = "00000000-0000-4000-8000-000000000000";
@@ -676,12 +701,29 @@ async fn a_hosts_sandbox_session_rides_its_stream_and_reports_its_replica() {
     // Deleting the sandbox takes it out of the assignment and ends its
     // session inside the host stream.
     user.delete_sandbox(DeleteSandboxRequest {
-        name: "pooled-1".into(),
+        name: name.clone(),
         ..Default::default()
     })
     .await
     .unwrap();
-    host.assignment_where(|ids| ids.is_empty()).await;
+    let (mut ended, mut unassigned) = (false, false);
+    for _ in 0..200 {
+        if ended && unassigned {
+            break;
+        }
+        match host.next().await {
+            Some(host_gateway_message::Payload::Sandbox(envelope)) if envelope.sandbox_id == id => {
+                ended |= envelope.end;
+            }
+            Some(host_gateway_message::Payload::Assignment(assignment)) => {
+                unassigned = assignment.sandboxes.iter().all(|s| s.sandbox_id != id);
+            }
+            Some(_) => {}
+            None => panic!("the host stream ended"),
+        }
+    }
+    assert!(ended, "the deleted sandbox's session did not end");
+    assert!(unassigned, "the deleted sandbox stayed in the assignment");
 }
 
 // ------------------------------------------------------------------- tokens
