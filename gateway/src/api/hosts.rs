@@ -44,9 +44,9 @@ use crate::sandboxes::{id_of, merged_environment, store_status};
 use crate::sessions::hosts::{HOST_TTL, HostOutbound, HostSessions};
 
 const HELLO_TIMEOUT: Duration = Duration::from_secs(10);
-/// A host session with no message for this long is dead (hosts beat at
-/// least every few seconds).
-const IDLE_LIMIT: Duration = Duration::from_secs(30);
+/// A host session with no message for this many heartbeat periods (and at
+/// least 15 s) is dead, as a sandbox session is.
+const IDLE_HEARTBEATS: u32 = 3;
 /// The host's assignment is re-read at least this often.
 const ASSIGNMENT_EVERY: Duration = Duration::from_secs(1);
 /// Room on a host stream: acceptance, beats, assignments and every
@@ -247,7 +247,8 @@ impl HostTask {
         let mut reread = tokio::time::interval(ASSIGNMENT_EVERY);
         reread.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut changes = self.hosts.changes();
-        let mut idle_deadline = tokio::time::Instant::now() + IDLE_LIMIT;
+        let idle_limit = (self.heartbeat * IDLE_HEARTBEATS).max(Duration::from_secs(15));
+        let mut idle_deadline = tokio::time::Instant::now() + idle_limit;
         let mut last_sent: Option<Vec<AssignedSandbox>> = None;
         let mut generation = 0u64;
         loop {
@@ -281,7 +282,7 @@ impl HostTask {
                     }
                 }
                 message = inbound.next() => {
-                    idle_deadline = tokio::time::Instant::now() + IDLE_LIMIT;
+                    idle_deadline = tokio::time::Instant::now() + idle_limit;
                     match message.and_then(|m| m.ok()).map(|m| m.payload) {
                         Some(Some(host_message::Payload::Sandbox(envelope))) => {
                             generation += 1;
