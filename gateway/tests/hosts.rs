@@ -1018,3 +1018,64 @@ async fn the_sdk_host_session_serves_its_sandboxes_and_follows_a_stopping_replic
     cancel.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(10), run).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bad_host_hellos_are_refused_and_change_nothing() {
+    let gw = pooled_gateway();
+    let creds = tokens(&gw.store_dir(), 1);
+    let (id, token) = &creds[0];
+    let heartbeat_first = HostMessage {
+        payload: Some(host_message::Payload::Heartbeat(HostHeartbeat {})),
+    };
+    let err = dial(&gw.url, token, heartbeat_first).await.err().unwrap();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains("must be hello"), "{err:?}");
+    let err = dial(&gw.url, token, hello("", false, false, 0))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(err.message().contains("member_id"), "{err:?}");
+    let long = "h".repeat(200);
+    let err = dial(&gw.url, token, hello(&long, false, false, 0))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    // No token at all.
+    let mut bare = SupervisorHostClient::new(
+        Channel::from_shared(gw.url.clone())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let (tx, rx) = mpsc::channel(1);
+    tx.send(hello(id, false, false, 0)).await.unwrap();
+    let err = bare
+        .connect_host(ReceiverStream::new(rx))
+        .await
+        .err()
+        .unwrap();
+    assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
+    assert_eq!(metric(&gw, HOSTS_HELD), 0.0, "a refused hello seats nobody");
+    // A second hello on an accepted session ends it.
+    let (mut session, _) = connect(&gw.url, token, id, false, 0).await.unwrap();
+    assert_eq!(metric(&gw, HOSTS_HELD), 1.0);
+    session.tx.send(hello(id, false, false, 0)).await.unwrap();
+    let end = loop {
+        match tokio::time::timeout(Duration::from_secs(10), session.inbound.message())
+            .await
+            .expect("an answer within 10 s")
+        {
+            Ok(Some(_)) => continue,
+            other => break other,
+        }
+    };
+    let err = end.expect_err("the session ends with an error");
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(
+        eventually(Duration::from_secs(10), || metric(&gw, HOSTS_HELD) == 0.0).await,
+        "the host session was not closed"
+    );
+}

@@ -57,6 +57,9 @@ const SANDBOX_INBOUND_QUEUE: usize = 64;
 /// How long a message for one sandbox session may wait for room before
 /// that session is ended (its session task stopped reading).
 const SANDBOX_SEND_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a message may wait for room on the host's stream before the
+/// host session is closed (its host stopped reading).
+const HOST_SEND_TIMEOUT: Duration = Duration::from_secs(30);
 /// Longest host id a hello may carry.
 const MAX_HOST_ID: usize = 128;
 
@@ -188,6 +191,7 @@ impl SupervisorHost for HostService {
         )))
         .expect("fresh channel has room");
         let closed = CancellationToken::new();
+        let ended = CancellationToken::new();
         self.hosts
             .register(&host_id, &session_id, tx.clone(), closed.clone())?;
         tracing::info!(
@@ -204,6 +208,7 @@ impl SupervisorHost for HostService {
             session_id,
             tx,
             closed,
+            ended,
             heartbeat: self.heartbeat,
             sandboxes: Arc::new(Mutex::new(HashMap::new())),
         };
@@ -228,12 +233,16 @@ struct HostTask {
     session_id: String,
     tx: HostOutbound,
     closed: CancellationToken,
+    /// Cancelled when the task ends, whatever ended it: the pumps of its
+    /// sandbox sessions stop with it.
+    ended: CancellationToken,
     heartbeat: Duration,
     sandboxes: SandboxMap,
 }
 
 impl HostTask {
     async fn run(self, mut inbound: Streaming<HostMessage>) {
+        let _ended = self.ended.clone().drop_guard();
         let host_id = self.host_id.clone();
         let session_id = self.session_id.clone();
         let store = self.gateway.sandboxes.store.clone();
@@ -286,7 +295,10 @@ impl HostTask {
                     match message.and_then(|m| m.ok()).map(|m| m.payload) {
                         Some(Some(host_message::Payload::Sandbox(envelope))) => {
                             generation += 1;
-                            self.on_envelope(envelope, generation).await;
+                            if !self.on_envelope(envelope, generation).await {
+                                tracing::warn!(host_id, "host not reading its stream; closing");
+                                break;
+                            }
                         }
                         Some(Some(host_message::Payload::Hello(_))) => {
                             let _ = self.tx.try_send(Err(Status::invalid_argument(
@@ -349,23 +361,34 @@ impl HostTask {
             sandboxes: assigned.clone(),
         }));
         *last_sent = Some(assigned);
+        self.send(message).await
+    }
+
+    /// Queues `message` on the host's stream. False when the stream is gone,
+    /// the session was closed, or the host left it full for
+    /// [`HOST_SEND_TIMEOUT`].
+    async fn send(&self, message: Result<HostGatewayMessage, Status>) -> bool {
         tokio::select! {
-            sent = self.tx.send(message) => sent.is_ok(),
+            sent = tokio::time::timeout(HOST_SEND_TIMEOUT, self.tx.send(message)) => {
+                matches!(sent, Ok(Ok(())))
+            }
             _ = self.closed.cancelled() => false,
         }
     }
 
-    async fn on_envelope(&self, incoming: SandboxSupervisorMessage, generation: u64) {
+    /// Handles one sandbox envelope from the host. False when the host's
+    /// stream cannot take an answer (see [`HostTask::send`]).
+    async fn on_envelope(&self, incoming: SandboxSupervisorMessage, generation: u64) -> bool {
         let sandbox_id = incoming.sandbox_id;
         if sandbox_id.is_empty() {
-            return;
+            return true;
         }
         if incoming.end {
             self.sandboxes.lock().unwrap().remove(&sandbox_id);
-            return;
+            return true;
         }
         let Some(message) = incoming.message else {
-            return;
+            return true;
         };
         let existing = self
             .sandboxes
@@ -383,26 +406,26 @@ impl HostTask {
                         self.sandboxes.lock().unwrap().remove(&sandbox_id);
                     }
                 }
-                return;
+                return true;
             }
             // A new hello replaces the sandbox's session.
             self.sandboxes.lock().unwrap().remove(&sandbox_id);
         }
         let Some(supervisor_message::Payload::Hello(mut hello)) = message.payload else {
-            self.reject(
-                &sandbox_id,
-                "the first message of a sandbox session must be hello",
-            )
-            .await;
-            return;
+            return self
+                .reject(
+                    &sandbox_id,
+                    "the first message of a sandbox session must be hello",
+                )
+                .await;
         };
         if hello.sandbox_id != sandbox_id {
-            self.reject(
-                &sandbox_id,
-                "hello.sandbox_id must name the envelope's sandbox",
-            )
-            .await;
-            return;
+            return self
+                .reject(
+                    &sandbox_id,
+                    "hello.sandbox_id must name the envelope's sandbox",
+                )
+                .await;
         }
         // Inside a host the session moves with its host, never alone.
         hello.supports_session_redirect = false;
@@ -418,6 +441,7 @@ impl HostTask {
         let gateway = self.gateway.clone();
         let host_id = self.host_id.clone();
         let out = self.tx.clone();
+        let host_ended = self.ended.clone();
         let sandboxes = self.sandboxes.clone();
         tokio::spawn(async move {
             let started = async {
@@ -438,18 +462,20 @@ impl HostTask {
             }
             .await;
             match started {
-                Ok(mut stream) => {
-                    while let Some(item) = stream.next().await {
-                        let Ok(message) = item else { break };
-                        if out
-                            .send(Ok(envelope(&sandbox_id, Some(message), false)))
-                            .await
-                            .is_err()
-                        {
-                            break;
-                        }
+                Ok(mut stream) => loop {
+                    let item = tokio::select! {
+                        _ = host_ended.cancelled() => break,
+                        item = stream.next() => item,
+                    };
+                    let Some(Ok(message)) = item else { break };
+                    let sent = tokio::select! {
+                        _ = host_ended.cancelled() => break,
+                        sent = out.send(Ok(envelope(&sandbox_id, Some(message), false))) => sent,
+                    };
+                    if sent.is_err() {
+                        break;
                     }
-                }
+                },
                 Err(status) => {
                     tracing::info!(sandbox_id, host_id, %status, "sandbox session inside a host rejected");
                     let rejected = GatewayMessage {
@@ -457,12 +483,20 @@ impl HostTask {
                             reason: status.message().to_owned(),
                         })),
                     };
-                    let _ = out
-                        .send(Ok(envelope(&sandbox_id, Some(rejected), false)))
-                        .await;
+                    let _ = tokio::time::timeout(
+                        HOST_SEND_TIMEOUT,
+                        out.send(Ok(envelope(&sandbox_id, Some(rejected), false))),
+                    )
+                    .await;
                 }
             }
-            let _ = out.send(Ok(envelope(&sandbox_id, None, true))).await;
+            if !host_ended.is_cancelled() {
+                let _ = tokio::time::timeout(
+                    HOST_SEND_TIMEOUT,
+                    out.send(Ok(envelope(&sandbox_id, None, true))),
+                )
+                .await;
+            }
             let mut map = sandboxes.lock().unwrap();
             if map
                 .get(&sandbox_id)
@@ -471,18 +505,18 @@ impl HostTask {
                 map.remove(&sandbox_id);
             }
         });
+        true
     }
 
-    async fn reject(&self, sandbox_id: &str, reason: &str) {
+    /// Rejects a sandbox session: `SessionRejected`, then its end.
+    async fn reject(&self, sandbox_id: &str, reason: &str) -> bool {
         let rejected = GatewayMessage {
             payload: Some(gateway_message::Payload::SessionRejected(SessionRejected {
                 reason: reason.to_owned(),
             })),
         };
-        let _ = self
-            .tx
-            .send(Ok(envelope(sandbox_id, Some(rejected), false)))
-            .await;
-        let _ = self.tx.send(Ok(envelope(sandbox_id, None, true))).await;
+        self.send(Ok(envelope(sandbox_id, Some(rejected), false)))
+            .await
+            && self.send(Ok(envelope(sandbox_id, None, true))).await
     }
 }
