@@ -1015,7 +1015,27 @@ async fn the_sdk_host_session_serves_its_sandboxes_and_follows_a_stopping_replic
     assert_eq!(metric(cluster.replica(&holder), INSTANCES_MAX), 2.0);
 
     // The holder stops: the host follows its redirect with `stay`, and its
-    // sandboxes' sessions reopen inside the new host session.
+    // sandboxes' sessions reopen inside the new host session. A hand-off is
+    // no lost supervisor: the sandboxes never show UNKNOWN on the way.
+    let mut watch = user
+        .watch_sandbox(WatchSandboxRequest {
+            sandbox: "sdk-pool-0".into(),
+            follow_status: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let phases = tokio::spawn(async move {
+        let mut phases = Vec::new();
+        let until = tokio::time::Instant::now() + Duration::from_secs(4);
+        while let Ok(Ok(Some(event))) = tokio::time::timeout_at(until, watch.message()).await {
+            if let Some(sandbox_stream_event::Payload::Sandbox(sandbox)) = event.payload {
+                phases.push(phase(&sandbox));
+            }
+        }
+        phases
+    });
     cluster.replica_mut(&holder).stop();
     let moved = eventually(Duration::from_secs(30), || {
         host.stats().served_by.as_deref() == Some(other.as_str())
@@ -1040,6 +1060,11 @@ async fn the_sdk_host_session_serves_its_sandboxes_and_follows_a_stopping_replic
         wait_phase(&mut user, name, SandboxPhase::Ready).await;
     }
     assert_eq!(metric(cluster.replica(&other), HOSTS_HELD), 1.0);
+    let phases = phases.await.unwrap();
+    assert!(
+        !phases.contains(&SandboxPhase::Unknown),
+        "a handed-off sandbox showed UNKNOWN: {phases:?}"
+    );
     cancel.cancel();
     let _ = tokio::time::timeout(Duration::from_secs(10), run).await;
 }

@@ -371,6 +371,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let redirects = match &cluster {
         Some(cluster) => {
             let ring = cluster.leave().await;
+            sessions.refuse_new();
             hand_off_hosts(cluster, &ring, &host_sessions, &store, &metrics).await;
             sessions.shutdown(|sandbox_id| {
                 cluster
@@ -382,6 +383,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             })
         }
         None => {
+            sessions.refuse_new();
             host_sessions.begin_shutdown();
             host_sessions.close_all();
             sessions.shutdown(|_| None)

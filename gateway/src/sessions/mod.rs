@@ -612,6 +612,13 @@ impl Sessions {
         }
     }
 
+    /// Refuses new sessions from now on, and makes every session that ends
+    /// from now on a hand-off rather than a lost supervisor (before host
+    /// sessions are handed off, ending the sandbox sessions inside them).
+    pub fn refuse_new(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
+    }
+
     /// Refuses new sessions, sends each held session that can follow one the
     /// redirect `redirect_for` computes, and closes every session. Returns
     /// how many redirects were sent.
