@@ -34,6 +34,7 @@
 
 pub mod enter;
 pub mod init;
+pub mod spawner;
 
 use std::ffi::{CString, OsStr, OsString};
 use std::io::{BufRead, BufReader, Write};

@@ -10,8 +10,12 @@
 //! No error message built here contains it.
 
 use std::fmt;
+use std::io::Read;
+use std::os::fd::FromRawFd;
+use std::path::Path;
+use std::time::Duration;
 
-use anyhow::bail;
+use anyhow::{Context, bail};
 use tonic::metadata::{AsciiMetadataValue, MetadataValue};
 
 /// The `authorization: Bearer <sandbox token>` value for every call.
@@ -43,6 +47,60 @@ impl fmt::Debug for BearerToken {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str("BearerToken(<redacted>)")
     }
+}
+
+/// The `what` token (sandbox or host), from an inherited descriptor `fd`
+/// (closed after reading) or a `file` (deleted after reading), checked to be
+/// a usable bearer value.
+pub fn read_token(fd: Option<i32>, file: Option<&Path>, what: &str) -> anyhow::Result<String> {
+    let mut secret = String::new();
+    if let Some(fd) = fd {
+        if fd < 3 {
+            bail!("--token-fd must name an inherited descriptor above 2");
+        }
+        // SAFETY: the descriptor was inherited for exactly this; nothing
+        // else in the process uses it, and the File closes it.
+        let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
+        file.read_to_string(&mut secret)
+            .with_context(|| format!("reading the {what} token from --token-fd"))?;
+    } else if let Some(path) = file {
+        secret = std::fs::read_to_string(path).context("reading --token-file")?;
+        std::fs::remove_file(path).context("deleting --token-file")?;
+    } else {
+        bail!("the {what} token is required: --token-fd or --token-file");
+    }
+    let secret = secret.trim_end_matches(['\n', '\r']).to_owned();
+    BearerToken::new(&secret).with_context(|| format!("the {what} token is invalid"))?;
+    Ok(secret)
+}
+
+/// The gateway settings of a supervisor or host: `gateway` with `token`,
+/// and the CA in `ca_file` for https.
+pub fn client_config(
+    gateway: &str,
+    token: &str,
+    ca_file: Option<&Path>,
+) -> anyhow::Result<openshell_sdk::ClientConfig> {
+    let mut client = openshell_sdk::ClientConfig::builder(gateway)
+        .token(token)
+        // The driver hands the supervisor whatever URL the gateway was given.
+        .allow_cleartext_token(true)
+        .connect_timeout(Duration::from_secs(5))
+        // Notices a gateway that vanished without closing the connection.
+        .keepalive(Some(Duration::from_secs(15)))
+        .keepalive_timeout(Duration::from_secs(10));
+    match ca_file {
+        Some(path) if gateway.starts_with("https://") => {
+            let pem =
+                std::fs::read(path).with_context(|| format!("read CA file {}", path.display()))?;
+            client = client.ca_pem(pem);
+        }
+        Some(_) => tracing::warn!("--ca-file is only used for https gateways"),
+        None => {}
+    }
+    client
+        .build()
+        .map_err(|err| anyhow::anyhow!("gateway settings: {err}"))
 }
 
 /// A status as text for logs and relay errors: code, message, and the
