@@ -265,7 +265,6 @@ impl ConfigSessionBuilder {
         self
     }
 
-
     /// Whether the hello announces `supports_config_push` (default true).
     /// Off, the session never gets pushed configuration and keeps polling
     /// `GetSandboxConfig`, whatever the gateway's mode: what a supervisor

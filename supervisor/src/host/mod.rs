@@ -196,8 +196,8 @@ async fn run(cli: HostCli, secret: String, spawner: Option<Spawner>) -> anyhow::
         tokio::select! {
             event = events.recv(), if events_open => match event {
                 Some(HostEvent::Assignment(sandboxes)) => {
-                    info!(sandboxes = sandboxes.len(), "assignment");
                     pool.assign(sandboxes.into_iter().map(|sandbox| sandbox.sandbox_id));
+                    info!(serving = pool.serving().len(), "assignment applied");
                 }
                 Some(HostEvent::Accepted { session_id, served_by }) => {
                     info!(session_id, served_by, "host session accepted");
