@@ -76,6 +76,7 @@
 //! | [`exec`] | buffered, streaming and interactive exec, the output collector |
 //! | [`forward`] | local TCP listener pumped over `ForwardTcp`; one stream over any reader and writer |
 //! | [`config_session`] | [`ConfigSession`]: the supervisor side of the session, with push config, poll fallback, redirects |
+//! | [`host_session`] | [`HostSession`]: a shared supervisor host's session, carrying its sandboxes' sessions; placement redirects, `stay`, sticky redials |
 //!
 //! # Layering
 //!
@@ -93,6 +94,7 @@
 //! | 5 | `client` | `auth`, `config`, `error`, `routing`, `transport` |
 //! | 6 | `raw` | layers 0 to 5 |
 //! | 7 | `sandboxes`, `exec`, `forward`, `config_session`, `ssh` | layers 0 to 6, never each other |
+//! | 8 | `host_session` | layers 0 to 7 (it carries `config_session`s) |
 //!
 //! Where a lower layer needs something of a higher one, it is passed in:
 //! the router decides when a sandbox's owner must be looked up, and the
@@ -112,6 +114,7 @@ pub mod config_session;
 pub mod error;
 pub mod exec;
 pub mod forward;
+pub mod host_session;
 pub mod metadata;
 pub mod raw;
 pub mod routing;
@@ -131,6 +134,9 @@ pub use exec::{
     ExecEvent, ExecInput, ExecOutput, ExecRequest, ExecStream, InteractiveExec, OutputCollector,
 };
 pub use forward::{ForwardHandle, ForwardStats, ForwardTarget};
+pub use host_session::{
+    AssignedSandbox, HostApplyFn, HostEvent, HostSession, HostSessionBuilder, HostStats,
+};
 pub use metadata::Metadata;
 pub use raw::{RawReceiver, RawResponse, RawSender, RawStream};
 pub use routing::RoutingStats;

@@ -25,6 +25,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("exec", 7),
     ("forward", 7),
     ("config_session", 7),
+    ("host_session", 8),
     ("ssh", 7),
 ];
 

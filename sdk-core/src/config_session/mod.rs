@@ -54,6 +54,7 @@ use std::fmt;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use openshell_proto::sandbox::GetSandboxConfigResponse;
 use openshell_proto::{GatewayMessage, GetSandboxProviderEnvironmentResponse, SupervisorMessage};
 use tokio::sync::{Notify, broadcast, mpsc, watch};
@@ -70,6 +71,7 @@ mod session_loop;
 
 use apply::Applier;
 pub use backoff::Backoff;
+pub(crate) use session_loop::{AbortOnDrop, heartbeat_period, next_tick};
 
 /// Default interval of `GetSandboxConfig` polls when the gateway does not push.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(10);
@@ -218,6 +220,37 @@ pub enum SessionEvent {
     Ended,
 }
 
+// ---------------------------------------------------------------- carried sessions
+
+/// What carries sandbox sessions inside another session: a shared host's
+/// (`host_session`). The sandbox session's protocol is unchanged; only the
+/// wire differs.
+pub(crate) trait Carrier: Send + Sync + 'static {
+    /// The client polls go through (the host's, with its token).
+    fn home(&self) -> BoxFuture<'_, Result<Client, Error>>;
+    /// Opens the sandbox's session once the carrier has an accepted session
+    /// (waiting for one), sending `hello` first.
+    fn open(&self, sandbox_id: String, hello: SupervisorMessage) -> BoxFuture<'_, CarriedSession>;
+}
+
+/// One sandbox session inside a carrier's session. Dropping it ends the
+/// sandbox's session towards the gateway.
+pub(crate) struct CarriedSession {
+    /// A client on the carrier's current connection (relay claims ride it).
+    pub client: Client,
+    /// The replica holding the carrier's session.
+    pub served_by: Option<String>,
+    /// The gateway's messages for this sandbox; closed when either the
+    /// gateway ended the sandbox's session or the carrier's session ended.
+    pub inbound: mpsc::Receiver<GatewayMessage>,
+    /// Messages for the gateway (the carrier wraps them).
+    pub outbound: mpsc::Sender<SupervisorMessage>,
+    /// Cancelled when the carrier's session ended.
+    pub carrier_ended: CancellationToken,
+    /// Whatever the carrier keeps while the sandbox's session is open.
+    pub _registration: Box<dyn Send + Sync>,
+}
+
 // ---------------------------------------------------------------- builder
 
 /// Builds a [`ConfigSession`].
@@ -230,9 +263,16 @@ pub struct ConfigSessionBuilder {
     events: Option<mpsc::Sender<SessionEvent>>,
     config_push: bool,
     ssh_host_key_fingerprint: String,
+    carrier: Option<Arc<dyn Carrier>>,
 }
 
 impl ConfigSessionBuilder {
+    /// The session rides inside `carrier`'s session (a shared host's).
+    pub(crate) fn carried_by(mut self, carrier: Arc<dyn Carrier>) -> Self {
+        self.carrier = Some(carrier);
+        self
+    }
+
     /// The host's apply function (required).
     pub fn apply(mut self, apply: ApplyFn) -> Self {
         self.apply = Some(Arc::new(move |snapshot, _mode| apply(snapshot)));
@@ -307,6 +347,7 @@ impl ConfigSessionBuilder {
                 session_events: self.events,
                 config_push: self.config_push,
                 ssh_host_key_fingerprint: self.ssh_host_key_fingerprint,
+                carrier: self.carrier,
                 applier: Applier {
                     apply,
                     last: tokio::sync::Mutex::new(None),
@@ -338,6 +379,9 @@ struct Inner {
     /// Announce `supports_config_push` in the hello.
     config_push: bool,
     ssh_host_key_fingerprint: String,
+    /// Set for a sandbox served by a shared host: the session rides inside
+    /// the host's session.
+    carrier: Option<Arc<dyn Carrier>>,
     applier: Applier,
     stats: Mutex<ConfigSessionStats>,
     events: broadcast::Sender<ConfigEvent>,
@@ -370,6 +414,7 @@ impl ConfigSession {
             events: None,
             config_push: true,
             ssh_host_key_fingerprint: String::new(),
+            carrier: None,
         }
     }
 
@@ -392,7 +437,10 @@ impl ConfigSession {
     /// and the poll loop. Returns an error only when the gateway endpoint is
     /// unusable (`invalid_config`, `tls`).
     pub async fn run(&self, cancel: CancellationToken) -> Result<(), Error> {
-        let home = Client::connect_lazy(self.inner.config.clone()).await?;
+        let home = match &self.inner.carrier {
+            Some(carrier) => carrier.home().await?,
+            None => Client::connect_lazy(self.inner.config.clone()).await?,
+        };
         let inner = self.inner.clone();
         let work = async move {
             // Supervisors start as they always did: from polled configuration.

@@ -13,10 +13,11 @@ use openshell_proto::{
 use prost::Message;
 use tokio::sync::mpsc;
 
-use super::{Backoff, DeliveryMode, Inner, SessionEvent, SessionHandle};
+use super::{Backoff, CarriedSession, Carrier, DeliveryMode, Inner, SessionEvent, SessionHandle};
 use crate::client::{CallOptions, Client};
 use crate::error::Error;
 use crate::metadata::{Metadata, SERVED_BY};
+use crate::raw::{RawReceiver, RawSender};
 
 const CONNECT_SUPERVISOR: &str = "/openshell.v1.OpenShell/ConnectSupervisor";
 /// Heartbeats never go out more often than this.
@@ -38,6 +39,9 @@ enum AttemptEnd {
 
 impl Inner {
     pub(super) async fn session_loop(self: &Arc<Self>, home: &Client) {
+        if let Some(carrier) = self.carrier.clone() {
+            return self.carried_loop(&*carrier).await;
+        }
         let mut backoff = Backoff::reconnect();
         let mut epoch = 0u64;
         let mut target: Option<String> = None;
@@ -155,23 +159,55 @@ impl Inner {
             }
         };
         let served_by = metadata.get(SERVED_BY).map(str::to_owned);
-        let (sender, mut receiver) = stream.split();
+        let (sender, receiver) = stream.split();
+        self.serve(
+            client,
+            served_by,
+            Wire::Direct { sender, receiver },
+            backoff,
+        )
+        .await
+    }
 
-        // Everything towards the gateway goes through one queue.
-        let (outbound, mut outbound_rx) = mpsc::channel::<SupervisorMessage>(OUTBOUND_MESSAGES);
-        let pump_sender = sender.clone();
-        let pump = tokio::spawn(async move {
-            while let Some(message) = outbound_rx.recv().await {
-                if pump_sender
-                    .send(Bytes::from(message.encode_to_vec()))
-                    .await
-                    .is_err()
-                {
-                    return;
-                }
+    /// The session loop of a sandbox served by a shared host: each attempt
+    /// opens the sandbox's session inside the host's current session (it
+    /// waits for one to be accepted). The host's own session does the
+    /// connecting, redirects and backoff; a sandbox session that ends while
+    /// the host's goes on (the gateway rejected or closed it) is retried
+    /// after the usual backoff.
+    async fn carried_loop(self: &Arc<Self>, carrier: &dyn Carrier) {
+        let mut backoff = Backoff::reconnect();
+        let mut epoch = 0u64;
+        loop {
+            epoch += 1;
+            let carried = carrier
+                .open(self.sandbox_id.clone(), self.hello(epoch, false))
+                .await;
+            let host_ended = carried.carrier_ended.clone();
+            let client = carried.client.clone();
+            let served_by = carried.served_by.clone();
+            let end = self
+                .serve(&client, served_by, Wire::Carried(carried), &mut backoff)
+                .await;
+            tracing::debug!(epoch, ?end, "sandbox session inside the host session ended");
+            if !host_ended.is_cancelled() {
+                tokio::time::sleep(backoff.next_delay()).await;
             }
-        });
-        let _stop_pump = AbortOnDrop(pump);
+        }
+    }
+
+    /// Runs one opened session until it ends: acceptance, heartbeats,
+    /// pushed updates, relay messages.
+    async fn serve(
+        self: &Arc<Self>,
+        client: &Client,
+        served_by: Option<String>,
+        mut wire: Wire,
+        backoff: &mut Backoff,
+    ) -> AttemptEnd {
+        // Everything towards the gateway goes through one queue.
+        let (outbound, outbound_rx) = mpsc::channel::<SupervisorMessage>(OUTBOUND_MESSAGES);
+        let _stop_pump = AbortOnDrop(wire.spawn_pump(outbound_rx));
         // Config updates are applied one at a time, in order, beside the
         // receive loop (relay opens are never held up by an apply).
         let (updates, mut updates_rx) = mpsc::unbounded_channel::<ConfigUpdate>();
@@ -200,7 +236,7 @@ impl Inner {
         let mut push = false;
         let end = loop {
             let message = tokio::select! {
-                message = receiver.recv() => message,
+                message = wire.recv() => message,
                 _ = next_tick(&mut heartbeat) => {
                     let beat = SupervisorMessage {
                         payload: Some(supervisor_message::Payload::Heartbeat(SupervisorHeartbeat {})),
@@ -211,16 +247,10 @@ impl Inner {
                 }
             };
             let payload = match message {
-                Ok(Some(bytes)) => match GatewayMessage::decode(bytes) {
-                    Ok(GatewayMessage {
-                        payload: Some(payload),
-                    }) => payload,
-                    Ok(_) => continue,
-                    Err(err) => {
-                        tracing::warn!(error = %err, "undecodable gateway message");
-                        break AttemptEnd::Lost { accepted };
-                    }
-                },
+                Ok(Some(GatewayMessage {
+                    payload: Some(payload),
+                })) => payload,
+                Ok(Some(_)) => continue,
                 Ok(None) => {
                     tracing::info!(accepted, "session ended by the gateway");
                     break AttemptEnd::Lost { accepted };
@@ -329,12 +359,81 @@ impl Inner {
             }
             self.emit(SessionEvent::Ended).await;
         }
-        sender.cancel();
+        wire.finish();
         end
     }
 }
 
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+/// Both directions of one session attempt.
+enum Wire {
+    /// A `ConnectSupervisor` stream of its own.
+    Direct {
+        sender: RawSender,
+        receiver: RawReceiver,
+    },
+    /// Inside a shared host's session.
+    Carried(CarriedSession),
+}
+
+impl Wire {
+    /// Moves queued messages onto the wire until the queue or the wire closes.
+    fn spawn_pump(
+        &self,
+        mut queue: mpsc::Receiver<SupervisorMessage>,
+    ) -> tokio::task::JoinHandle<()> {
+        match self {
+            Wire::Direct { sender, .. } => {
+                let sender = sender.clone();
+                tokio::spawn(async move {
+                    while let Some(message) = queue.recv().await {
+                        if sender
+                            .send(Bytes::from(message.encode_to_vec()))
+                            .await
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                })
+            }
+            Wire::Carried(carried) => {
+                let outbound = carried.outbound.clone();
+                tokio::spawn(async move {
+                    while let Some(message) = queue.recv().await {
+                        if outbound.send(message).await.is_err() {
+                            return;
+                        }
+                    }
+                })
+            }
+        }
+    }
+
+    /// The next gateway message; `Err` carries why the wire broke.
+    async fn recv(&mut self) -> Result<Option<GatewayMessage>, String> {
+        match self {
+            Wire::Direct { receiver, .. } => match receiver.recv().await {
+                Ok(Some(bytes)) => GatewayMessage::decode(bytes)
+                    .map(Some)
+                    .map_err(|err| format!("undecodable gateway message: {err}")),
+                Ok(None) => Ok(None),
+                Err(err) => Err(err.to_string()),
+            },
+            Wire::Carried(carried) => Ok(carried.inbound.recv().await),
+        }
+    }
+
+    fn finish(self) {
+        match self {
+            Wire::Direct { sender, .. } => sender.cancel(),
+            // Dropping it tells the gateway this sandbox's session ended.
+            Wire::Carried(carried) => drop(carried),
+        }
+    }
+}
+
+/// Aborts a task when dropped (the pumps and workers of one attempt).
+pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
@@ -342,7 +441,8 @@ impl Drop for AbortOnDrop {
     }
 }
 
-async fn next_tick(heartbeat: &mut Option<tokio::time::Interval>) {
+/// The next heartbeat, or never before a session was accepted.
+pub(crate) async fn next_tick(heartbeat: &mut Option<tokio::time::Interval>) {
     match heartbeat {
         Some(interval) => {
             interval.tick().await;
@@ -353,7 +453,7 @@ async fn next_tick(heartbeat: &mut Option<tokio::time::Interval>) {
 
 /// The advertised heartbeat interval, but never below 5 s (nor above an
 /// hour, which keeps timer arithmetic sane whatever the gateway sends).
-fn heartbeat_period(advertised: Option<prost_types::Duration>) -> Duration {
+pub(crate) fn heartbeat_period(advertised: Option<prost_types::Duration>) -> Duration {
     let advertised = advertised
         .and_then(|d| {
             let seconds = Duration::from_secs(u64::try_from(d.seconds).ok()?);
