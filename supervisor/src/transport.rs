@@ -5,8 +5,9 @@
 //! channel, so relays ride the same HTTP/2 connection as the session that
 //! announced them (the gateway replica holding the session answers them).
 //!
-//! The sandbox token is a credential: it lives only inside [`BearerToken`],
-//! whose `Debug` is redacted and whose metadata value is marked sensitive.
+//! The sandbox (or host) token is a credential: it lives only inside
+//! [`BearerToken`], whose `Debug` is redacted and whose metadata value is
+//! marked sensitive.
 //! No error message built here contains it.
 
 use std::fmt;
@@ -25,10 +26,10 @@ pub struct BearerToken(AsciiMetadataValue);
 impl BearerToken {
     pub fn new(token: &str) -> anyhow::Result<Self> {
         if token.is_empty() {
-            bail!("the sandbox token is empty");
+            bail!("it is empty");
         }
         let mut value = MetadataValue::try_from(format!("Bearer {token}"))
-            .map_err(|_| anyhow::anyhow!("the sandbox token is not a valid header value"))?;
+            .map_err(|_| anyhow::anyhow!("it is not a valid header value"))?;
         value.set_sensitive(true);
         Ok(Self(value))
     }

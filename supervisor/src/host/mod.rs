@@ -41,9 +41,7 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::Parser;
-// TODO(merge main): openshell_sdk::{HostEvent, HostSession} once it lands.
-use self::contract::{HostEvent, HostSession};
-mod contract;
+use openshell_sdk::{HostEvent, HostSession};
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
