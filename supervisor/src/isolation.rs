@@ -34,11 +34,12 @@
 
 pub mod enter;
 pub mod init;
+
+pub(crate) use init::c_path;
 pub mod spawner;
 
-use std::ffi::{CString, OsStr, OsString};
+use std::ffi::{CString, OsString};
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -47,6 +48,8 @@ use anyhow::{Context, bail};
 
 /// First argument that runs the binary as a sandbox's init.
 pub const INIT_COMMAND: &str = "__sandbox-init";
+/// The standalone init binary's file name.
+pub const STANDALONE_INIT: &str = "openshell-sandbox-init";
 /// First argument that runs the binary as an exec helper.
 pub const ENTER_COMMAND: &str = "__sandbox-enter";
 /// First argument that runs the binary as the SSH server's SFTP server on
@@ -60,8 +63,6 @@ pub const SANDBOX_ID: u32 = 1000;
 /// Host ids of sandboxes: `HOST_ID_BASE + hash(sandbox id) % HOST_ID_SPAN`.
 const HOST_ID_BASE: u32 = 200_000;
 const HOST_ID_SPAN: u32 = 800_000;
-/// Paths every sandbox gets a private, empty copy of.
-const PRIVATE_TMP: [&str; 3] = ["/tmp", "/var/tmp", "/dev/shm"];
 
 /// How the supervisor runs sandbox processes (`--isolation`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -97,13 +98,31 @@ impl Sandbox {
     /// Starts the init for `workdir`, hiding `hide` and the private temp
     /// directories. Blocking; call before the runtime starts.
     pub fn start(sandbox_id: &str, workdir: &Path, hide: &[PathBuf]) -> anyhow::Result<Self> {
+        Self::start_with(None, sandbox_id, workdir, hide)
+    }
+
+    /// [`Sandbox::start`], running `program` (the standalone init, see
+    /// [`standalone_init`]) instead of this executable's init mode. Blocking,
+    /// and the init dies when the calling *thread* exits.
+    pub fn start_with(
+        program: Option<&Path>,
+        sandbox_id: &str,
+        workdir: &Path,
+        hide: &[PathBuf],
+    ) -> anyhow::Result<Self> {
         let id = host_id(sandbox_id);
         give_to(workdir, id).with_context(|| format!("chown {}", workdir.display()))?;
-        let exe = std::env::current_exe().context("locate own executable")?;
         let (ours, theirs) = UnixStream::pair().context("socketpair")?;
-        let mut command = Command::new(exe);
+        let mut command = match program {
+            Some(program) => Command::new(program),
+            None => {
+                let mut command =
+                    Command::new(std::env::current_exe().context("locate own executable")?);
+                command.arg(INIT_COMMAND);
+                command
+            }
+        };
         command
-            .arg(INIT_COMMAND)
             .arg("--workdir")
             .arg(workdir)
             .env_clear()
@@ -112,7 +131,7 @@ impl Sandbox {
         for path in hide
             .iter()
             .map(PathBuf::as_path)
-            .chain(PRIVATE_TMP.map(Path::new))
+            .chain(init::PRIVATE_TMP.map(Path::new))
         {
             command.arg("--hide").arg(path);
         }
@@ -160,6 +179,15 @@ impl Sandbox {
         let _ = self.outer.wait();
         crate::sandbox_processes::untrack(self.outer.id() as i32);
     }
+}
+
+/// The standalone init binary (`openshell-sandbox-init`) next to this
+/// executable, if there is one.
+pub fn standalone_init() -> Option<PathBuf> {
+    let path = std::env::current_exe()
+        .ok()?
+        .with_file_name(STANDALONE_INIT);
+    path.is_file().then_some(path)
 }
 
 /// Resolves once the sandbox init (our child `outer_pid`) has exited;
@@ -292,11 +320,6 @@ pub fn check_namespaces() -> Result<(), String> {
             "cannot create user, mount and PID namespaces: {err}"
         )),
     }
-}
-
-/// `path` as a C string (no interior NUL: it came from the OS).
-pub(crate) fn c_path(path: &OsStr) -> std::io::Result<CString> {
-    CString::new(path.as_bytes()).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))
 }
 
 /// Arguments as C strings, for exec.

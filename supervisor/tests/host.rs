@@ -249,6 +249,10 @@ struct Host {
 
 impl Host {
     fn start(gateway: &str, dir: &Path, root: &Path) -> Self {
+        Self::start_with(gateway, dir, root, &[])
+    }
+
+    fn start_with(gateway: &str, dir: &Path, root: &Path, extra: &[&str]) -> Self {
         let log = dir.join("host.log");
         let token_file = dir.join(".token");
         std::fs::write(&token_file, TOKEN).unwrap();
@@ -259,6 +263,7 @@ impl Host {
             .arg("--root")
             .arg(root)
             .args(["--capacity", "8"])
+            .args(extra)
             .env("RUST_LOG", "debug")
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -413,5 +418,255 @@ async fn host_refuses_bad_arguments_clearly() {
         .unwrap();
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("the host token is invalid: it is empty"), "{stderr}");
+    assert!(
+        stderr.contains("the host token is invalid: it is empty"),
+        "{stderr}"
+    );
+}
+
+/// Host pids of the host's children that are sandbox inits.
+fn sandbox_inits(host_pid: u32) -> Vec<i32> {
+    descendants(host_pid as i32)
+        .into_iter()
+        .filter(|pid| {
+            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| {
+                let mut args = cmdline.split(|b| *b == 0);
+                let program = args.next().unwrap_or_default();
+                program.ends_with(b"/openshell-sandbox-init")
+                    || args.next() == Some(b"__sandbox-init")
+            }) && parent(*pid) == Some(host_pid as i32)
+        })
+        .collect()
+}
+
+fn parent(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// `root` and every process below it.
+fn descendants(root: i32) -> Vec<i32> {
+    let all: Vec<(i32, i32)> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|pid| Some((pid, parent(pid)?)))
+        .collect();
+    let mut found = vec![root];
+    let mut i = 0;
+    while i < found.len() {
+        let pid = found[i];
+        found.extend(all.iter().filter(|(_, ppid)| *ppid == pid).map(|(p, _)| *p));
+        i += 1;
+    }
+    found
+}
+
+/// Summed `Pss:` of `pids`, in KiB.
+fn pss_kib(pids: &[i32]) -> u64 {
+    pids.iter()
+        .filter_map(|pid| std::fs::read_to_string(format!("/proc/{pid}/smaps_rollup")).ok())
+        .filter_map(|rollup| {
+            rollup
+                .lines()
+                .find_map(|line| line.strip_prefix("Pss:"))
+                .and_then(|rest| {
+                    rest.trim()
+                        .trim_end_matches("kB")
+                        .trim()
+                        .parse::<u64>()
+                        .ok()
+                })
+        })
+        .sum()
+}
+
+async fn exec_output(
+    stream: &HostStream,
+    gateway: &mut HostGateway,
+    sandbox: &str,
+    channel: &str,
+    script: &str,
+) -> (String, i32) {
+    stream.open(sandbox, channel, script).await;
+    gateway.relay(channel).await.exec_output().await
+}
+
+#[tokio::test]
+async fn isolated_sandboxes_get_inits_of_their_own_and_lose_them_when_unassigned() {
+    let mut gateway = HostGateway::start().await;
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("root");
+    let mut host = Host::start_with(
+        &gateway.url,
+        dir.path(),
+        &root,
+        &["--isolation", "namespaces"],
+    );
+    let host_pid = host.child.id().unwrap();
+    let mut stream = gateway.host().await;
+    stream.accept().await;
+    stream.assign(&["sb-1", "sb-2"]).await;
+    assert_eq!(stream.accept_sandboxes(2).await, ["sb-1", "sb-2"]);
+    assert_eq!(sandbox_inits(host_pid).len(), 2, "{}", host.log());
+
+    // Inside: the sandbox uid, its own PID 1, and of the root only its own
+    // working directory.
+    let script = format!(
+        "id -u; echo $$; ls -a {root}; ls -a {root}/sb-1; cat {root}/sb-1/ssh_host_ed25519_key",
+        root = root.display()
+    );
+    let (output, code) = exec_output(&stream, &mut gateway, "sb-1", "ch-1", &script).await;
+    let lines: Vec<&str> = output.lines().collect();
+    assert_eq!(lines[0], "1000", "{output}");
+    assert!(lines[1].parse::<i32>().unwrap() < 10, "{output}");
+    assert!(!output.contains("sb-2"), "{output}");
+    assert!(
+        !output.contains("ssh_host_ed25519_key\n") || code != 0,
+        "{output}"
+    );
+    assert!(!output.contains("OPENSSH PRIVATE KEY"), "{output}");
+    assert_ne!(code, 0, "the key must not be readable: {output}");
+
+    // A daemon in sb-2 dies with sb-2's init when sb-2 is unassigned.
+    let (_, code) = exec_output(
+        &stream,
+        &mut gateway,
+        "sb-2",
+        "ch-2",
+        "sleep 1000 >/dev/null 2>&1 &",
+    )
+    .await;
+    assert_eq!(code, 0);
+    let inits = sandbox_inits(host_pid);
+    let below: Vec<i32> = inits.iter().flat_map(|pid| descendants(*pid)).collect();
+    stream.assign(&["sb-1"]).await;
+    for _ in 0..250 {
+        if sandbox_inits(host_pid).len() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(sandbox_inits(host_pid).len(), 1);
+    let left = descendants(host_pid as i32);
+    let survivors: Vec<&i32> = below
+        .iter()
+        .filter(|pid| !process_gone(**pid) && !left.contains(pid))
+        .collect();
+    assert!(survivors.is_empty(), "{survivors:?}");
+    wait_missing(&root.join("sb-2")).await;
+
+    // The memory of a host with one idle isolated sandbox (printed for the
+    // record; the bound is loose, for debug builds).
+    let pss = pss_kib(&descendants(host_pid as i32));
+    println!("host with 1 isolated sandbox: {pss} KiB PSS in all its processes");
+
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(host_pid as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = timeout(WAIT, host.child.wait()).await.unwrap().unwrap();
+    assert!(status.success(), "{}", host.log());
+    for pid in below {
+        wait_gone(pid).await;
+    }
+}
+
+/// Sandboxes per host in the memory comparison: 100 sandboxes on 4 hosts.
+const SANDBOXES_PER_HOST: usize = 25;
+
+/// One host serving 25 idle isolated sandboxes against 25 per-sandbox
+/// supervisors serving one each, side by side: the PSS of every process
+/// involved (supervisors or host, sandbox inits and PID 1s). The issue's
+/// figure (under a tenth, through real gateways) is `openshell-bench
+/// hosts`; this bound catches a host that grew a per-sandbox cost (a host
+/// whose inits run the supervisor binary measures about 0.4 here, the
+/// standalone init about 0.1, debug builds).
+#[tokio::test]
+async fn a_host_costs_under_a_tenth_of_per_sandbox_supervisors() {
+    let ids: Vec<String> = (0..SANDBOXES_PER_HOST)
+        .map(|i| format!("mem-{i}"))
+        .collect();
+    let dir = tempfile::tempdir().unwrap();
+
+    // Per-sandbox supervisors, each with its session accepted.
+    let mut gateway = Gateway::start().await;
+    let mut supervisors = Vec::new();
+    for id in &ids {
+        let token_file = dir.path().join(format!(".token-{id}"));
+        std::fs::write(&token_file, TOKEN).unwrap();
+        let workdir = dir.path().join("per-sandbox").join(id);
+        std::fs::create_dir_all(&workdir).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_openshell-supervisor"))
+            .args(["--gateway", &gateway.url, "--sandbox-id", id, "--workdir"])
+            .arg(&workdir)
+            .arg("--token-file")
+            .arg(&token_file)
+            .args(["--isolation", "namespaces"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        supervisors.push(child);
+    }
+    let mut sessions = Vec::new();
+    for _ in &ids {
+        let session = gateway.session().await;
+        session.accept().await;
+        sessions.push(session);
+    }
+
+    // One host with all of them.
+    let mut host_gateway = HostGateway::start().await;
+    let root = dir.path().join("root");
+    let mut host = Host::start_with(
+        &host_gateway.url,
+        dir.path(),
+        &root,
+        &["--isolation", "namespaces"],
+    );
+    let host_pid = host.child.id().unwrap();
+    let mut stream = host_gateway.host().await;
+    stream.accept().await;
+    let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
+    stream.assign(&refs).await;
+    assert_eq!(stream.accept_sandboxes(ids.len()).await.len(), ids.len());
+    assert_eq!(sandbox_inits(host_pid).len(), ids.len(), "{}", host.log());
+
+    // Idle for a moment: heartbeats flow, allocations settle.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let per_sandbox_pids: Vec<i32> = supervisors
+        .iter()
+        .flat_map(|child| descendants(child.id().unwrap() as i32))
+        .collect();
+    let host_pids = descendants(host_pid as i32);
+    let per_sandbox = pss_kib(&per_sandbox_pids);
+    let hosted = pss_kib(&host_pids);
+    let host_alone = pss_kib(&[host_pid as i32]);
+    let ratio = hosted as f64 / per_sandbox as f64;
+    println!(
+        "{n} isolated sandboxes: per-sandbox supervisors {per_sandbox} KiB PSS in {pp} processes; \
+         one host {hosted} KiB PSS in {hp} processes (host process {host_alone} KiB); ratio {ratio:.3}",
+        n = ids.len(),
+        pp = per_sandbox_pids.len(),
+        hp = host_pids.len(),
+    );
+    assert_eq!(host_pids.len(), 1 + 2 * ids.len());
+    assert!(ratio < 0.125, "ratio {ratio:.3}");
+    drop(sessions);
+    drop(supervisors);
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(host_pid as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let status = timeout(WAIT, host.child.wait()).await.unwrap().unwrap();
+    assert!(status.success(), "{}", host.log());
 }

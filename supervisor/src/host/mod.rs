@@ -120,6 +120,14 @@ pub fn main(args: &[OsString]) -> ExitCode {
 /// Reads the token and, isolated, checks namespaces and starts the init
 /// thread, before the runtime starts threads.
 fn prepare(cli: &HostCli) -> anyhow::Result<(String, Option<Spawner>)> {
+    // One malloc arena for every thread: per-thread arenas hold freed
+    // memory of their own (a few hundred KiB each, idle), and a host's
+    // threads are few and allocate little.
+    // SAFETY: mallopt only sets a tunable; no allocation is in flight on
+    // another thread (none exists yet).
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 1);
+    }
     let secret = transport::read_token(cli.token_fd, cli.token_file.as_deref(), "host")?;
     isolation::init::close_from(3);
     if cli.host_id.is_empty() {
@@ -130,7 +138,14 @@ fn prepare(cli: &HostCli) -> anyhow::Result<(String, Option<Spawner>)> {
         isolation::Mode::Namespaces => {
             isolation::check_namespaces()
                 .map_err(|reason| anyhow::anyhow!("--isolation namespaces: {reason}"))?;
-            Some(Spawner::start()?)
+            let program = isolation::standalone_init();
+            if program.is_none() {
+                warn!(
+                    "{} is not next to this executable: sandbox inits run this (larger) binary",
+                    isolation::STANDALONE_INIT
+                );
+            }
+            Some(Spawner::start(program)?)
         }
     };
     Ok((secret, spawner))

@@ -19,7 +19,13 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use super::c_path;
+/// Paths every sandbox gets a private, empty copy of.
+pub const PRIVATE_TMP: [&str; 3] = ["/tmp", "/var/tmp", "/dev/shm"];
+
+/// `path` as a C string (no interior NUL: it came from the OS).
+pub fn c_path(path: &std::ffi::OsStr) -> io::Result<std::ffi::CString> {
+    std::ffi::CString::new(path.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
 
 struct Args {
     workdir: PathBuf,
@@ -162,7 +168,7 @@ fn hide_paths(args: &Args) -> Result<(), String> {
             continue;
         };
         if meta.is_dir() {
-            let mode = if super::PRIVATE_TMP.iter().any(|t| path == Path::new(t)) {
+            let mode = if PRIVATE_TMP.iter().any(|t| path == Path::new(t)) {
                 "mode=1777"
             } else {
                 "mode=0755"

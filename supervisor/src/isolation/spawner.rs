@@ -33,16 +33,21 @@ pub struct Spawner {
 }
 
 impl Spawner {
-    /// Starts the thread.
-    pub fn start() -> anyhow::Result<Self> {
+    /// Starts the thread. Inits run `program` (see
+    /// [`super::standalone_init`]), or this executable when `None`.
+    pub fn start(program: Option<PathBuf>) -> anyhow::Result<Self> {
         let (requests, incoming) = std_mpsc::channel::<Request>();
         std::thread::Builder::new()
             .name("sandbox-inits".into())
             .stack_size(STACK_SIZE)
             .spawn(move || {
                 for request in incoming.iter() {
-                    let started =
-                        Sandbox::start(&request.sandbox_id, &request.workdir, &request.hide);
+                    let started = Sandbox::start_with(
+                        program.as_deref(),
+                        &request.sandbox_id,
+                        &request.workdir,
+                        &request.hide,
+                    );
                     if let Err(Ok(mut sandbox)) = request.reply.send(started) {
                         // Nobody waits for it any more.
                         sandbox.kill();
