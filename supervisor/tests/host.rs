@@ -560,10 +560,21 @@ async fn isolated_sandboxes_get_inits_of_their_own_and_lose_them_when_unassigned
     assert!(survivors.is_empty(), "{survivors:?}");
     wait_missing(&root.join("sb-2")).await;
 
-    // The memory of a host with one idle isolated sandbox (printed for the
-    // record; the bound is loose, for debug builds).
-    let pss = pss_kib(&descendants(host_pid as i32));
-    println!("host with 1 isolated sandbox: {pss} KiB PSS in all its processes");
+    // sb-1's init dies: the sandbox starts again with a new one (a sandbox
+    // without its PID 1 could run nothing) and its session reopens.
+    let old_init = sandbox_inits(host_pid)[0];
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(old_init),
+        nix::sys::signal::Signal::SIGKILL,
+    )
+    .unwrap();
+    assert_eq!(stream.accept_sandboxes(1).await, ["sb-1"]);
+    let inits = sandbox_inits(host_pid);
+    assert_eq!(inits.len(), 1);
+    assert_ne!(inits[0], old_init);
+    let (output, code) = exec_output(&stream, &mut gateway, "sb-1", "ch-4", "id -u").await;
+    assert_eq!((output.as_str(), code), ("1000\n", 0));
+    let below: Vec<i32> = inits.iter().flat_map(|pid| descendants(*pid)).collect();
 
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(host_pid as i32),
