@@ -1,22 +1,29 @@
-//! `openshell-supervisor`: the reference supervisor of one sandbox.
+//! `openshell-supervisor`: the reference supervisor, in two modes.
 //!
-//! The gateway's process sandbox driver starts one per sandbox. It holds the
+//! **Per sandbox** (the default, `openshell-supervisor --sandbox-id ...`):
+//! the gateway's process sandbox driver starts one per sandbox. It holds the
 //! sandbox's session with the gateway ([`session`]) and serves the relays
 //! the gateway announces on it: processes ([`exec`]) and loopback TCP
 //! connections ([`forward`]). Configuration, pushed or polled, is applied
 //! by [`config_apply`] to `.openshell/config.json` in the sandbox directory.
 //!
-//! The sandbox token arrives on an inherited descriptor (`--token-fd`, how
-//! the gateway passes it) or in a file that is deleted once read
-//! (`--token-file`), never in the command line or the environment; it is
-//! sent as bearer metadata and kept out of logs, errors and child
-//! environments. The process is non-dumpable, so other processes of the
-//! same user cannot read its memory, environment or descriptors. With
+//! **Host** (`openshell-supervisor host ...`, [`host`]): one process serves
+//! a pool of sandboxes, the ones the gateway assigns to it, over one host
+//! session; each sandbox is served by the same code as in per-sandbox mode
+//! (a [`session`] loop per sandbox, with relays that outlive a session
+//! move).
+//!
+//! The sandbox (or host) token arrives on an inherited descriptor
+//! (`--token-fd`, how the gateway passes it) or in a file that is deleted
+//! once read (`--token-file`), never in the command line or the
+//! environment; it is sent as bearer metadata and kept out of logs, errors
+//! and child environments. The process is non-dumpable, so other processes
+//! of the same user cannot read its memory, environment or descriptors. With
 //! `--isolation namespaces` sandbox processes run in namespaces of their own
 //! ([`isolation`]). SIGTERM or SIGINT kill every running exec (and, isolated,
-//! every process of the sandbox) before the process exits 0. A supervisor
-//! whose sandbox the gateway no longer knows for 30 s shuts down the same
-//! way and exits 1 ([`give_up`]).
+//! every process of the sandbox) before the process exits 0. A per-sandbox
+//! supervisor whose sandbox the gateway no longer knows for 30 s shuts down
+//! the same way and exits 1 ([`give_up`]).
 
 mod config_apply;
 mod exec;

@@ -466,6 +466,16 @@ fn descendants(root: i32) -> Vec<i32> {
     found
 }
 
+/// `VmRSS` of `pid`, in KiB.
+fn rss_kib(pid: i32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|rest| rest.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap()
+}
+
 /// Summed `Pss:` of `pids`, in KiB.
 fn pss_kib(pids: &[i32]) -> u64 {
     pids.iter()
@@ -646,6 +656,9 @@ async fn a_host_costs_under_a_tenth_of_per_sandbox_supervisors() {
     let host_pid = host.child.id().unwrap();
     let mut stream = host_gateway.host().await;
     stream.accept().await;
+    stream.assign(&[]).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let idle = (rss_kib(host_pid as i32), pss_kib(&[host_pid as i32]));
     let refs: Vec<&str> = ids.iter().map(String::as_str).collect();
     stream.assign(&refs).await;
     assert_eq!(stream.accept_sandboxes(ids.len()).await.len(), ids.len());
@@ -662,6 +675,13 @@ async fn a_host_costs_under_a_tenth_of_per_sandbox_supervisors() {
     let hosted = pss_kib(&host_pids);
     let host_alone = pss_kib(&[host_pid as i32]);
     let ratio = hosted as f64 / per_sandbox as f64;
+    println!(
+        "host serving 0 sandboxes: {} KiB RSS, {} KiB PSS; serving {}: {} KiB RSS",
+        idle.0,
+        idle.1,
+        ids.len(),
+        rss_kib(host_pid as i32)
+    );
     println!(
         "{n} isolated sandboxes: per-sandbox supervisors {per_sandbox} KiB PSS in {pp} processes; \
          one host {hosted} KiB PSS in {hp} processes (host process {host_alone} KiB); ratio {ratio:.3}",
