@@ -131,6 +131,7 @@ fn main() -> ExitCode {
     let args: Vec<OsString> = std::env::args_os().collect();
     match args.get(1).and_then(|arg| arg.to_str()) {
         Some(isolation::INIT_COMMAND) => return isolation::init::main(&args[2..]),
+        Some(isolation::ZYGOTE_COMMAND) => return isolation::init::zygote_main(),
         Some(isolation::ENTER_COMMAND) => return isolation::enter::main(&args[2..]),
         Some(isolation::SFTP_COMMAND) => {
             isolation::init::non_dumpable();

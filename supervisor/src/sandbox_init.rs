@@ -15,5 +15,8 @@ mod init;
 
 fn main() -> std::process::ExitCode {
     let args: Vec<std::ffi::OsString> = std::env::args_os().skip(1).collect();
+    if args.first().and_then(|arg| arg.to_str()) == Some(init::ZYGOTE_FLAG) {
+        return init::zygote_main();
+    }
     init::main(&args)
 }

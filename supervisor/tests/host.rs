@@ -424,18 +424,23 @@ async fn host_refuses_bad_arguments_clearly() {
     );
 }
 
-/// Host pids of the host's children that are sandbox inits.
+/// Host pids of the host's sandbox inits (the parents of the sandboxes'
+/// PID 1s): the children of its init fork server.
 fn sandbox_inits(host_pid: u32) -> Vec<i32> {
-    descendants(host_pid as i32)
+    let servers: Vec<i32> = descendants(host_pid as i32)
         .into_iter()
         .filter(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| {
-                let mut args = cmdline.split(|b| *b == 0);
-                let program = args.next().unwrap_or_default();
-                program.ends_with(b"/openshell-sandbox-init")
-                    || args.next() == Some(b"__sandbox-init")
-            }) && parent(*pid) == Some(host_pid as i32)
+            parent(*pid) == Some(host_pid as i32)
+                && std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|cmdline| {
+                    cmdline
+                        .split(|b| *b == 0)
+                        .any(|arg| arg == b"--zygote" || arg == b"__sandbox-zygote")
+                })
         })
+        .collect();
+    descendants(host_pid as i32)
+        .into_iter()
+        .filter(|pid| parent(*pid).is_some_and(|ppid| servers.contains(&ppid)))
         .collect()
 }
 
@@ -605,9 +610,9 @@ const SANDBOXES_PER_HOST: usize = 25;
 /// supervisors serving one each, side by side: the PSS of every process
 /// involved (supervisors or host, sandbox inits and PID 1s). The issue's
 /// figure (under a tenth, through real gateways) is `openshell-bench
-/// hosts`; this bound catches a host that grew a per-sandbox cost (a host
-/// whose inits run the supervisor binary measures about 0.4 here, the
-/// standalone init about 0.1, debug builds).
+/// hosts`; here, debug builds, a host measures about 0.08 (inits forked
+/// from the standalone init's fork server), 0.1 with an exec'd standalone
+/// init per sandbox and 0.4 with the supervisor binary exec'd per sandbox.
 #[tokio::test]
 async fn a_host_costs_under_a_tenth_of_per_sandbox_supervisors() {
     let ids: Vec<String> = (0..SANDBOXES_PER_HOST)
@@ -689,15 +694,21 @@ async fn a_host_costs_under_a_tenth_of_per_sandbox_supervisors() {
         pp = per_sandbox_pids.len(),
         hp = host_pids.len(),
     );
-    assert_eq!(host_pids.len(), 1 + 2 * ids.len());
-    assert!(ratio < 0.125, "ratio {ratio:.3}");
+    // The host, its init fork server, and two processes per sandbox.
+    assert_eq!(host_pids.len(), 2 + 2 * ids.len());
+    assert!(ratio < 0.1, "ratio {ratio:.3}");
     drop(sessions);
     drop(supervisors);
+
+    // A host killed outright takes every init and sandbox with it
+    // (parent-death signals all the way down).
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(host_pid as i32),
-        nix::sys::signal::Signal::SIGTERM,
+        nix::sys::signal::Signal::SIGKILL,
     )
     .unwrap();
-    let status = timeout(WAIT, host.child.wait()).await.unwrap().unwrap();
-    assert!(status.success(), "{}", host.log());
+    let _ = timeout(WAIT, host.child.wait()).await.unwrap();
+    for pid in host_pids {
+        wait_gone(pid).await;
+    }
 }

@@ -47,7 +47,7 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
-use crate::isolation::{self, spawner::Spawner};
+use crate::isolation::{self, spawner::ServerProgram, spawner::Spawner};
 use crate::sandbox_processes;
 use crate::transport::{self, BearerToken};
 
@@ -138,14 +138,14 @@ fn prepare(cli: &HostCli) -> anyhow::Result<(String, Option<Spawner>)> {
         isolation::Mode::Namespaces => {
             isolation::check_namespaces()
                 .map_err(|reason| anyhow::anyhow!("--isolation namespaces: {reason}"))?;
-            let program = isolation::standalone_init();
-            if program.is_none() {
+            let (server, standalone) = ServerProgram::find()?;
+            if !standalone {
                 warn!(
-                    "{} is not next to this executable: sandbox inits run this (larger) binary",
+                    "{} is not next to this executable: sandbox inits are forked from this (larger) binary",
                     isolation::STANDALONE_INIT
                 );
             }
-            Some(Spawner::start(program)?)
+            Some(Spawner::start(server)?)
         }
     };
     Ok((secret, spawner))
