@@ -24,9 +24,10 @@
 //!   directories kept), the session closed, and the process exits 0.
 //!
 //! Memory: a sandbox costs tasks, not threads: its session, its relay loop
-//! and a once-a-second check of its init. Inits are forked by one thread
-//! ([`crate::isolation::spawner`]); an SSH server configuration is built per
-//! connection from the sandbox's key.
+//! and a once-a-second check of its init. Inits are forked by one fork
+//! server that one thread started ([`crate::isolation::spawner`]), so they
+//! share its pages; an SSH server configuration is built per connection from
+//! the sandbox's key; one malloc arena serves every thread.
 
 pub mod pool;
 pub mod runtime;
