@@ -200,6 +200,28 @@ impl Sandbox {
         self.init_pid
     }
 
+    /// Resolves once the init's parent (and so the sandbox) has exited.
+    pub async fn exited(&self) {
+        let Outer::Forked { pidfd, .. } = &self.outer else {
+            return ended(Some(self.outer_pid())).await;
+        };
+        // A pidfd turns readable when its process exits: no polling.
+        let watch = pidfd.try_clone().ok().and_then(|fd| {
+            // SAFETY: `fd` is our own duplicate, owned by the AsyncFd and
+            // never replaced or closed while it is registered.
+            unsafe {
+                tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+            }
+            .ok()
+        });
+        match watch {
+            Some(watch) => {
+                let _ = watch.readable().await;
+            }
+            None => ended(Some(self.outer_pid())).await,
+        }
+    }
+
     /// The host pid of the init's parent.
     pub fn outer_pid(&self) -> i32 {
         match &self.outer {

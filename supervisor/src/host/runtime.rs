@@ -214,13 +214,18 @@ impl Life {
         let alive = self.alive.clone().context("sandbox stopped")?;
         let (connected, _) = watch::channel(false);
         let session = (settings.sessions)(sandbox_id);
-        let outer_pid = self.isolated.as_ref().map(isolation::Sandbox::outer_pid);
+        let init_exited = async {
+            match &self.isolated {
+                Some(sandbox) => sandbox.exited().await,
+                None => std::future::pending().await,
+            }
+        };
         tokio::select! {
             result = session::run(&self.serving, session, alive, connected) => {
                 result?;
                 anyhow::bail!("the sandbox session ended");
             }
-            () = isolation::ended(outer_pid) => anyhow::bail!("the sandbox init exited"),
+            () = init_exited => anyhow::bail!("the sandbox init exited"),
         }
     }
 
