@@ -15,7 +15,7 @@
 //! target, as in the public protocol). It serves one sandbox; the caller
 //! provides the session: a `ConfigSession` of its own on the sandbox's
 //! connection (per-sandbox mode) or a sandbox session inside a host's
-//! session (host mode, see [`crate::host`]).
+//! session (host mode, see the `host` module).
 //!
 //! How long a relay lives is the caller's choice ([`RelayScope`]). A
 //! per-sandbox supervisor ties relays to the session that announced them:
