@@ -179,7 +179,12 @@ fn init_logging() {
 /// long as the process, so the init's parent-death signal fires only when
 /// the supervisor goes).
 fn prepare(cli: &Cli) -> anyhow::Result<(String, Option<isolation::Sandbox>)> {
-    let secret = transport::read_token(cli.token_fd, cli.token_file.as_deref(), "sandbox")?;
+    let secret = transport::read_token(
+        cli.token_fd,
+        cli.token_file.as_deref(),
+        "sandbox",
+        transport::TokenFile::Delete,
+    )?;
     // Descriptors inherited by accident (the gateway's parents may leak
     // some) must not reach sandbox processes.
     isolation::init::close_from(3);

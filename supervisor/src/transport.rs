@@ -50,10 +50,24 @@ impl fmt::Debug for BearerToken {
     }
 }
 
+/// What to do with `--token-file` once read.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum TokenFile {
+    /// Delete it (a sandbox token: the driver writes a fresh one per start).
+    Delete,
+    /// Keep it, but only if no group or other may read it (a host token: a
+    /// restarted host reads it again).
+    KeepPrivate,
+}
+
 /// The `what` token (sandbox or host), from an inherited descriptor `fd`
-/// (closed after reading) or a `file` (deleted after reading), checked to be
-/// a usable bearer value.
-pub fn read_token(fd: Option<i32>, file: Option<&Path>, what: &str) -> anyhow::Result<String> {
+/// (closed after reading) or a `file`, checked to be a usable bearer value.
+pub fn read_token(
+    fd: Option<i32>,
+    file: Option<&Path>,
+    what: &str,
+    after: TokenFile,
+) -> anyhow::Result<String> {
     let mut secret = String::new();
     if let Some(fd) = fd {
         if fd < 3 {
@@ -65,8 +79,23 @@ pub fn read_token(fd: Option<i32>, file: Option<&Path>, what: &str) -> anyhow::R
         file.read_to_string(&mut secret)
             .with_context(|| format!("reading the {what} token from --token-fd"))?;
     } else if let Some(path) = file {
+        if after == TokenFile::KeepPrivate {
+            use std::os::unix::fs::MetadataExt;
+            let mode = std::fs::metadata(path)
+                .context("reading --token-file")?
+                .mode();
+            if mode & 0o077 != 0 {
+                bail!(
+                    "--token-file {} may be read by group or others (mode {:o}); chmod 600 it",
+                    path.display(),
+                    mode & 0o777
+                );
+            }
+        }
         secret = std::fs::read_to_string(path).context("reading --token-file")?;
-        std::fs::remove_file(path).context("deleting --token-file")?;
+        if after == TokenFile::Delete {
+            std::fs::remove_file(path).context("deleting --token-file")?;
+        }
     } else {
         bail!("the {what} token is required: --token-fd or --token-file");
     }

@@ -255,7 +255,7 @@ impl Host {
     fn start_with(gateway: &str, dir: &Path, root: &Path, extra: &[&str]) -> Self {
         let log = dir.join("host.log");
         let token_file = dir.join(".token");
-        std::fs::write(&token_file, TOKEN).unwrap();
+        write_private(&token_file, TOKEN);
         let child = Command::new(env!("CARGO_BIN_EXE_openshell-supervisor"))
             .args(["host", "--gateway", gateway, "--host-id", "h-1"])
             .arg("--token-file")
@@ -271,7 +271,6 @@ impl Host {
             .kill_on_drop(true)
             .spawn()
             .unwrap();
-        assert!(!token_file.exists() || wait_removed(&token_file));
         Self { child, log }
     }
 
@@ -280,14 +279,11 @@ impl Host {
     }
 }
 
-fn wait_removed(path: &Path) -> bool {
-    for _ in 0..250 {
-        if !path.exists() {
-            return true;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    false
+/// Writes `text` to `path`, readable by its owner only.
+fn write_private(path: &Path, text: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
 }
 
 async fn wait_missing(path: &Path) {
@@ -382,6 +378,8 @@ async fn host_serves_its_assignment_across_a_session_move() {
     assert!(root.join("sb-1").join("ssh_host_ed25519_key").is_file());
     let log = host.log();
     assert!(!log.contains(TOKEN), "the token leaked into the log");
+    // The host token file stays for the next start.
+    assert!(dir.path().join(".token").is_file());
     assert!(log.contains("sandbox unassigned"), "{log}");
 }
 
@@ -405,8 +403,39 @@ async fn host_refuses_bad_arguments_clearly() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("the host token is required"), "{stderr}");
 
+    // A token file others may read is refused, naming the file, not the
+    // token.
     let token_file = dir.path().join(".token");
-    std::fs::write(&token_file, "").unwrap();
+    write_private(&token_file, TOKEN);
+    std::fs::set_permissions(
+        &token_file,
+        std::os::unix::fs::PermissionsExt::from_mode(0o640),
+    )
+    .unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_openshell-supervisor"))
+        .args([
+            "host",
+            "--gateway",
+            "http://127.0.0.1:1",
+            "--host-id",
+            "h-1",
+        ])
+        .arg("--token-file")
+        .arg(&token_file)
+        .arg("--root")
+        .arg(dir.path())
+        .output()
+        .await
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("may be read by group or others"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains(TOKEN), "{stderr}");
+
+    write_private(&token_file, "");
     let output = Command::new(env!("CARGO_BIN_EXE_openshell-supervisor"))
         .args(["host", "--gateway", "http://127.0.0.1:1", "--host-id", ""])
         .arg("--token-file")

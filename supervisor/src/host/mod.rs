@@ -63,7 +63,7 @@ const HOST_EVENTS: usize = 16;
 /// Serves every sandbox the gateway assigns to this host, over one session.
 ///
 /// The host token is read from an inherited descriptor (--token-fd) or a
-/// file deleted once read (--token-file); one of them is required.
+/// file only its owner may read (--token-file); one of them is required.
 #[derive(Debug, Parser)]
 #[command(name = "openshell-supervisor host", version)]
 struct HostCli {
@@ -77,7 +77,8 @@ struct HostCli {
     /// Read the host token from this inherited descriptor (then closed).
     #[arg(long, value_name = "FD", conflicts_with = "token_file")]
     token_fd: Option<i32>,
-    /// Read the host token from this file, then delete it.
+    /// Read the host token from this file (kept for the next start; it must
+    /// not be readable by group or others).
     #[arg(long, value_name = "PATH")]
     token_file: Option<PathBuf>,
     /// Directory of the sandboxes' directories: `<root>/<sandbox_id>/`
@@ -129,7 +130,12 @@ fn prepare(cli: &HostCli) -> anyhow::Result<(String, Option<Spawner>)> {
     unsafe {
         libc::mallopt(libc::M_ARENA_MAX, 1);
     }
-    let secret = transport::read_token(cli.token_fd, cli.token_file.as_deref(), "host")?;
+    let secret = transport::read_token(
+        cli.token_fd,
+        cli.token_file.as_deref(),
+        "host",
+        transport::TokenFile::KeepPrivate,
+    )?;
     isolation::init::close_from(3);
     if cli.host_id.is_empty() {
         anyhow::bail!("--host-id is empty");
