@@ -301,6 +301,10 @@ async fn host_serves_its_assignment_across_a_session_move() {
     let mut gateway = HostGateway::start().await;
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("root");
+    // Left by an earlier life of the host: a sandbox deleted meanwhile, and
+    // something that is not a sandbox.
+    std::fs::create_dir_all(root.join("sb-gone").join("work")).unwrap();
+    std::fs::create_dir_all(root.join("not-a-sandbox")).unwrap();
     let mut host = Host::start(&gateway.url, dir.path(), &root);
 
     // Hello, acceptance, assignment: one sandbox session per sandbox.
@@ -315,6 +319,8 @@ async fn host_serves_its_assignment_across_a_session_move() {
         assert!(root.join(id).join("work").is_dir());
         assert!(root.join(id).join("ssh_host_ed25519_key").is_file());
     }
+    wait_missing(&root.join("sb-gone")).await;
+    assert!(root.join("not-a-sandbox").is_dir());
 
     // A process in each sandbox, over relays claimed with the host token.
     stream

@@ -5,9 +5,12 @@
 //! assignment is the full list: sandboxes missing from it are stopped (their
 //! processes killed, their directories removed), new ones started. A sandbox
 //! that is stopping and assigned again starts once the stop is complete, so
-//! two lives of one sandbox never share its directory.
+//! two lives of one sandbox never share its directory. The first assignment
+//! after a start also removes the directories of sandboxes deleted while the
+//! host was down.
 
 use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
 use std::sync::Arc;
 
 use tokio::sync::watch;
@@ -24,6 +27,9 @@ struct Running {
 /// The running sandboxes of one host.
 pub struct Pool {
     settings: Arc<HostSettings>,
+    /// Whether directories left by a previous life of the host were
+    /// removed (on the first assignment).
+    swept: bool,
     running: HashMap<String, Running>,
     /// Stopped on unassignment, possibly still winding down.
     stopping: HashMap<String, JoinHandle<()>>,
@@ -33,6 +39,7 @@ impl Pool {
     pub fn new(settings: Arc<HostSettings>) -> Self {
         Self {
             settings,
+            swept: false,
             running: HashMap::new(),
             stopping: HashMap::new(),
         }
@@ -77,6 +84,12 @@ impl Pool {
             running.stop.send_replace(Some(Stop::Unassigned));
             self.stopping.insert(id, running.task);
         }
+        if !self.swept {
+            self.swept = true;
+            let (root, keep) = (self.settings.root.clone(), wanted.clone());
+            // Not awaited: new sandboxes have their own directories.
+            tokio::task::spawn_blocking(move || sweep(&root, &keep));
+        }
         for id in wanted {
             if self.running.contains_key(&id) {
                 continue;
@@ -106,6 +119,37 @@ impl Pool {
         }
         for task in tasks {
             let _ = task.await;
+        }
+    }
+}
+
+/// Removes the directories of sandboxes that were deleted while the host
+/// was down: under `root`, every directory with a sandbox's layout (a
+/// `work/` or an SSH host key) whose name is not in `keep`. Anything else
+/// under the root is left alone.
+fn sweep(root: &Path, keep: &BTreeSet<String>) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+            continue;
+        };
+        let path = entry.path();
+        let is_sandbox = entry.file_type().is_ok_and(|t| t.is_dir())
+            && runtime::sandbox_dir(root, &name).is_some()
+            && (path.join(runtime::WORK_DIR).is_dir()
+                || path.join(runtime::SSH_HOST_KEY_FILE).is_file());
+        if is_sandbox && !keep.contains(&name) {
+            match std::fs::remove_dir_all(&path) {
+                Ok(()) => info!(
+                    sandbox_id = name,
+                    "removed the directory of a sandbox no longer assigned"
+                ),
+                Err(err) => {
+                    warn!(sandbox_id = name, error = %err, "removing a stale sandbox directory failed")
+                }
+            }
         }
     }
 }
