@@ -650,9 +650,12 @@ const SANDBOXES_PER_HOST: usize = 25;
 /// init per sandbox and 0.4 with the supervisor binary exec'd per sandbox.
 #[tokio::test]
 async fn a_host_costs_under_a_tenth_of_per_sandbox_supervisors() {
-    let ids: Vec<String> = (0..SANDBOXES_PER_HOST)
-        .map(|i| format!("mem-{i}"))
-        .collect();
+    // More for a measurement by hand: OPENSHELL_TEST_HOST_SANDBOXES=100.
+    let count = std::env::var("OPENSHELL_TEST_HOST_SANDBOXES")
+        .ok()
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(SANDBOXES_PER_HOST);
+    let ids: Vec<String> = (0..count).map(|i| format!("mem-{i}")).collect();
     let dir = tempfile::tempdir().unwrap();
 
     // Per-sandbox supervisors, each with its session accepted.
