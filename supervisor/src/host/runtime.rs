@@ -12,8 +12,9 @@
 //! between (the host reconnects, or moves to another replica); relays and
 //! processes go on through that ([`RelayScope::Runtime`]). If the sandbox's
 //! init exits, everything of the sandbox is stopped and the init started
-//! again after [`INIT_RESTART_DELAY`]: execs cannot enter a sandbox whose
-//! PID 1 is gone.
+//! again after [`INIT_RESTART_DELAY`] (doubling while it keeps failing, up
+//! to [`RESTART_DELAY_MAX`]): execs cannot enter a sandbox whose PID 1 is
+//! gone.
 
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
@@ -39,8 +40,13 @@ pub const SSH_HOST_KEY_FILE: &str = "ssh_host_ed25519_key";
 /// How long a stopping sandbox's relays get to wind down, and its processes
 /// to be reaped.
 pub const STOP_GRACE: Duration = Duration::from_secs(5);
-/// Pause before an init that exited is started again.
+/// Pause before a sandbox whose init exited (or whose setup failed) is
+/// started again; doubled on every failure in a row, up to
+/// [`RESTART_DELAY_MAX`].
 pub const INIT_RESTART_DELAY: Duration = Duration::from_secs(1);
+/// The longest pause between restarts; a life that lasted this long resets
+/// the pause.
+pub const RESTART_DELAY_MAX: Duration = Duration::from_secs(30);
 
 /// Builds the session of a sandbox (host mode: inside the host's session).
 pub type SessionSource = Arc<dyn Fn(&str) -> ConfigSessionBuilder + Send + Sync>;
@@ -92,7 +98,9 @@ pub async fn run(
         error!(sandbox_id, "not a usable sandbox id; not served");
         return;
     };
+    let mut delay = INIT_RESTART_DELAY;
     let reason = loop {
+        let started = tokio::time::Instant::now();
         let life = tokio::select! {
             life = Life::start(&settings, &sandbox_id, &dir) => life,
             reason = stopped(&mut stop) => break reason,
@@ -115,10 +123,15 @@ pub async fn run(
             }
             Err(err) => error!(sandbox_id, "{err:#}"),
         }
+        // A sandbox that keeps failing is retried ever more slowly.
+        if started.elapsed() >= RESTART_DELAY_MAX {
+            delay = INIT_RESTART_DELAY;
+        }
         tokio::select! {
-            () = tokio::time::sleep(INIT_RESTART_DELAY) => {}
+            () = tokio::time::sleep(delay) => {}
             reason = stopped(&mut stop) => break reason,
         }
+        delay = (delay * 2).min(RESTART_DELAY_MAX);
     };
     if reason == Stop::Unassigned
         && let Err(err) = tokio::fs::remove_dir_all(&dir).await
