@@ -11,10 +11,13 @@ LISTEN ?= 127.0.0.1:17670
 REPLICAS ?= 3
 # `make up CONFIG_DELIVERY_MODE=push` runs the replicas in push mode.
 CONFIG_DELIVERY_MODE ?=
+# `make up HOSTS=4` runs sandboxes on 4 shared supervisor hosts instead of
+# one supervisor process per sandbox.
+HOSTS ?= 0
 
 up: build
 	@mkdir -p $(RUN_DIR)
-	./target/debug/openshell-gateway up --replicas $(REPLICAS) --listen $(LISTEN) --data-dir $(RUN_DIR)/data \
+	./target/debug/openshell-gateway up --replicas $(REPLICAS) --hosts $(HOSTS) --listen $(LISTEN) --data-dir $(RUN_DIR)/data \
 		$(if $(CONFIG_DELIVERY_MODE),--config-delivery-mode $(CONFIG_DELIVERY_MODE))
 
 test: setup build lint check-modules check-generated lint-python lint-typescript test-rust test-python test-typescript conformance check-docs check-wheel check-npm-install lint-go test-go check-go-release
@@ -156,7 +159,7 @@ conformance-go: go-native
 test-go: build go-native
 	cd sdk-go && CARGO_TARGET_DIR=$(TARGET_DIR) $(GO) test -race -count=1 -timeout 20m ./...
 
-# `make bench BENCH=config` (or sdk, routing, typescript, go, languages, dataplane,
+# `make bench BENCH=config` (or sdk, routing, typescript, go, languages, dataplane, hosts,
 # scale, all) runs another benchmark; none of them is part of `make test`.
 # Every one installs iperf3 and socat first (scripts/bench-setup.sh,
 # idempotent). typescript also needs the release addon and dist/bench; go

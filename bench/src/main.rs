@@ -37,7 +37,11 @@
 //!   SDK's forward via the edge and direct to the replica, against raw
 //!   loopback and chains of plain TCP relays (socat) with as many hops, and
 //!   the CPU time each process on the path spends per GB.
-//! - `openshell-bench all`: every one of them but `languages` and `scale`.
+//! - `openshell-bench hosts` (`hosts.rs`): the memory of 100 sandboxes on
+//!   the supervisor side, one supervisor per sandbox against 4 shared
+//!   supervisor hosts (PSS of every process, namespace isolation on).
+//! - `openshell-bench all`: every one of them but `languages`, `scale` and
+//!   `hosts`.
 //!
 //! `OPENSHELL_BENCH_FORWARD_MIB` sets the bytes per forward copy (default
 //! 256 MiB).
@@ -46,6 +50,7 @@ mod config;
 mod contract;
 mod dataplane;
 mod gateway;
+mod hosts;
 mod iperf;
 mod isolation;
 mod lang_rust;
@@ -71,6 +76,7 @@ async fn main() {
         Some("languages-rust") => lang_rust::run().await,
         Some("scale") => scale::run().await,
         Some("dataplane") => dataplane::run().await,
+        Some("hosts") => hosts::run().await,
         Some("all") => {
             gateway::run().await;
             sdk::run().await;
@@ -82,7 +88,7 @@ async fn main() {
         }
         Some(other) => {
             eprintln!(
-                "unknown benchmark {other:?}; try: gateway, sdk, routing, config, isolation, typescript, languages, scale, dataplane, all"
+                "unknown benchmark {other:?}; try: gateway, sdk, routing, config, isolation, typescript, languages, scale, dataplane, hosts, all"
             );
             std::process::exit(2);
         }

@@ -1,6 +1,13 @@
 //! Who is calling: user bearer tokens for the client API, per-sandbox tokens
-//! for the supervisor API. Tokens are compared in constant time and never
-//! logged or echoed; sandbox tokens are stored only as SHA-256 hashes.
+//! for the supervisor API, host tokens for shared supervisor hosts. Tokens
+//! are compared in constant time and never logged or echoed; sandbox and
+//! host tokens are stored only as SHA-256 hashes.
+//!
+//! A host token (`osht_...`, `openshell-gateway host-token`) opens
+//! `ConnectHost` as its own host and acts on the supervisor API
+//! (`RelayStream`, `GetSandboxConfig`, `GetSandboxProviderEnvironment`) only
+//! for sandboxes assigned to that host; the methods check the assignment.
+//! It is no user token and no sandbox token: every other method refuses it.
 //!
 //! `ForwardTcp` alone may also be called without a bearer token: the caller
 //! is then [`Principal::SshSessionOnly`], and the stream's `init` must carry
@@ -36,6 +43,8 @@ pub enum Principal {
     User,
     /// A supervisor holding the token of this sandbox id.
     Sandbox(String),
+    /// A shared supervisor host holding the token of this host id.
+    Host(String),
     /// Another replica of the cluster (peer service).
     Peer(String),
     /// No bearer token on a `ForwardTcp` call: allowed only with an SSH
@@ -50,9 +59,13 @@ pub enum Principal {
 pub enum Access {
     Public,
     User,
+    /// A sandbox token, or a host token (the method checks the sandbox).
     Sandbox,
-    /// A user token, or a sandbox token (the method checks which sandbox).
+    /// A user token, a sandbox token or a host token (the method checks
+    /// which sandbox).
     Dual,
+    /// A host token only: `ConnectHost`.
+    Host,
     Peer,
     /// A user token, or none at all (the method then requires an SSH
     /// session token in the request body): `ForwardTcp`.
@@ -72,6 +85,7 @@ pub fn access_for(path: &str) -> Access {
         "Health" => Access::Public,
         "ConnectSupervisor" | "RelayStream" | "GetSandboxProviderEnvironment" => Access::Sandbox,
         "GetSandboxConfig" => Access::Dual,
+        "ConnectHost" => Access::Host,
         "ForwardTcp" => Access::UserOrSshSession,
         _ => Access::User,
     }
@@ -163,28 +177,42 @@ impl Authenticator {
         }
     }
 
-    /// The sandbox a token hash belongs to: from the negative cache when it
-    /// was unknown a moment ago, else from the store.
-    async fn sandbox_for_token(&self, hash: [u8; 32]) -> Result<Option<String>, Status> {
+    /// The sandbox (or, for an `osht_` token, the host) a token belongs
+    /// to: from the negative cache when it was unknown a moment ago, else
+    /// from the store.
+    async fn supervisor_for_token(&self, token: &[u8]) -> Result<Option<Principal>, Status> {
+        let hash = sha256(token);
+        let is_host = token.starts_with(HOST_TOKEN_PREFIX.as_bytes());
         let before = self.store.token_writes();
         if self.unknown.contains(&hash, before) {
             self.metrics.record_token_lookup("unknown_cache");
             return Ok(None);
         }
         self.metrics.record_token_lookup("store");
-        match self.store.sandbox_for_token(&hex::encode(hash)).await {
-            Ok(Some(id)) => Ok(Some(id)),
+        let found = if is_host {
+            self.store
+                .host_for_token(&hex::encode(hash))
+                .await
+                .map(|id| id.map(Principal::Host))
+        } else {
+            self.store
+                .sandbox_for_token(&hex::encode(hash))
+                .await
+                .map(|id| id.map(Principal::Sandbox))
+        };
+        match found {
+            Ok(Some(principal)) => Ok(Some(principal)),
             Ok(None) => {
                 self.unknown
                     .remember(hash, before, self.store.token_writes());
                 Ok(None)
             }
             Err(err @ StoreError::TimedOut { .. }) => {
-                tracing::error!(%err, "sandbox token lookup failed");
+                tracing::error!(%err, "supervisor token lookup failed");
                 Err(Status::unavailable(format!("credential lookup: {err}")))
             }
             Err(err) => {
-                tracing::error!(%err, "sandbox token lookup failed");
+                tracing::error!(%err, "supervisor token lookup failed");
                 Err(Status::unavailable("credential store unavailable"))
             }
         }
@@ -256,17 +284,25 @@ impl Authenticator {
                 if user {
                     return Ok(Principal::User);
                 }
-                match self.sandbox_for_token(hash).await? {
-                    Some(id) => Ok(Principal::Sandbox(id)),
+                match self.supervisor_for_token(token).await? {
+                    Some(principal) => Ok(principal),
                     None => Err(Status::unauthenticated("invalid bearer token")),
                 }
             }
             Access::Sandbox => {
                 let token =
                     token.ok_or_else(|| Status::unauthenticated("missing sandbox token"))?;
-                match self.sandbox_for_token(sha256(token)).await? {
-                    Some(id) => Ok(Principal::Sandbox(id)),
+                match self.supervisor_for_token(token).await? {
+                    Some(principal) => Ok(principal),
                     None => Err(Status::unauthenticated("invalid sandbox token")),
+                }
+            }
+            Access::Host => {
+                let token = token.ok_or_else(|| Status::unauthenticated("missing host token"))?;
+                // A sandbox token (or anything else) is no host token.
+                match self.supervisor_for_token(token).await? {
+                    Some(principal @ Principal::Host(_)) => Ok(principal),
+                    _ => Err(Status::unauthenticated("invalid host token")),
                 }
             }
         }
@@ -300,6 +336,17 @@ pub fn new_ssh_session_token() -> (String, String) {
 /// The hash an SSH session token is stored and looked up by.
 pub fn ssh_session_hash(token: &str) -> String {
     hex::encode(sha256(token.as_bytes()))
+}
+
+/// What every host token starts with (sandbox tokens start with `ossb_`).
+pub const HOST_TOKEN_PREFIX: &str = "osht_";
+
+/// A new random host token and the hash the store keeps.
+pub fn new_host_token() -> (String, String) {
+    let bytes: [u8; 32] = rand::random();
+    let token = format!("{HOST_TOKEN_PREFIX}{}", hex::encode(bytes));
+    let hash = hex::encode(sha256(token.as_bytes()));
+    (token, hash)
 }
 
 /// A new random sandbox token and the hash the store keeps.
@@ -369,6 +416,10 @@ mod tests {
         assert_eq!(
             access_for("/openshell.v1.OpenShell/UpdateConfig"),
             Access::User
+        );
+        assert_eq!(
+            access_for("/openshell.supervisor_host.v1.SupervisorHost/ConnectHost"),
+            Access::Host
         );
         assert_eq!(
             access_for("/openshell.v1.OpenShell/ForwardTcp"),

@@ -20,6 +20,7 @@ mod api;
 mod auth;
 mod cluster;
 mod config;
+mod host_token;
 mod metrics;
 mod sandboxes;
 mod secret;
@@ -54,6 +55,8 @@ enum Command {
     Up(up::UpArgs),
     /// Run the edge proxy: routes gRPC by `x-openshell-replica` to replicas.
     Edge(openshell_edge::EdgeArgs),
+    /// Issue (or rotate) the token of a shared supervisor host.
+    HostToken(host_token::HostTokenArgs),
 }
 
 #[tokio::main]
@@ -81,6 +84,7 @@ async fn main() -> anyhow::Result<()> {
         }
         Command::Up(args) => up::run(args).await,
         Command::Edge(args) => openshell_edge::run(args).await,
+        Command::HostToken(args) => host_token::run(args).await,
     }
 }
 

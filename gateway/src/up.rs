@@ -2,8 +2,12 @@
 //! N `serve` replicas (gw-0..gw-N-1) sharing the embedded SQLite store and a
 //! generated peer token, then the edge on the public address with one route
 //! per replica; supervisors dial the edge, so placement works as in
-//! production. It stays in the foreground; Ctrl-C (or SIGTERM) stops the
-//! edge, the replicas and their sandboxes' supervisors, each by its PID.
+//! production. With `--hosts N` the replicas run `--driver hosts` and `up`
+//! issues host tokens `h-0..h-(N-1)` and starts N shared supervisor hosts
+//! (`openshell-supervisor host`) dialling the edge, which serve every
+//! sandbox instead of one supervisor process each. It stays in the
+//! foreground; Ctrl-C (or SIGTERM) stops the hosts, the edge, the replicas
+//! and their sandboxes' supervisors, each by its PID.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -50,6 +54,11 @@ pub struct UpArgs {
     /// Tests only: passed to every replica (see `serve`).
     #[arg(long, hide = true)]
     expose_sandbox_tokens: bool,
+    /// Shared supervisor hosts to run (0: one supervisor process per
+    /// sandbox, the default). Each gets a host token and serves a pool of
+    /// the cluster's sandboxes.
+    #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=64))]
+    hosts: u64,
 }
 
 struct Running {
@@ -101,6 +110,25 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         crate::sandboxes::driver::IsolationArg::Namespaces => "namespaces",
         crate::sandboxes::driver::IsolationArg::None => "none",
     };
+    let supervisor_bin = me
+        .parent()
+        .context("binary has no directory")?
+        .join("openshell-supervisor");
+    // Hosts run their sandboxes with what the replicas would have used.
+    let host_isolation = if args.hosts > 0 {
+        let (resolved, fallback) =
+            crate::sandboxes::driver::resolve_isolation(args.isolation, &supervisor_bin)
+                .map_err(anyhow::Error::msg)?;
+        if let Some(reason) = fallback {
+            tracing::warn!(
+                reason = reason.as_str(),
+                "SANDBOXES ARE NOT ISOLATED: --isolation auto fell back to none"
+            );
+        }
+        resolved.as_str()
+    } else {
+        "none"
+    };
     let mut running: Vec<Running> = Vec::new();
     let mut routes = Vec::new();
     let result = async {
@@ -127,6 +155,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
                 .arg(args.database_timeout_ms.to_string())
                 .arg("--isolation")
                 .arg(isolation)
+                .args(["--driver", if args.hosts > 0 { "hosts" } else { "process" }])
                 .args(
                     args.expose_sandbox_tokens
                         .then_some(["--allow-test-flags", "--expose-sandbox-tokens"])
@@ -181,6 +210,17 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             child,
         });
         info?;
+        if args.hosts > 0 {
+            start_hosts(
+                &mut running,
+                args.hosts,
+                &supervisor_bin,
+                &data_dir,
+                &edge_url,
+                host_isolation,
+            )
+            .await?;
+        }
         anyhow::Ok(())
     }
     .await;
@@ -189,8 +229,12 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         stop_all(&mut running).await;
         return Err(err);
     }
+    let pool = match args.hosts {
+        0 => String::new(),
+        n => format!("; sandboxes on {n} supervisor hosts"),
+    };
     say(&format!(
-        "openshell-gateway cluster of {} replicas serving {edge_url} (dev mode: no auth; config delivery: {mode}). Logs: {}. Ctrl-C stops it.",
+        "openshell-gateway cluster of {} replicas serving {edge_url} (dev mode: no auth; config delivery: {mode}{pool}). Logs: {}. Ctrl-C stops it.",
         args.replicas,
         run_dir.display()
     ));
@@ -218,6 +262,79 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     }
     say("stopping the cluster");
     stop_all(&mut running).await;
+    Ok(())
+}
+
+/// Issues host tokens `h-0..h-(n-1)` into `<data>/up/` (mode 0600) and
+/// starts one `openshell-supervisor host` per token, dialling the edge, its
+/// sandboxes under `<data>/hosts/<id>`.
+async fn start_hosts(
+    running: &mut Vec<Running>,
+    n: u64,
+    supervisor_bin: &Path,
+    data_dir: &Path,
+    edge_url: &str,
+    isolation: &str,
+) -> anyhow::Result<()> {
+    if !supervisor_bin.exists() {
+        bail!(
+            "{} not found: build the workspace (cargo build) first",
+            supervisor_bin.display()
+        );
+    }
+    let run_dir = data_dir.join("up");
+    let store_path = crate::store::layout::prepare(data_dir)?;
+    let store = crate::store::Store::open(
+        &format!("sqlite://{}", store_path.display()),
+        crate::store::StoreOptions::default(),
+    )
+    .await
+    .map_err(|err| anyhow::anyhow!("opening the store: {err}"))?;
+    let mut tokens = Vec::new();
+    for i in 0..n {
+        let id = format!("h-{i}");
+        let token_file = run_dir.join(format!("{id}.token"));
+        let issued = crate::host_token::issue(&store, &id, &token_file).await;
+        if let Err(err) = issued {
+            store.close().await;
+            return Err(err);
+        }
+        tokens.push((id, token_file));
+    }
+    store.close().await;
+    for (id, token_file) in tokens {
+        let root = data_dir.join("hosts").join(&id);
+        std::fs::create_dir_all(&root)?;
+        std::fs::set_permissions(&root, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+        let log = std::fs::File::create(run_dir.join(format!("{id}.log")))?;
+        let mut host = Command::new(supervisor_bin);
+        host.arg("host")
+            .args(["--gateway", edge_url, "--host-id", &id])
+            .arg("--token-file")
+            .arg(&token_file)
+            .arg("--root")
+            .arg(&root)
+            .args(["--isolation", isolation]);
+        if isolation == "namespaces" {
+            // The store and the host tokens stay out of every sandbox's view.
+            host.arg("--hide")
+                .arg(data_dir.join(crate::store::layout::STORE_DIR))
+                .arg("--hide")
+                .arg(&run_dir);
+        }
+        let child = host
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .kill_on_drop(false)
+            .spawn()
+            .with_context(|| format!("starting supervisor host {id}"))?;
+        say(&format!(
+            "  {id}: supervisor host (pid {})",
+            child.id().unwrap_or_default()
+        ));
+        running.push(Running { name: id, child });
+    }
     Ok(())
 }
 

@@ -437,3 +437,50 @@ pub async fn eventually(limit: Duration, mut check: impl FnMut() -> bool) -> boo
     }
     check()
 }
+
+/// Issues the token of shared supervisor host `host_id` in the store under
+/// `data_dir` with the real `openshell-gateway host-token` and returns it.
+pub fn issue_host_token(data_dir: &Path, host_id: &str) -> String {
+    run_host_token(data_dir, None, host_id)
+}
+
+/// [`issue_host_token`] for replicas on a database server (`database_url`,
+/// passed in the environment as an operator would); the token file goes
+/// into `dir`.
+pub fn issue_host_token_in_database(database_url: &str, dir: &Path, host_id: &str) -> String {
+    run_host_token(dir, Some(database_url), host_id)
+}
+
+fn run_host_token(dir: &Path, database_url: Option<&str>, host_id: &str) -> String {
+    let out = dir.join(format!("{host_id}.host-token"));
+    let mut command = std::process::Command::new(bin("openshell-gateway"));
+    command.arg("host-token");
+    match database_url {
+        Some(url) => {
+            command.env("OPENSHELL_DATABASE_URL", url);
+        }
+        None => {
+            command
+                .arg("--data-dir")
+                .arg(dir)
+                .env_remove("OPENSHELL_DATABASE_URL");
+        }
+    }
+    let output = command
+        .args(["--host-id", host_id])
+        .arg("--out")
+        .arg(&out)
+        .output()
+        .expect("run openshell-gateway host-token");
+    assert!(
+        output.status.success(),
+        "host-token failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let token = std::fs::read_to_string(&out).expect("host token file");
+    let token = token.trim().to_owned();
+    // What it prints names the file, never the token.
+    let printed = String::from_utf8_lossy(&output.stdout);
+    assert!(!printed.contains(&token), "host-token printed the token");
+    token
+}

@@ -1,12 +1,13 @@
 //! The gRPC surface of a replica: the OpenShell service (`service`, with the
-//! long-lived streams in `streams`), the peer service other replicas call
-//! (`peer`), SSH session tokens (`ssh_sessions`), and the request layer every call passes through
+//! long-lived streams in `streams`), the supervisor host service (`hosts`),
+//! the peer service other replicas call (`peer`), SSH session tokens (`ssh_sessions`), and the request layer every call passes through
 //! (`request_layer`: authentication, `x-openshell-served-by`, request
 //! metrics, relay routing of owner-routed streams).
 //!
 //! The top layer below `serve`: it may import every other module; nothing
 //! but `serve` imports it.
 
+pub mod hosts;
 pub mod peer;
 pub mod request_layer;
 pub mod service;

@@ -20,7 +20,7 @@ use crate::config::model::{self, ConfigModel};
 use crate::sandboxes::watch::Change;
 use crate::sandboxes::{Sandboxes, id_of, store_status};
 use crate::sessions::routing::{OWNER_TTL, RelayRouter};
-use crate::sessions::{ConfigSink, PushSetup, Sessions};
+use crate::sessions::{ConfigSink, GatewayStream, PushSetup, Sessions};
 use crate::store::OwnerRecord;
 
 pub const WANT_OWNER: &str = "x-openshell-want-owner";
@@ -106,6 +106,105 @@ impl GatewayService {
 }
 
 impl GatewayService {
+    /// A sandbox session whose hello passed its checks: placement (a
+    /// redirect when the ring places it elsewhere and the supervisor can
+    /// follow one), ownership, push setup and acceptance. A session inside
+    /// a host session comes here too, with a hello that cannot follow a
+    /// redirect.
+    pub async fn start_session(
+        &self,
+        sandbox_id: String,
+        hello: &SupervisorHello,
+        inbound: impl Stream<Item = Result<SupervisorMessage, Status>> + Send + Unpin + 'static,
+    ) -> Result<GatewayStream, Status> {
+        if self.sessions.is_shutting_down() {
+            return Err(Status::unavailable("gateway is shutting down"));
+        }
+        self.sandboxes.check_session_target(&sandbox_id).await?;
+        let session_id = uuid::Uuid::new_v4().to_string();
+        if let Some(cluster) = &self.cluster
+            && let Some(redirect) = self
+                .place_session(cluster, &sandbox_id, &session_id, hello)
+                .await?
+        {
+            tracing::info!(
+                sandbox_id,
+                owner = redirect.owner_replica_id,
+                "redirecting supervisor to its ring owner"
+            );
+            self.sessions
+                .metrics()
+                .session_redirects
+                .get_or_create(&crate::metrics::RedirectLabels { reason: "connect" })
+                .inc();
+            return Ok(Sessions::redirect_stream(redirect));
+        }
+        // Push when both sides support it: the bootstrap goes inside
+        // SessionAccepted and the supervisor stops polling.
+        let push = if self.delivery.push_for(hello.supports_config_push) {
+            Some(self.delivery.bootstrap(&sandbox_id, &session_id).await?)
+        } else {
+            None
+        };
+        let setup = push.as_ref().map(|(bootstrap, session)| PushSetup {
+            bootstrap: bootstrap.clone(),
+            sink: session.clone() as Arc<dyn ConfigSink>,
+        });
+        let stream = match self.sessions.accept(
+            sandbox_id,
+            session_id,
+            hello,
+            inbound,
+            self.sandboxes.clone(),
+            setup,
+        ) {
+            Ok(stream) => stream,
+            Err(status) => {
+                if let Some((_, session)) = &push {
+                    session.ended();
+                }
+                return Err(status);
+            }
+        };
+        if let Some((_, session)) = &push {
+            self.delivery.start(session);
+        }
+        Ok(stream)
+    }
+
+    /// Whether a supervisor principal may act for `sandbox_id`: a sandbox
+    /// token for its own sandbox, a host token for a sandbox assigned to
+    /// its host. `what` names the refused action.
+    async fn check_supervisor_for(
+        &self,
+        principal: &Principal,
+        sandbox_id: &str,
+        what: &str,
+    ) -> Result<(), Status> {
+        match principal {
+            Principal::Sandbox(own) if own == sandbox_id => Ok(()),
+            Principal::Sandbox(_) => Err(Status::permission_denied(format!(
+                "a sandbox token may only read its own sandbox's {what}"
+            ))),
+            Principal::Host(host) => {
+                let assigned = self
+                    .sandboxes
+                    .store
+                    .sandbox_host(sandbox_id)
+                    .await
+                    .map_err(store_status)?;
+                if assigned.as_deref() == Some(host.as_str()) {
+                    Ok(())
+                } else {
+                    Err(Status::permission_denied(format!(
+                        "a host token may only read the {what} of sandboxes assigned to its host"
+                    )))
+                }
+            }
+            _ => Ok(()),
+        }
+    }
+
     async fn attachment(
         &self,
         sandbox: &str,
@@ -126,10 +225,13 @@ impl GatewayService {
 
 type BoxStream<T> = Pin<Box<dyn Stream<Item = Result<T, Status>> + Send + 'static>>;
 
-fn sandbox_principal<T>(request: &Request<T>) -> Result<String, Status> {
+/// The caller of a supervisor method: a sandbox token or a host token.
+fn supervisor_principal<T>(request: &Request<T>) -> Result<Principal, Status> {
     match request.extensions().get::<Principal>() {
-        Some(Principal::Sandbox(id)) => Ok(id.clone()),
-        _ => Err(Status::unauthenticated("a sandbox token is required")),
+        Some(principal @ (Principal::Sandbox(_) | Principal::Host(_))) => Ok(principal.clone()),
+        _ => Err(Status::unauthenticated(
+            "a sandbox token or a host token is required",
+        )),
     }
 }
 
@@ -291,7 +393,10 @@ impl OpenShell for GatewayService {
         &self,
         request: Request<Streaming<SupervisorMessage>>,
     ) -> Result<Response<Self::ConnectSupervisorStream>, Status> {
-        let principal = sandbox_principal(&request)?;
+        let principal = match request.extensions().get::<Principal>() {
+            Some(Principal::Sandbox(id)) => id.clone(),
+            _ => return Err(Status::unauthenticated("a sandbox token is required")),
+        };
         let mut inbound = request.into_inner();
         let hello = Sessions::read_hello(&mut inbound).await?;
         if hello.sandbox_id.is_empty() {
@@ -302,58 +407,7 @@ impl OpenShell for GatewayService {
                 "the sandbox token does not belong to hello.sandbox_id",
             ));
         }
-        if self.sessions.is_shutting_down() {
-            return Err(Status::unavailable("gateway is shutting down"));
-        }
-        self.sandboxes.check_session_target(&principal).await?;
-        let session_id = uuid::Uuid::new_v4().to_string();
-        if let Some(cluster) = &self.cluster
-            && let Some(redirect) = self
-                .place_session(cluster, &principal, &session_id, &hello)
-                .await?
-        {
-            tracing::info!(
-                sandbox_id = principal,
-                owner = redirect.owner_replica_id,
-                "redirecting supervisor to its ring owner"
-            );
-            self.sessions
-                .metrics()
-                .session_redirects
-                .get_or_create(&crate::metrics::RedirectLabels { reason: "connect" })
-                .inc();
-            return Ok(Response::new(Box::pin(Sessions::redirect_stream(redirect))));
-        }
-        // Push when both sides support it: the bootstrap goes inside
-        // SessionAccepted and the supervisor stops polling.
-        let push = if self.delivery.push_for(hello.supports_config_push) {
-            Some(self.delivery.bootstrap(&principal, &session_id).await?)
-        } else {
-            None
-        };
-        let setup = push.as_ref().map(|(bootstrap, session)| PushSetup {
-            bootstrap: bootstrap.clone(),
-            sink: session.clone() as Arc<dyn ConfigSink>,
-        });
-        let stream = match self.sessions.accept(
-            principal,
-            session_id,
-            &hello,
-            inbound,
-            self.sandboxes.clone(),
-            setup,
-        ) {
-            Ok(stream) => stream,
-            Err(status) => {
-                if let Some((_, session)) = &push {
-                    session.ended();
-                }
-                return Err(status);
-            }
-        };
-        if let Some((_, session)) = &push {
-            self.delivery.start(session);
-        }
+        let stream = self.start_session(principal, &hello, inbound).await?;
         Ok(Response::new(Box::pin(stream)))
     }
 
@@ -366,12 +420,9 @@ impl OpenShell for GatewayService {
         if sandbox_id.is_empty() {
             return Err(Status::invalid_argument("sandbox_id is required"));
         }
-        if let Some(Principal::Sandbox(own)) = &caller
-            && *own != sandbox_id
-        {
-            return Err(Status::permission_denied(
-                "a sandbox token may only read its own sandbox's configuration",
-            ));
+        if let Some(caller) = &caller {
+            self.check_supervisor_for(caller, &sandbox_id, "configuration")
+                .await?;
         }
         let loaded = self.delivery.build_for_request(&sandbox_id, false).await?;
         Ok(Response::new(loaded.config))
@@ -381,16 +432,13 @@ impl OpenShell for GatewayService {
         &self,
         request: Request<GetSandboxProviderEnvironmentRequest>,
     ) -> Result<Response<GetSandboxProviderEnvironmentResponse>, Status> {
-        let principal = sandbox_principal(&request)?;
+        let principal = supervisor_principal(&request)?;
         let sandbox_id = request.into_inner().sandbox_id;
         if sandbox_id.is_empty() {
             return Err(Status::invalid_argument("sandbox_id is required"));
         }
-        if sandbox_id != principal {
-            return Err(Status::permission_denied(
-                "a sandbox token may only read its own sandbox's provider environment",
-            ));
-        }
+        self.check_supervisor_for(&principal, &sandbox_id, "provider environment")
+            .await?;
         let loaded = self.delivery.build_for_request(&sandbox_id, true).await?;
         Ok(Response::new(loaded.environment.unwrap_or_default()))
     }
@@ -459,11 +507,34 @@ impl OpenShell for GatewayService {
         &self,
         request: Request<Streaming<RelayFrame>>,
     ) -> Result<Response<Self::RelayStreamStream>, Status> {
-        let principal = sandbox_principal(&request)?;
-        let stream = self
-            .sessions
-            .claim(&principal, request.into_inner())
-            .await?;
+        let principal = supervisor_principal(&request)?;
+        let stream = match principal {
+            Principal::Host(host) => {
+                // The sandboxes assigned to the host now: a relay of any
+                // other sandbox is not the host's to claim.
+                let assigned: Vec<String> = self
+                    .sandboxes
+                    .store
+                    .host_assignment(&host)
+                    .await
+                    .map_err(store_status)?
+                    .iter()
+                    .map(|s| id_of(s).to_owned())
+                    .collect();
+                self.sessions
+                    .claim(
+                        |sandbox| assigned.iter().any(|a| a == sandbox),
+                        request.into_inner(),
+                    )
+                    .await?
+            }
+            Principal::Sandbox(own) => {
+                self.sessions
+                    .claim(|sandbox| sandbox == own, request.into_inner())
+                    .await?
+            }
+            _ => return Err(Status::unauthenticated("a sandbox token is required")),
+        };
         Ok(Response::new(Box::pin(stream)))
     }
 }

@@ -13,9 +13,11 @@
 //! became a member again (to catch up on what a stale view made others skip)
 //! watches [`Cluster::joins`].
 //!
-//! Folder: this module (membership) and `ring` (consistent-hash placement).
+//! Folder: this module (membership), `ring` (consistent-hash placement) and
+//! `placement` (where a supervisor host's session goes: the ring and a cap).
 //! May import `metrics`, `secret` and `store` only.
 
+pub mod placement;
 pub mod ring;
 
 use std::collections::HashMap;

@@ -63,6 +63,23 @@ impl Ring {
         Some(replica)
     }
 
+    /// The distinct replicas in the order met walking clockwise from the
+    /// key's point (the first is [`Ring::owner`]).
+    pub fn walk(&self, key: &str) -> Vec<&str> {
+        if self.points.is_empty() {
+            return Vec::new();
+        }
+        let start = self.points.partition_point(|(p, _)| *p < point(key));
+        let mut seen: Vec<&str> = Vec::new();
+        for i in 0..self.points.len() {
+            let replica = self.points[(start + i) % self.points.len()].1.as_str();
+            if !seen.contains(&replica) {
+                seen.push(replica);
+            }
+        }
+        seen
+    }
+
     /// The same ring without one replica.
     pub fn without(&self, replica: &str) -> Self {
         Self {

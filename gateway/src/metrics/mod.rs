@@ -76,6 +76,10 @@ pub struct Metrics {
     pub offring_admissions: Counter,
     pub routed_requests: Family<RouteLabels, Counter>,
     pub supervisor_sessions: Gauge,
+    /// Supervisor host sessions held by this replica.
+    pub supervisor_hosts: Gauge,
+    /// Sandboxes assigned to the busiest host this replica holds.
+    pub supervisor_host_instances_max: Gauge,
     pub requests: Family<RequestLabels, Counter>,
     pub relays_active: Family<RelayLabels, Gauge>,
     pub relays_opened: Family<RelayLabels, Counter>,
@@ -109,7 +113,8 @@ impl Metrics {
         );
         registry.register(
             "openshell_server_session_redirects",
-            "SessionRedirects sent to supervisors, by reason (connect, shutdown, rebalance)",
+            "Redirects sent to supervisors, by reason (connect, shutdown, rebalance; \
+             host_connect, host_shutdown for supervisor host sessions)",
             session_redirects.clone(),
         );
         registry.register(
@@ -122,7 +127,13 @@ impl Metrics {
             "Owner-routed stream attempts by route (local, peer), relay kind and outcome",
             routed_requests.clone(),
         );
-        for reason in ["connect", "shutdown", "rebalance"] {
+        for reason in [
+            "connect",
+            "shutdown",
+            "rebalance",
+            "host_connect",
+            "host_shutdown",
+        ] {
             let _ = session_redirects.get_or_create(&RedirectLabels { reason });
         }
         for route in ["local", "peer"] {
@@ -139,6 +150,18 @@ impl Metrics {
             "openshell_server_supervisor_sessions",
             "Supervisor sessions held by this replica",
             supervisor_sessions.clone(),
+        );
+        let supervisor_hosts = Gauge::default();
+        registry.register(
+            "openshell_server_supervisor_hosts",
+            "Supervisor host sessions held by this replica",
+            supervisor_hosts.clone(),
+        );
+        let supervisor_host_instances_max = Gauge::default();
+        registry.register(
+            "openshell_server_supervisor_host_instances_max",
+            "Sandboxes assigned to the busiest supervisor host this replica holds",
+            supervisor_host_instances_max.clone(),
         );
         registry.register(
             "openshell_server_requests",
@@ -177,6 +200,8 @@ impl Metrics {
             offring_admissions,
             routed_requests,
             supervisor_sessions,
+            supervisor_hosts,
+            supervisor_host_instances_max,
             requests,
             relays_active,
             relays_opened,

@@ -85,6 +85,9 @@ pub enum DriverKind {
     /// process. The sandbox stays PROVISIONING until something opens its
     /// session with the token from `<dir>/token` (mode 0600).
     None,
+    /// Shared supervisor hosts: a new sandbox is assigned to the connected
+    /// host serving the fewest sandboxes, which runs it; no process here.
+    Hosts,
 }
 
 pub struct ProcessDriver {
@@ -188,6 +191,18 @@ impl ProcessDriver {
             .parse()
             .ok()
             .filter(|pid| is_our_supervisor(*pid, sandbox_id))
+    }
+
+    /// Tests only (`--expose-sandbox-tokens`): keeps a copy of a pooled
+    /// sandbox's token in its directory, which holds nothing else.
+    pub async fn keep_token_copy(&self, sandbox_id: &str, token: &str) -> std::io::Result<()> {
+        if !self.expose_tokens {
+            return Ok(());
+        }
+        let dir = self.sandbox_dir(sandbox_id);
+        tokio::fs::create_dir_all(&dir).await?;
+        std::fs::set_permissions(&dir, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
+        write_token_file(&dir.join("token"), token).await
     }
 
     /// Creates the sandbox's directory and starts its supervisor.

@@ -36,6 +36,7 @@ use crate::auth;
 use crate::cluster::Cluster;
 use crate::sandboxes::driver::{ProcessDriver, SupervisorExit};
 use crate::sandboxes::watch::{Change, WatchHub};
+use crate::sessions::hosts::{HOST_TTL, HostSessions};
 use crate::sessions::routing::OWNER_TTL;
 use crate::sessions::{SessionEnd, SessionHooks, Sessions};
 use crate::store::{PolicySeed, Store, StoreError};
@@ -55,12 +56,19 @@ pub struct Sandboxes {
     /// This host's name: the driver manages supervisors of sandboxes whose
     /// `driver_host` matches.
     pub host: String,
+    /// `--driver hosts`: sandboxes are assigned to shared supervisor hosts
+    /// (told here of assignment changes) and no supervisor is started.
+    pub pool: Option<Arc<HostSessions>>,
 }
 
 pub fn store_status(err: StoreError) -> Status {
     match err {
         StoreError::NotFound => Status::not_found("sandbox not found"),
         StoreError::AlreadyExists => Status::already_exists("sandbox already exists"),
+        StoreError::NoHost => Status::unavailable("no supervisor host is connected"),
+        StoreError::HostsFull => Status::resource_exhausted(
+            "every connected supervisor host serves as many sandboxes as its capacity allows",
+        ),
         // Says which store and how long, nothing more (never the URL).
         err @ StoreError::TimedOut { .. } => {
             tracing::error!(%err, "store call timed out");
@@ -213,6 +221,25 @@ impl Sandboxes {
     ) -> Result<Sandbox, Status> {
         let id = id_of(&sandbox).to_owned();
         let _lifecycle = self.driver.lock(&id).await;
+        if let Some(pool) = &self.pool {
+            // Its host runs it: no process, no directory here.
+            let host = self
+                .store
+                .insert_placed(&sandbox, token_hash, &self.host, policy, Some(HOST_TTL))
+                .await
+                .map_err(store_status)?;
+            tracing::info!(
+                sandbox_id = id,
+                host = host.as_deref(),
+                "sandbox assigned to a supervisor host"
+            );
+            if let Err(err) = self.driver.keep_token_copy(&id, token).await {
+                tracing::warn!(sandbox_id = id, %err, "could not keep the token copy");
+            }
+            self.hub.publish(Change::Updated(Box::new(sandbox.clone())));
+            pool.assignment_changed();
+            return Ok(sandbox);
+        }
         self.store
             .insert(&sandbox, token_hash, &self.host, policy)
             .await
@@ -413,6 +440,9 @@ impl Sandboxes {
         let pid = i32::try_from(pid).ok().filter(|p| *p > 0);
         self.driver.stop(id, pid).await;
         self.store.delete(id).await?;
+        if let Some(pool) = &self.pool {
+            pool.assignment_changed();
+        }
         self.hub.publish(Change::Deleted { id: id.to_owned() });
         tracing::info!(sandbox_id = id, "sandbox deleted");
         Ok(())

@@ -60,6 +60,10 @@ impl Sandboxes {
                 .await
                 .ok();
             }
+            if self.pool.is_some() {
+                // Pooled: its host runs it; there is no supervisor to adopt.
+                continue;
+            }
             let mut alive = i32::try_from(stored.supervisor_pid)
                 .is_ok_and(|pid| crate::sandboxes::driver::is_our_supervisor(pid, &id));
             if !alive

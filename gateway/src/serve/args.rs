@@ -165,11 +165,15 @@ pub struct ServeArgs {
     /// `unsupported_peer`).
     #[arg(long, hide = true)]
     pub no_peer_config_notify: bool,
-    /// Tests and benchmarks only: `none` creates sandbox records and
-    /// directories but starts no supervisor, and writes each sandbox's
-    /// token to `<data-dir>/sandboxes/<id>/token` (mode 0600) so that a
-    /// test can run the supervisor side itself. Default `process`.
-    #[arg(long, value_enum, default_value = "process", hide = true)]
+    /// How sandboxes run: `process` (one supervisor process per sandbox,
+    /// started by this replica) or `hosts` (each new sandbox is assigned to
+    /// the connected shared supervisor host serving the fewest; see
+    /// `host-token`). Tests and benchmarks only (needs `--allow-test-flags`):
+    /// `none` creates sandbox records and directories but starts no
+    /// supervisor, and writes each sandbox's token to
+    /// `<data-dir>/sandboxes/<id>/token` (mode 0600) so that a test can run
+    /// the supervisor side itself.
+    #[arg(long, value_enum, default_value = "process")]
     pub driver: DriverKind,
     /// How sandbox processes are isolated: `namespaces` (their own user, PID
     /// and mount namespaces as an unprivileged uid, the data directory and

@@ -29,11 +29,18 @@ pub fn check_serve(
     allow_test_flags: bool,
 ) -> anyhow::Result<()> {
     let from_command_line = |id: &str| matches.value_source(id) == Some(ValueSource::CommandLine);
-    let test_flags: Vec<String> = command
+    let mut test_flags: Vec<String> = command
         .get_arguments()
         .filter(|arg| arg.is_hide_set() && from_command_line(arg.get_id().as_str()))
         .map(flag_name)
         .collect();
+    // `--driver` is an operator's flag; only its `none` is a test knob.
+    if from_command_line("driver")
+        && matches.get_one::<crate::sandboxes::driver::DriverKind>("driver")
+            == Some(&crate::sandboxes::driver::DriverKind::None)
+    {
+        test_flags.push("--driver none".to_owned());
+    }
     if !test_flags.is_empty() && !allow_test_flags {
         bail!(
             "{} {} for tests and benchmarks only: pass --allow-test-flags as well to use {}",
@@ -110,10 +117,13 @@ mod tests {
         let err = check(&["--driver", "none", "--member-ttl-ms", "9"], false).unwrap_err();
         assert_eq!(
             err.to_string(),
-            "--member-ttl-ms, --driver are for tests and benchmarks only: \
+            "--member-ttl-ms, --driver none are for tests and benchmarks only: \
              pass --allow-test-flags as well to use them"
         );
         assert!(check(&["--driver", "none"], true).is_ok());
+        // The operator's drivers need no test flag.
+        assert!(check(&["--driver", "hosts"], false).is_ok());
+        assert!(check(&["--driver", "process"], false).is_ok());
         assert!(check(&["--dev", "--token", "t"], false).is_ok());
     }
 

@@ -18,6 +18,7 @@ use tokio_stream::wrappers::TcpListenerStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::{Identity, Server, ServerTlsConfig};
 
+use crate::api::hosts::HostService;
 use crate::api::peer::PeerService;
 use crate::api::request_layer::GatewayLayer;
 use crate::api::service::GatewayService;
@@ -32,10 +33,13 @@ use crate::sandboxes::driver::{DriverKind, ProcessDriver};
 use crate::sandboxes::watch::WatchHub;
 use crate::secret::Secret;
 use crate::sessions::Sessions;
+use crate::sessions::hosts::{HOST_TTL, HostSessions};
 use crate::sessions::routing::RelayRouter;
 use crate::store::{Store, StoreOptions};
 use openshell_proto::SessionRedirect;
 use openshell_proto::peer::peer_server::PeerServer;
+use openshell_proto::supervisor_host::HostRedirect;
+use openshell_proto::supervisor_host::supervisor_host_server::SupervisorHostServer;
 
 pub use args::ServeArgs;
 use args::{hidden_paths, user_tokens};
@@ -137,6 +141,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     sessions
         .caps
         .set_limits(args.max_execs_per_sandbox, args.max_relays_per_sandbox);
+    let host_sessions = HostSessions::new(metrics.clone());
     let cluster = match &peer_token {
         Some(token) => {
             let peer_endpoint = args
@@ -185,6 +190,10 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     };
     let driver = match args.driver {
         DriverKind::Process => driver,
+        DriverKind::Hosts => {
+            tracing::info!("--driver hosts: sandboxes run on shared supervisor hosts");
+            driver.without_processes()
+        }
         DriverKind::None => {
             tracing::warn!(
                 "--driver none: no supervisors are started and sandbox tokens are written \
@@ -200,6 +209,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         sessions: sessions.clone(),
         cluster: cluster.clone(),
         host: host_name(),
+        pool: (args.driver == DriverKind::Hosts).then(|| host_sessions.clone()),
     });
     sandboxes.recover().await.context("recovering sandboxes")?;
     tokio::spawn(sandboxes.clone().follow_events());
@@ -251,7 +261,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
 
     let shutdown = CancellationToken::new();
-    let service = GatewayService {
+    let service = Arc::new(GatewayService {
         sandboxes: sandboxes.clone(),
         sessions: sessions.clone(),
         streams: Streams {
@@ -268,6 +278,12 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             ttl: Duration::from_secs(args.ssh_session_ttl_secs),
             scheme,
         },
+    });
+    let host_service = HostService {
+        gateway: service.clone(),
+        hosts: host_sessions.clone(),
+        replica_id: args.replica_id.clone(),
+        heartbeat: Duration::from_millis(args.heartbeat_ms.max(100)),
     };
     let layer = GatewayLayer {
         replica_id: replica_header,
@@ -298,7 +314,12 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let router = builder
         .layer(layer)
         .add_service(
-            OpenShellServer::new(service)
+            OpenShellServer::from_arc(service)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        )
+        .add_service(
+            SupervisorHostServer::new(host_service)
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
         )
@@ -350,6 +371,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let redirects = match &cluster {
         Some(cluster) => {
             let ring = cluster.leave().await;
+            sessions.refuse_new();
+            hand_off_hosts(cluster, &ring, &host_sessions, &store, &metrics).await;
             sessions.shutdown(|sandbox_id| {
                 cluster
                     .placement(&ring, sandbox_id)
@@ -359,7 +382,12 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                     })
             })
         }
-        None => sessions.shutdown(|_| None),
+        None => {
+            sessions.refuse_new();
+            host_sessions.begin_shutdown();
+            host_sessions.close_all();
+            sessions.shutdown(|_| None)
+        }
     };
     metrics
         .session_redirects
@@ -405,6 +433,56 @@ fn accept_nodelay(
         stream.set_nodelay(true)?;
         Ok(stream)
     })
+}
+
+/// Ends every host session held here with a redirect, each placed like an
+/// arriving host on the ring without this replica (`ring`): first below the
+/// cap, each seated on its target in the store before the next is placed,
+/// so the hosts handed off so far count.
+async fn hand_off_hosts(
+    cluster: &Cluster,
+    ring: &crate::cluster::ring::Ring,
+    hosts: &HostSessions,
+    store: &Store,
+    metrics: &Metrics,
+) {
+    let mut sent = 0u64;
+    for host_id in hosts.begin_shutdown() {
+        let target = store
+            .place_host(&host_id, HOST_TTL, |seats| {
+                crate::cluster::placement::place(ring, &host_id, seats)
+            })
+            .await;
+        let redirect = match target {
+            Ok(Some(target)) => cluster
+                .endpoint_of(&target)
+                .map(|peer_endpoint| HostRedirect {
+                    peer_endpoint,
+                    replica_id: target,
+                }),
+            Ok(None) => None,
+            Err(err) => {
+                tracing::warn!(host_id, %err, "placing a host on shutdown");
+                None
+            }
+        };
+        if hosts.end(&host_id, redirect) {
+            sent += 1;
+        }
+    }
+    hosts.close_all();
+    metrics
+        .session_redirects
+        .get_or_create(&crate::metrics::RedirectLabels {
+            reason: "host_shutdown",
+        })
+        .inc_by(sent);
+    if sent > 0 {
+        tracing::info!(
+            sent,
+            "redirected supervisor hosts to the remaining replicas"
+        );
+    }
 }
 
 /// Every refresh interval, sends idle sessions whose live ring owner is

@@ -29,6 +29,7 @@
 //! through `ConfigSink` and channels).
 
 pub mod caps;
+pub mod hosts;
 pub mod routing;
 
 use std::collections::HashMap;
@@ -38,7 +39,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use futures::Stream;
+use futures::{Stream, StreamExt};
 use openshell_proto::{
     ConfigUpdate, ConfigUpdateResult, GatewayHeartbeat, GatewayMessage, RelayClose, RelayFrame,
     RelayOpen, SessionAccepted, SessionRedirect, SupervisorHello, SupervisorMessage,
@@ -361,10 +362,11 @@ impl Sessions {
         sandbox_id: String,
         session_id: String,
         hello: &SupervisorHello,
-        mut inbound: Streaming<SupervisorMessage>,
+        inbound: impl Stream<Item = Result<SupervisorMessage, Status>> + Send + Unpin + 'static,
         hooks: Arc<dyn SessionHooks>,
         push: Option<PushSetup>,
     ) -> Result<GatewayStream, Status> {
+        let mut inbound = inbound;
         if self.is_shutting_down() {
             return Err(Status::unavailable("gateway is shutting down"));
         }
@@ -473,10 +475,10 @@ impl Sessions {
                             break;
                         }
                     }
-                    message = inbound.message() => {
+                    message = inbound.next() => {
                         idle_deadline = tokio::time::Instant::now() + idle_limit;
                         match message {
-                            Ok(Some(message)) => {
+                            Some(Ok(message)) => {
                                 if matches!(message.payload, Some(supervisor_message::Payload::Heartbeat(_)))
                                     && !hooks.heartbeat(&sandbox_id, &session_id).await
                                 {
@@ -493,7 +495,7 @@ impl Sessions {
                                 }
                                 this.on_supervisor_message(message);
                             }
-                            Ok(None) | Err(_) => break,
+                            None | Some(Err(_)) => break,
                         }
                     }
                 }
@@ -608,6 +610,13 @@ impl Sessions {
         if let Some(session) = self.sessions.lock().unwrap().get(sandbox_id) {
             session.closed.cancel();
         }
+    }
+
+    /// Refuses new sessions from now on, and makes every session that ends
+    /// from now on a hand-off rather than a lost supervisor (before host
+    /// sessions are handed off, ending the sandbox sessions inside them).
+    pub fn refuse_new(&self) {
+        self.shutting_down.store(true, Ordering::SeqCst);
     }
 
     /// Refuses new sessions, sends each held session that can follow one the
@@ -768,10 +777,11 @@ impl Sessions {
         Ok(result?.counted(self, sandbox_id, kind).holding(cap))
     }
 
-    /// Serves a supervisor's `RelayStream`: hands it to the waiting opener.
+    /// Serves a supervisor's `RelayStream`: hands it to the waiting opener
+    /// if `may_claim` says the caller acts for the channel's sandbox.
     pub async fn claim(
         &self,
-        principal_sandbox: &str,
+        may_claim: impl Fn(&str) -> bool,
         mut inbound: Streaming<RelayFrame>,
     ) -> Result<RelayStreamOut, Status> {
         let first = tokio::time::timeout(HELLO_TIMEOUT, inbound.message())
@@ -788,7 +798,7 @@ impl Sessions {
         let pending = {
             let mut map = self.pending.lock().unwrap();
             match map.remove(&channel_id) {
-                Some(p) if p.sandbox_id == principal_sandbox => p,
+                Some(p) if may_claim(&p.sandbox_id) => p,
                 Some(p) => {
                     map.insert(channel_id, p);
                     return Err(Status::permission_denied(

@@ -29,9 +29,12 @@
 //! transaction) with its dialect differences, and keeping them together
 //! keeps the schema and every query that depends on it in one place.
 
+mod hosts;
 pub mod layout;
 mod members;
 mod ssh_sessions;
+
+pub use hosts::HostSeat;
 
 use std::future::Future;
 use std::sync::Arc;
@@ -206,12 +209,52 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     );
     CREATE INDEX ssh_sessions_sandbox ON ssh_sessions (sandbox_id)",
     ),
+    // Shared supervisor hosts (hosts.rs): the SHA-256 of each host token;
+    // `replica_id` is the replica holding the host's session, or the one a
+    // redirect sent it to (`session_id` still ''), NULL for none; `seen_ms`
+    // by database time. `sandboxes.host_id` is the host a pooled sandbox is
+    // assigned to (NULL for a sandbox with a supervisor of its own).
+    (
+        4,
+        "CREATE TABLE hosts (
+        id TEXT PRIMARY KEY,
+        token_hash TEXT NOT NULL,
+        replica_id TEXT,
+        session_id TEXT NOT NULL DEFAULT '',
+        instance_id TEXT NOT NULL DEFAULT '',
+        capacity INTEGER NOT NULL DEFAULT 0,
+        seen_ms INTEGER NOT NULL DEFAULT 0,
+        created_ms INTEGER NOT NULL
+    );
+    CREATE INDEX hosts_token_hash ON hosts (token_hash);
+    ALTER TABLE sandboxes ADD COLUMN host_id TEXT;
+    CREATE INDEX sandboxes_host_id ON sandboxes (host_id)",
+        "CREATE TABLE hosts (
+        id TEXT PRIMARY KEY,
+        token_hash TEXT NOT NULL,
+        replica_id TEXT,
+        session_id TEXT NOT NULL DEFAULT '',
+        instance_id TEXT NOT NULL DEFAULT '',
+        capacity BIGINT NOT NULL DEFAULT 0,
+        seen_ms BIGINT NOT NULL DEFAULT 0,
+        created_ms BIGINT NOT NULL
+    );
+    CREATE INDEX hosts_token_hash ON hosts (token_hash);
+    ALTER TABLE sandboxes ADD COLUMN host_id TEXT;
+    CREATE INDEX sandboxes_host_id ON sandboxes (host_id)",
+    ),
 ];
 
 #[derive(Debug, thiserror::Error)]
 pub enum StoreError {
     #[error("already exists")]
     AlreadyExists,
+    /// Pooled placement found no supervisor host with a live session.
+    #[error("no supervisor host is connected")]
+    NoHost,
+    /// Every live supervisor host serves as many sandboxes as it may.
+    #[error("every connected supervisor host is full")]
+    HostsFull,
     #[error("not found")]
     NotFound,
     #[error("store: {0}")]
@@ -542,6 +585,23 @@ impl Store {
         driver_host: &str,
         policy: Option<&PolicySeed>,
     ) -> Result<(), StoreError> {
+        self.insert_placed(sandbox, token_hash, driver_host, policy, None)
+            .await
+            .map(|_| ())
+    }
+
+    /// [`Store::insert`], and with `pool_ttl` the sandbox is assigned in the
+    /// same transaction to the live supervisor host (seen within the TTL)
+    /// serving the fewest sandboxes with room left ([`StoreError::NoHost`],
+    /// [`StoreError::HostsFull`] otherwise). Returns that host.
+    pub async fn insert_placed(
+        &self,
+        sandbox: &Sandbox,
+        token_hash: &str,
+        driver_host: &str,
+        policy: Option<&PolicySeed>,
+        pool_ttl: Option<Duration>,
+    ) -> Result<Option<String>, StoreError> {
         self.bounded(async {
             let _token_written = TokenWriteGuard(&self.token_writes);
             let meta = sandbox.metadata.as_ref().expect("metadata");
@@ -551,9 +611,13 @@ impl Store {
                 .map(|t| t.seconds * 1000 + i64::from(t.nanos) / 1_000_000)
                 .unwrap_or_default();
             let mut tx = self.begin_write().await?;
+            let host = match pool_ttl {
+                Some(ttl) => Some(self.pick_host(&mut tx, ttl).await?),
+                None => None,
+            };
             let result = sqlx::query(
-                "INSERT INTO sandboxes (id, name, resource_version, record, token_hash, driver_host, created_ms)
-                 VALUES ($1, $2, $3, $4, $5, $6, $7)",
+                "INSERT INTO sandboxes (id, name, resource_version, record, token_hash, driver_host, created_ms, host_id)
+                 VALUES ($1, $2, $3, $4, $5, $6, $7, $8)",
             )
             .bind(&meta.id)
             .bind(&meta.name)
@@ -562,6 +626,7 @@ impl Store {
             .bind(token_hash)
             .bind(driver_host)
             .bind(created_ms)
+            .bind(host.clone())
             .execute(&mut *tx)
             .await;
             match result {
@@ -585,7 +650,7 @@ impl Store {
             }
             self.record_event(&mut tx, &meta.id, false).await?;
             tx.commit().await?;
-            Ok(())
+            Ok(host)
         })
         .await
     }

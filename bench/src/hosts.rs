@@ -1,0 +1,245 @@
+//! `openshell-bench hosts`: what 100 sandboxes cost on the supervisor side,
+//! one supervisor per sandbox against a few shared supervisor hosts.
+//!
+//! Two `openshell-gateway up` clusters, one after the other in one run, each
+//! with one replica behind the edge and `--isolation namespaces` (every
+//! sandbox gets its own user, mount and PID namespaces, so its init helper
+//! and PID 1 are part of the bill):
+//!
+//! 1. per-sandbox mode (the default): N sandboxes, N supervisor processes;
+//! 2. `up --hosts H`: the same N sandboxes served by H host processes.
+//!
+//! With every sandbox ready and one `true` exec proven in each, the
+//! proportional set size (`Pss:` of `/proc/PID/smaps_rollup`, shared pages
+//! split between the processes that map them) of every process `up`
+//! started, directly or not, is summed per role: replicas and the edge on
+//! one side, everything else (supervisors or hosts, sandbox inits, sandbox
+//! PID 1s) on the other. Prints both totals and their ratio; the target of
+//! shared hosts is under a tenth. N: `OPENSHELL_BENCH_HOSTS_SANDBOXES`
+//! (default 100); H: `OPENSHELL_BENCH_HOSTS` (default 4). Needs root (the
+//! namespaces).
+
+use std::collections::HashMap;
+use std::net::TcpListener;
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use openshell_sdk::{CallOptions, Client, ClientConfig, CreateSandbox, ExecRequest};
+use openshell_testkit::bin;
+
+use crate::scale::memory;
+
+fn env_count(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(default)
+}
+
+/// Summed PSS per role, in KiB, and the process counts.
+#[derive(Debug, Default)]
+struct Bill {
+    gateway_kib: f64,
+    gateway_processes: usize,
+    sandbox_side_kib: f64,
+    sandbox_side_processes: usize,
+}
+
+pub async fn run() {
+    let sandboxes = env_count("OPENSHELL_BENCH_HOSTS_SANDBOXES", 100);
+    let hosts = env_count("OPENSHELL_BENCH_HOSTS", 4);
+    println!(
+        "hosts benchmark: {sandboxes} idle sandboxes, --isolation namespaces, one replica behind the edge, PSS of every process the cluster started"
+    );
+    let per_sandbox = measure(sandboxes, None).await;
+    report("one supervisor per sandbox", &per_sandbox, sandboxes);
+    let shared = measure(sandboxes, Some(hosts)).await;
+    report(&format!("{hosts} shared hosts"), &shared, sandboxes);
+    println!(
+        "  ratio hosts / per-sandbox (supervisor side, PSS): {:.3} (target < 0.100)",
+        shared.sandbox_side_kib / per_sandbox.sandbox_side_kib
+    );
+    println!(
+        "  ratio hosts / per-sandbox (every process, PSS): {:.3}",
+        (shared.sandbox_side_kib + shared.gateway_kib)
+            / (per_sandbox.sandbox_side_kib + per_sandbox.gateway_kib)
+    );
+}
+
+fn report(label: &str, bill: &Bill, sandboxes: usize) {
+    println!(
+        "  {label}: supervisor side {:.1} MiB PSS in {} processes ({:.0} KiB per sandbox); replicas and edge {:.1} MiB in {} processes",
+        bill.sandbox_side_kib / 1024.0,
+        bill.sandbox_side_processes,
+        bill.sandbox_side_kib / sandboxes as f64,
+        bill.gateway_kib / 1024.0,
+        bill.gateway_processes,
+    );
+}
+
+/// Starts a cluster, fills it, measures it, stops it.
+async fn measure(sandboxes: usize, hosts: Option<usize>) -> Bill {
+    let dir = tempfile::tempdir().expect("temporary directory");
+    let port = free_port();
+    let mut up = Command::new(bin("openshell-gateway"));
+    up.args(["up", "--replicas", "1", "--isolation", "namespaces"])
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--data-dir")
+        .arg(dir.path().join("data"));
+    if let Some(hosts) = hosts {
+        up.arg("--hosts").arg(hosts.to_string());
+    }
+    let log = std::fs::File::create(dir.path().join("up.log")).expect("up log");
+    let mut up = UpProcess(
+        up.stdin(Stdio::null())
+            .stdout(log.try_clone().expect("up log"))
+            .stderr(log)
+            .spawn()
+            .expect("starting openshell-gateway up"),
+    );
+    let url = format!("http://127.0.0.1:{port}");
+    let client = connect(&url, &mut up.0, dir.path()).await;
+    let permits = Arc::new(tokio::sync::Semaphore::new(8));
+    let mut work = Vec::new();
+    for i in 0..sandboxes {
+        let (client, permits) = (client.clone(), permits.clone());
+        work.push(tokio::spawn(async move {
+            let _permit = permits.acquire().await.unwrap();
+            let name = format!("mem-{i}");
+            client
+                .sandboxes()
+                .create(CreateSandbox::new().name(&name), CallOptions::new())
+                .await
+                .unwrap_or_else(|e| panic!("create {name}: {e}"));
+            client
+                .sandboxes()
+                .wait_ready(&name, CallOptions::new().deadline(Duration::from_secs(120)))
+                .await
+                .unwrap_or_else(|e| panic!("{name} not ready: {e}"));
+            let done = client
+                .exec(ExecRequest::new(&name, ["true"]), CallOptions::new())
+                .await
+                .unwrap_or_else(|e| panic!("exec in {name}: {e}"));
+            assert_eq!(done.exit_code, 0, "`true` in {name}");
+        }));
+    }
+    for task in work {
+        task.await.expect("sandbox task");
+    }
+    // Let start-up allocations settle (freed arenas, finished tasks).
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let bill = bill(up.0.id() as i32);
+    drop(client);
+    up.stop();
+    bill
+}
+
+/// The edge's client once the cluster answers (at most 60 s).
+async fn connect(url: &str, up: &mut Child, dir: &Path) -> Client {
+    let config = ClientConfig::builder(url).build().expect("client config");
+    let started = Instant::now();
+    loop {
+        if let Ok(client) = Client::connect(config.clone()).await
+            && client.health(CallOptions::new()).await.is_ok()
+        {
+            return client;
+        }
+        if let Ok(Some(status)) = up.try_wait() {
+            panic!(
+                "openshell-gateway up exited ({status}): {}",
+                std::fs::read_to_string(dir.join("up.log")).unwrap_or_default()
+            );
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "the cluster did not answer within 60 s"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// PSS of every descendant of `root`, by role.
+fn bill(root: i32) -> Bill {
+    let mut children: HashMap<i32, Vec<i32>> = HashMap::new();
+    for entry in std::fs::read_dir("/proc").expect("/proc").flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        if let Some(parent) = parent_of(pid) {
+            children.entry(parent).or_default().push(pid);
+        }
+    }
+    let mut bill = Bill::default();
+    let mut stack = children.get(&root).cloned().unwrap_or_default();
+    let mut visited = 0usize;
+    while let Some(pid) = stack.pop() {
+        visited += 1;
+        assert!(visited < 100_000, "process tree walk did not end");
+        stack.extend(children.get(&pid).into_iter().flatten().copied());
+        let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+            continue;
+        };
+        if !Path::new(&format!("/proc/{pid}/smaps_rollup")).exists() {
+            continue;
+        }
+        let pss = memory(pid).pss_kib;
+        let mut args = cmdline.split(|b| *b == 0);
+        let _program = args.next();
+        let role = args.next().unwrap_or_default();
+        if role == b"serve" || role == b"edge" {
+            bill.gateway_kib += pss;
+            bill.gateway_processes += 1;
+        } else {
+            bill.sandbox_side_kib += pss;
+            bill.sandbox_side_processes += 1;
+        }
+    }
+    bill
+}
+
+fn parent_of(pid: i32) -> Option<i32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name may hold spaces and parentheses: fields follow the
+    // last `)`.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split_whitespace().nth(1)?.parse().ok()
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free loopback port")
+}
+
+/// `up`, stopped by its PID (SIGTERM, then SIGKILL after 30 s) whatever
+/// happens to the benchmark.
+struct UpProcess(Child);
+
+impl UpProcess {
+    fn stop(&mut self) {
+        if let Ok(Some(_)) = self.0.try_wait() {
+            return;
+        }
+        openshell_testkit::signal(self.0.id() as i32, libc::SIGTERM);
+        let started = Instant::now();
+        while started.elapsed() < Duration::from_secs(30) {
+            if let Ok(Some(_)) = self.0.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for UpProcess {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
