@@ -1,10 +1,20 @@
 // HostSession: a shared supervisor host's session. Bad options fail at once
 // with invalid_config, the token never shows, and a session that cannot
-// connect ends when its signal aborts.
+// connect ends when its signal aborts. Then against a real replica in
+// `--driver hosts` mode with a host token from `openshell-gateway
+// host-token`: accepted by that replica, assigned a new sandbox, whose
+// configuration reaches the apply callback.
 import assert from "node:assert/strict";
-import { describe, test } from "node:test";
+import { after, before, describe, test } from "node:test";
 import { inspect } from "node:util";
-import { type ConfigSnapshot, HostSession, InvalidConfigError } from "../src/index.js";
+import {
+  Client,
+  type ConfigSnapshot,
+  HostSession,
+  InvalidConfigError,
+  Rejected,
+} from "../src/index.js";
+import { type HostsGateway, hostsGateway, unique, until } from "./cluster.js";
 
 const SECRET = "host-token-that-must-never-show";
 
@@ -65,4 +75,79 @@ describe("HostSession", () => {
     await running;
     assert.ok(host.closed);
   });
+
+  describe("against a --driver hosts replica", () => {
+    let gw: HostsGateway;
+    before(async () => {
+      gw = await hostsGateway();
+    });
+    after(async () => {
+      await gw?.close();
+    });
+
+    test("accepted, assigned a new sandbox, its configuration applied through the callback", async () => {
+      const hostId = unique("h-ts");
+      const token = gw.hostToken(hostId);
+      const seen: [string, bigint, unknown][] = [];
+      const host = new HostSession({
+        endpoint: gw.endpoint,
+        memberId: hostId,
+        hostToken: token,
+        capacity: 10,
+        apply: async (sandboxId, snapshot) => {
+          seen.push([sandboxId, snapshot.configRevision, snapshot.setting("color")]);
+          return snapshot.setting("color") === "plaid" ? new Rejected("no plaid") : undefined;
+        },
+      });
+      const stop = new AbortController();
+      const running = host.run({ signal: stop.signal });
+      const client = new Client({ endpoint: gw.endpoint });
+      const name = unique("ts-host");
+      try {
+        assert.ok(!inspect(host).includes(token));
+        const accepted = await host.waitAccepted({ timeoutMs: 30_000 });
+        assert.equal(accepted.sessionsAccepted, 1n);
+        assert.equal(accepted.servedBy, gw.replica);
+        assert.equal(accepted.stay, false);
+        await until("the replica counts the host", async () => (await gw.metric(HOSTS)) === 1);
+        const sandbox = await client.sandboxes.create({ name });
+        await until("the first snapshot", () =>
+          seen.some(([id, rev]) => id === sandbox.id && rev === 0n),
+        );
+        assert.equal(host.stats().assigned, 1);
+        for (const color of ["blue", "plaid"]) {
+          await client.raw.updateConfig({
+            sandbox: name,
+            settingKey: "color",
+            settingValue: { value: { case: "stringValue", value: color } },
+          });
+          await until(`color=${color} applied`, () => seen.some((s) => s[2] === color));
+        }
+        await until(
+          "the gateway saw the rejection",
+          async () =>
+            (await gw.metric('openshell_server_config_results_total{outcome="rejected"}')) >= 1,
+        );
+        assert.deepEqual(
+          seen.map((s) => [s[0], s[2]]),
+          [
+            [sandbox.id, null],
+            [sandbox.id, "blue"],
+            [sandbox.id, "plaid"],
+          ],
+        );
+        await client.sandboxes.delete(name);
+        await until("the sandbox leaves the assignment", () => host.stats().assigned === 0);
+      } finally {
+        await client.sandboxes.delete(name).catch(() => {});
+        await client.close();
+        stop.abort();
+        await running;
+      }
+      assert.ok(host.closed);
+      await until("the host session ends", async () => (await gw.metric(HOSTS)) === 0);
+    });
+  });
 });
+
+const HOSTS = "openshell_server_supervisor_hosts";
