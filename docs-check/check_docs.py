@@ -25,8 +25,12 @@ way ``OPENSHELL_ENDPOINT`` names it, and snippets read it. Blocks that use
 ``ConfigSession`` (the supervisor side) instead get a single gateway started
 with the hidden test driver ``none`` (``--config-delivery-mode push``) and a
 fresh sandbox of their own: ``OPENSHELL_ENDPOINT``, ``OPENSHELL_SANDBOX_ID``
-and ``OPENSHELL_SANDBOX_TOKEN`` name it. Every process the check starts
-listens on loopback and is stopped by its PID.
+and ``OPENSHELL_SANDBOX_TOKEN`` name it. Blocks (Python, TypeScript or Go)
+that use ``HostSession`` (a shared supervisor host) get a single gateway
+started with ``--driver hosts`` and a host token of their own, issued with
+``openshell-gateway host-token``: ``OPENSHELL_ENDPOINT``,
+``OPENSHELL_HOST_ID`` and ``OPENSHELL_HOST_TOKEN`` name them. Every process
+the check starts listens on loopback and is stopped by its PID.
 
 Python 3 standard library only.
 """
@@ -229,6 +233,8 @@ class Context:
     data_dir: Path = Path()
     sandbox_gateway: str = ""
     sandbox_data: Path = Path()
+    host_gateway: str = ""
+    host_data: Path = Path()
     results: list[tuple[str, str, str]] = field(default_factory=list)
 
     @property
@@ -477,11 +483,77 @@ def supervisor_side_env(ctx: Context, block: Block) -> dict[str, str]:
     return env
 
 
+def host_side_env(ctx: Context, block: Block) -> dict[str, str]:
+    """A `--driver hosts` gateway (started on first use) and a host token
+    issued for this block's own host id."""
+    if not ctx.host_gateway:
+        listen = f"127.0.0.1:{free_port()}"
+        ctx.host_data = ctx.work / "driver-hosts"
+        server = start_server(
+            "openshell-gateway serve --driver hosts",
+            [
+                str(ctx.bin_dir / "openshell-gateway"),
+                "serve",
+                "--dev",
+                "--driver",
+                "hosts",
+                "--config-delivery-mode",
+                "push",
+                "--listen",
+                listen,
+                "--metrics-listen",
+                f"127.0.0.1:{free_port()}",
+                "--data-dir",
+                str(ctx.host_data),
+            ],
+            ctx.work / "logs" / "driver-hosts.log",
+            ctx.env,
+        )
+        ctx.servers.append(server)
+        server.wait_listening(listen)
+        ctx.host_gateway = f"http://{listen}"
+    host_id = f"docs-{block.name}"
+    token_file = ctx.work / "host-tokens" / host_id
+    token_file.parent.mkdir(parents=True, exist_ok=True)
+    out = subprocess.run(
+        [
+            str(ctx.bin_dir / "openshell-gateway"),
+            "host-token",
+            "--data-dir",
+            str(ctx.host_data),
+            "--host-id",
+            host_id,
+            "--out",
+            str(token_file),
+        ],
+        capture_output=True,
+        text=True,
+        env=ctx.env,
+        timeout=60,
+    )
+    if out.returncode != 0:
+        raise CheckFailed(f"{block.where}: issuing its host token failed:\n{out.stderr}")
+    env = dict(ctx.env)
+    env["OPENSHELL_ENDPOINT"] = ctx.host_gateway
+    env["OPENSHELL_HOST_ID"] = host_id
+    env["OPENSHELL_HOST_TOKEN"] = token_file.read_text().strip()
+    return env
+
+
+def block_env(ctx: Context, block: Block) -> dict[str, str]:
+    """The environment a block runs in: host side, supervisor side, or the cluster."""
+    if "HostSession" in block.text:
+        return host_side_env(ctx, block)
+    if block.lang == "python" and "ConfigSession" in block.text:
+        return supervisor_side_env(ctx, block)
+    return ctx.env
+
+
 def check_python(ctx: Context, blocks: list[Block]) -> None:
     for block in blocks:
         path = ctx.work / "python" / f"{block.name.replace('-', '_')}.py"
         write_if_changed(path, block.text)
-        env = supervisor_side_env(ctx, block) if "ConfigSession" in block.text else ctx.env
+        env = block_env(ctx, block)
         log = ctx.work / "logs" / f"{block.name}.log"
         started = time.monotonic()
         rc = run_logged(
@@ -535,7 +607,7 @@ def check_typescript(ctx: Context, blocks: list[Block]) -> None:
         log = ctx.work / "logs" / f"{block.name}.log"
         started = time.monotonic()
         program = [str(shutil.which("node") or "node"), str(base / "dist" / f"{block.name}.js")]
-        rc = run_logged(program, ctx, log, SNIPPET_TIMEOUT, env=ctx.env, cwd=base)
+        rc = run_logged(program, ctx, log, SNIPPET_TIMEOUT, env=block_env(ctx, block), cwd=base)
         took = f"({time.monotonic() - started:.1f} s)"
         ctx.report(block, "ok" if rc == 0 else "FAIL", took if rc == 0 else f"exit {rc}")
 
@@ -563,7 +635,7 @@ def check_go(ctx: Context, blocks: list[Block]) -> None:
         write_if_changed(base / "main.go", block.text)
         log = ctx.work / "logs" / f"{block.name}.log"
         started = time.monotonic()
-        env = dict(ctx.env, GOFLAGS="-mod=mod")
+        env = dict(block_env(ctx, block), GOFLAGS="-mod=mod")
         rc = run_logged([go_binary(), "run", "."], ctx, log, SNIPPET_TIMEOUT, env=env, cwd=base)
         took = f"({time.monotonic() - started:.1f} s)"
         ctx.report(block, "ok" if rc == 0 else "FAIL", took if rc == 0 else f"exit {rc}")

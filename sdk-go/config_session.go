@@ -10,8 +10,6 @@ import (
 	"example.invalid/openshell/sdk-go/internal/native"
 	"example.invalid/openshell/sdk-go/proto/openshellv1"
 	"example.invalid/openshell/sdk-go/proto/sandboxv1"
-	"google.golang.org/protobuf/encoding/protowire"
-	"google.golang.org/protobuf/proto"
 )
 
 // DeliveryMode is how a configuration arrived.
@@ -39,7 +37,8 @@ type ConfigSnapshot struct {
 	SandboxConfig *sandboxv1.GetSandboxConfigResponse
 	// ProviderEnvironment's values are secrets: never log them.
 	ProviderEnvironment *openshellv1.GetSandboxProviderEnvironmentResponse
-	// Mode says whether it was pushed or polled.
+	// Mode says whether it was pushed or polled ("" for a HostSession's
+	// snapshots: the host session does not report it).
 	Mode DeliveryMode
 }
 
@@ -133,20 +132,9 @@ func NewConfigSession(endpoint, sandboxID, sandboxToken string, apply ApplyFunc,
 	ctx, cancel := context.WithCancel(context.Background())
 	applyCtx := &applyContext{closed: ctx}
 	applyBytes := func(b []byte, mode int) string {
-		snap := &ConfigSnapshot{
-			SandboxConfig:       new(sandboxv1.GetSandboxConfigResponse),
-			ProviderEnvironment: new(openshellv1.GetSandboxProviderEnvironmentResponse),
-			Mode:                modeOf(mode),
-		}
-		for _, m := range []proto.Message{snap.SandboxConfig, snap.ProviderEnvironment} {
-			msg, n := protowire.ConsumeBytes(b)
-			if n < 0 {
-				return "the snapshot did not decode"
-			}
-			b = b[n:]
-			if err := proto.Unmarshal(msg, m); err != nil {
-				return "the snapshot did not decode"
-			}
+		snap, ok := decodeSnapshot(b, modeOf(mode))
+		if !ok {
+			return "the snapshot did not decode"
 		}
 		if err := apply(applyCtx.get(), snap); err != nil {
 			reason := err.Error()

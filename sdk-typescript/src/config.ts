@@ -113,34 +113,27 @@ function settingValue(v: SettingValueMessage | undefined): SettingValue {
 }
 
 /**
- * One full configuration of the sandbox, to apply and answer. Its
- * `environment` values are secrets: `toString()` and `util.inspect` show
- * only their keys.
+ * One full configuration of a sandbox. Its `environment` values are
+ * secrets: `toString()` and `util.inspect` show only their keys. A
+ * `HostSession` hands these to its apply callback; `ConfigUpdate` is one
+ * with an answer attached.
  */
-export class ConfigUpdate {
-  /** How it arrived. */
-  readonly mode: DeliveryMode;
+export class ConfigSnapshot {
   /** `openshell.sandbox.v1.GetSandboxConfigResponse`: policy, settings, revisions. */
   readonly sandboxConfig: GetSandboxConfigResponse;
   /** `openshell.v1.GetSandboxProviderEnvironmentResponse` (secret values). */
   readonly providerEnvironment: GetSandboxProviderEnvironmentResponse;
-  readonly #session: NativeConfigSession;
-  readonly #id: number;
-  #answered = false;
 
-  /** @internal Builds one (the constructor is private: not public API). */
-  static _create(session: NativeConfigSession, update: NativeConfigUpdate): ConfigUpdate {
-    return new ConfigUpdate(session, update);
+  /** @internal Decodes one (not public API). */
+  static _decode(sandboxConfig: Uint8Array, providerEnvironment: Uint8Array): ConfigSnapshot {
+    return new ConfigSnapshot(sandboxConfig, providerEnvironment);
   }
 
-  private constructor(session: NativeConfigSession, update: NativeConfigUpdate) {
-    this.#session = session;
-    this.#id = update.id;
-    this.mode = update.mode;
-    this.sandboxConfig = fromBinary(GetSandboxConfigResponseSchema, update.sandboxConfig);
+  protected constructor(sandboxConfig: Uint8Array, providerEnvironment: Uint8Array) {
+    this.sandboxConfig = fromBinary(GetSandboxConfigResponseSchema, sandboxConfig);
     this.providerEnvironment = fromBinary(
       GetSandboxProviderEnvironmentResponseSchema,
-      update.providerEnvironment,
+      providerEnvironment,
     );
   }
 
@@ -172,6 +165,50 @@ export class ConfigUpdate {
     return { ...this.providerEnvironment.environment };
   }
 
+  /** @internal The fields every description shows (never a value of the environment). */
+  protected describe(): string {
+    const keys = Object.keys(this.providerEnvironment.environment).sort();
+    return (
+      `configRevision=${this.configRevision}, ` +
+      `providerEnvRevision=${this.providerEnvRevision}, ` +
+      `settings=[${Object.keys(this.sandboxConfig.settings).sort().join(",")}], ` +
+      `environmentKeys=[${keys.join(",")}]`
+    );
+  }
+
+  toString(): string {
+    return `ConfigSnapshot(${this.describe()})`;
+  }
+
+  [Symbol.for("nodejs.util.inspect.custom")](): string {
+    return this.toString();
+  }
+}
+
+/**
+ * One full configuration of the sandbox, to apply and answer. Its
+ * `environment` values are secrets: `toString()` and `util.inspect` show
+ * only their keys.
+ */
+export class ConfigUpdate extends ConfigSnapshot {
+  /** How it arrived. */
+  readonly mode: DeliveryMode;
+  readonly #session: NativeConfigSession;
+  readonly #id: number;
+  #answered = false;
+
+  /** @internal Builds one (the constructor is private: not public API). */
+  static _create(session: NativeConfigSession, update: NativeConfigUpdate): ConfigUpdate {
+    return new ConfigUpdate(session, update);
+  }
+
+  private constructor(session: NativeConfigSession, update: NativeConfigUpdate) {
+    super(update.sandboxConfig, update.providerEnvironment);
+    this.#session = session;
+    this.#id = update.id;
+    this.mode = update.mode;
+  }
+
   get answered(): boolean {
     return this.#answered;
   }
@@ -201,22 +238,13 @@ export class ConfigUpdate {
     this.#answer(false, reason);
   }
 
-  toString(): string {
-    const keys = Object.keys(this.providerEnvironment.environment).sort();
-    return (
-      `ConfigUpdate(mode=${this.mode}, configRevision=${this.configRevision}, ` +
-      `providerEnvRevision=${this.providerEnvRevision}, ` +
-      `settings=[${Object.keys(this.sandboxConfig.settings).sort().join(",")}], ` +
-      `environmentKeys=[${keys.join(",")}])`
-    );
-  }
-
-  [Symbol.for("nodejs.util.inspect.custom")](): string {
-    return this.toString();
+  override toString(): string {
+    return `ConfigUpdate(mode=${this.mode}, ${this.describe()})`;
   }
 }
 
-function verdict(result: ApplyResult): [boolean, string | undefined] {
+/** @internal An apply callback's verdict as (applied, reason). */
+export function verdict(result: ApplyResult): [boolean, string | undefined] {
   if (result === undefined || result === true) return [true, undefined];
   if (result === false) return [false, "rejected by the apply callback"];
   if (result instanceof Rejected) return [false, result.reason];

@@ -21,6 +21,7 @@ export {
   ConfigSession,
   type ConfigSessionOptions,
   type ConfigSessionStats,
+  ConfigSnapshot,
   ConfigUpdate,
   type DeliveryMode,
   Rejected,
@@ -45,6 +46,12 @@ export {
   UnavailableError,
 } from "./errors.js";
 export { ExecStream, InteractiveExec } from "./exec.js";
+export {
+  type HostApplyCallback,
+  HostSession,
+  type HostSessionOptions,
+  type HostSessionStats,
+} from "./host.js";
 export { method, path, registry } from "./registry.js";
 export type { CallOptions } from "./signal.js";
 export { type RawCallOptions, TypedStream } from "./typed-raw.js";

@@ -185,6 +185,48 @@ export interface NativeConfigSession {
   panicInRunForTest(): void;
 }
 
+export interface NativeHostSessionOptions {
+  endpoint: string;
+  memberId: string;
+  hostToken: string;
+  capacity?: number;
+  configPush?: boolean;
+  instanceId?: string;
+  caPem?: Buffer;
+  tlsServerName?: string;
+  connectTimeoutMs?: number;
+  allowCleartextToken?: boolean;
+}
+
+export interface NativeHostUpdate {
+  id: number;
+  sandboxId: string;
+  sandboxConfig: Buffer;
+  providerEnvironment: Buffer;
+}
+
+export interface NativeHostSessionStats {
+  sessionsAccepted: bigint;
+  redirects: bigint;
+  stickyRedials: bigint;
+  fallbacks: bigint;
+  stay: boolean;
+  sessionId?: string | null;
+  servedBy?: string | null;
+  assigned: number;
+}
+
+export interface NativeHostSession {
+  readonly memberId: string;
+  readonly instanceId: string;
+  readonly closed: boolean;
+  start(onEnded?: () => void): void;
+  waitClosed(): Promise<void>;
+  ack(id: number, applied: boolean, reason?: string | null): boolean;
+  stats(): NativeHostSessionStats;
+  close(): void;
+}
+
 type Ms = number | undefined | null;
 type Cancel = CancelToken | undefined | null;
 
@@ -251,6 +293,10 @@ export interface NativeModule {
     options: NativeConfigSessionOptions,
     apply?: (update: NativeConfigUpdate) => void,
   ) => NativeConfigSession;
+  NativeHostSession: new (
+    options: NativeHostSessionOptions,
+    apply: (update: NativeHostUpdate) => void,
+  ) => NativeHostSession;
   nativeVersion(): string;
   errorMarker(): string;
   descriptorSet(): Buffer;

@@ -2,7 +2,7 @@
 // PIDs: `openshell-gateway up --replicas 3` (replicas, edge, supervisors)
 // shared by every suite of the run, and single replicas that require a
 // token. Binaries come from $OPENSHELL_BIN_DIR, else the cargo target dir.
-import { type ChildProcess, spawn } from "node:child_process";
+import { type ChildProcess, execFileSync, spawn } from "node:child_process";
 import { randomUUID } from "node:crypto";
 import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { createServer } from "node:net";
@@ -172,6 +172,84 @@ export async function tokenGateway(): Promise<TokenGateway> {
       return {
         endpoint: info.url.replace(/\/$/, ""),
         token,
+        close: async () => {
+          await stop(child);
+          rmSync(tmp, { recursive: true, force: true });
+        },
+      };
+    } catch {
+      await sleep(50);
+    }
+  }
+}
+
+export interface HostsGateway {
+  endpoint: string;
+  /** The replica id (its ready file's `replica_id`). */
+  replica: string;
+  /** Issues host `hostId`'s token with the real `openshell-gateway host-token`. */
+  hostToken(hostId: string): string;
+  /** One sample of the replica's /metrics (0 when absent). */
+  metric(sample: string): Promise<number>;
+  close(): Promise<void>;
+}
+
+/** One dev-mode replica in `--driver hosts` mode: sandboxes go to shared supervisor hosts. */
+export async function hostsGateway(): Promise<HostsGateway> {
+  const tmp = mkdtempSync(join(tmpdir(), "openshell-node-hosts-"));
+  const readyFile = join(tmp, "ready.json");
+  const dataDir = join(tmp, "data");
+  const child = spawn(
+    gatewayBinary(),
+    [
+      "serve",
+      "--dev",
+      "--driver",
+      "hosts",
+      "--config-delivery-mode",
+      "push",
+      "--listen",
+      "127.0.0.1:0",
+      "--metrics-listen",
+      "127.0.0.1:0",
+      "--data-dir",
+      dataDir,
+      "--ready-file",
+      readyFile,
+    ],
+    { stdio: ["ignore", "ignore", "ignore"] },
+  );
+  const deadline = Date.now() + START_MS;
+  for (;;) {
+    if (child.exitCode !== null || Date.now() > deadline) {
+      await stop(child);
+      throw new Error("gateway serve --driver hosts did not start");
+    }
+    try {
+      const info = JSON.parse(readFileSync(readyFile, "utf8")) as {
+        url: string;
+        metrics: string;
+        replica_id: string;
+      };
+      return {
+        endpoint: info.url.replace(/\/$/, ""),
+        replica: info.replica_id,
+        hostToken(hostId: string): string {
+          const out = join(tmp, `${hostId}.token`);
+          const printed = execFileSync(
+            gatewayBinary(),
+            ["host-token", "--data-dir", dataDir, "--host-id", hostId, "--out", out],
+            { encoding: "utf8" },
+          );
+          const token = readFileSync(out, "utf8").trim();
+          if (token === "" || printed.includes(token)) throw new Error("host-token misbehaved");
+          return token;
+        },
+        async metric(sample: string): Promise<number> {
+          const text = await (await fetch(`http://${info.metrics}/metrics`)).text();
+          const line = text.split("\n").find((l) => l.startsWith(`${sample} `));
+          return line === undefined ? 0 : Number(line.split(" ").at(-1));
+        },
         close: async () => {
           await stop(child);
           rmSync(tmp, { recursive: true, force: true });

@@ -9,5 +9,6 @@ import "./errors.js";
 import "./lifetime.js";
 import "./config.js";
 import "./ssh.js";
+import "./host.js";
 
 after(stopCluster);

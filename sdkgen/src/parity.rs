@@ -29,7 +29,12 @@ struct Language {
     /// How every RPC is reachable raw, `{snake}` replaced by the method name.
     raw: &'static str,
     curated: &'static [Curated],
+    /// Curated APIs for the RPCs of [`HOST_SERVICE`].
+    host: &'static [Curated],
 }
+
+/// The shared supervisor host service: a table of its own below the main one.
+const HOST_SERVICE: &str = "openshell.supervisor_host.v1.SupervisorHost";
 
 const fn c(rpc: &'static str, api: &'static str, needle: &'static str) -> Curated {
     Curated { rpc, api, needle }
@@ -100,6 +105,11 @@ const LANGUAGES: &[Language] = &[
                 "pub struct ConfigSession",
             ),
         ],
+        host: &[c(
+            "ConnectHost",
+            "`HostSession` (host side; relays via `sandbox_session`)",
+            "pub struct HostSession",
+        )],
     },
     Language {
         name: "Python",
@@ -165,6 +175,11 @@ const LANGUAGES: &[Language] = &[
                 "class ConfigSession(",
             ),
         ],
+        host: &[c(
+            "ConnectHost",
+            "`HostSession` / `SyncHostSession` (configuration only)",
+            "class HostSession(",
+        )],
     },
     Language {
         name: "TypeScript",
@@ -230,6 +245,11 @@ const LANGUAGES: &[Language] = &[
                 "export class ConfigSession ",
             ),
         ],
+        host: &[c(
+            "ConnectHost",
+            "`HostSession` (configuration only)",
+            "export class HostSession ",
+        )],
     },
     Language {
         name: "Go",
@@ -303,6 +323,11 @@ const LANGUAGES: &[Language] = &[
                 "func NewConfigSession(",
             ),
         ],
+        host: &[c(
+            "ConnectHost",
+            "`NewHostSession` (configuration only)",
+            "func NewHostSession(",
+        )],
     },
 ];
 
@@ -423,5 +448,75 @@ pub fn report(root: &Path, contract: &Contract) -> anyhow::Result<String> {
         .collect();
     md.push_str(&totals.join("; "));
     md.push_str(&format!(" (of {} RPCs).\n", rpcs.len()));
+    host_table(root, contract, &mut md)?;
     Ok(md)
+}
+
+/// The RPCs of [`HOST_SERVICE`] (a shared supervisor host's session) and
+/// the API of each language that holds it, checked against the sources like
+/// the main table.
+fn host_table(root: &Path, contract: &Contract, md: &mut String) -> anyhow::Result<()> {
+    let service = contract
+        .pool
+        .get_service_by_name(HOST_SERVICE)
+        .with_context(|| format!("service {HOST_SERVICE} is not in proto/"))?;
+    let rpcs: Vec<_> = service.methods().collect();
+    let _ = write!(
+        md,
+        "\n## `{HOST_SERVICE}`\n\n\
+         The session of a shared supervisor host (one session carrying the sessions of\n\
+         every sandbox assigned to the host), held by each SDK's host session.\n\n\
+         | RPC | kind |"
+    );
+    for lang in LANGUAGES {
+        let _ = write!(md, " {} |", lang.name);
+    }
+    md.push_str("\n|---|---|");
+    for _ in LANGUAGES {
+        md.push_str("---|");
+    }
+    md.push('\n');
+    for lang in LANGUAGES {
+        let source = match lang.sources {
+            Some(dir) => sources_text(root, dir)?,
+            None => String::new(),
+        };
+        for entry in lang.host {
+            if !rpcs.iter().any(|m| m.name() == entry.rpc) {
+                bail!(
+                    "parity: {} lists {} as curated, but {HOST_SERVICE} has no such RPC",
+                    lang.name,
+                    entry.rpc
+                );
+            }
+            if !source.contains(entry.needle) {
+                bail!(
+                    "parity: {} lists {} as curated by {}, but `{}` is not in {}",
+                    lang.name,
+                    entry.rpc,
+                    entry.api,
+                    entry.needle,
+                    lang.sources.unwrap_or("-")
+                );
+            }
+        }
+    }
+    for method in &rpcs {
+        let _ = write!(
+            md,
+            "| `{}` | {} |",
+            method.name(),
+            snake_case(kind(method)).replace('_', " ")
+        );
+        for lang in LANGUAGES {
+            let cell = match lang.host.iter().find(|e| e.rpc == method.name()) {
+                _ if lang.sources.is_none() => "not yet".to_owned(),
+                Some(entry) => format!("curated: {}", entry.api),
+                None => "none".to_owned(),
+            };
+            let _ = write!(md, " {cell} |");
+        }
+        md.push('\n');
+    }
+    Ok(())
 }

@@ -15,7 +15,8 @@
 //!   [`openshell_cancel_free`], `OsStream` → [`openshell_stream_free`],
 //!   `OsForward` → [`openshell_forward_free`], `OsErrorBox` →
 //!   [`openshell_error_free`], `OsOwnedBytes` → [`openshell_bytes_free`].
-//!   `OsConfigSession` → [`openshell_config_session_free`]. An
+//!   `OsConfigSession` → [`openshell_config_session_free`], `OsHostSession`
+//!   → [`openshell_host_session_free`]. An
 //!   `OsTokenReply` is consumed by [`openshell_token_reply`], an
 //!   `OsApplyReply` by [`openshell_apply_reply`].
 //! - **A completion is borrowed for the duration of its callback**: its
@@ -70,6 +71,7 @@
 mod call;
 mod client;
 mod complete;
+mod host;
 mod session;
 mod stream;
 mod types;
@@ -77,6 +79,7 @@ mod types;
 pub use call::{OsCallOptions, OsClient};
 pub use client::*;
 pub use complete::*;
+pub use host::*;
 pub use session::*;
 pub use stream::*;
 pub use types::*;

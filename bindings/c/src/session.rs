@@ -35,7 +35,7 @@ pub type OsApplyCallback = Option<
 >;
 
 /// The answer slot of one apply call; consumed by [`openshell_apply_reply`].
-pub struct OsApplyReply(mpsc::SyncSender<ApplyOutcome>);
+pub struct OsApplyReply(pub(crate) mpsc::SyncSender<ApplyOutcome>);
 
 /// Answers an apply call and frees `reply`: an empty `reason` applies the
 /// snapshot, a non-empty one rejects it (the reason goes to the gateway,
@@ -95,7 +95,7 @@ pub struct OsConfigSessionStats {
     pub redirects: u64,
 }
 
-fn snapshot_bytes(snapshot: &ConfigSnapshot) -> Vec<u8> {
+pub(crate) fn snapshot_bytes(snapshot: &ConfigSnapshot) -> Vec<u8> {
     let mut out = Vec::new();
     snapshot
         .sandbox_config
@@ -108,11 +108,9 @@ fn snapshot_bytes(snapshot: &ConfigSnapshot) -> Vec<u8> {
     out
 }
 
-fn build(
-    client: &OsClientOptions,
-    sandbox_id: OsBytes,
-    options: &OsConfigSessionOptions,
-) -> Result<ConfigSession, Error> {
+/// The client configuration of a session (config or host): the token is
+/// the session's own (sandbox or host token), owner routing is off.
+pub(crate) fn client_config(client: &OsClientOptions) -> Result<ClientConfig, Error> {
     let endpoint = unsafe { client.endpoint.to_string("endpoint") }?;
     let mut config = ClientConfig::builder(endpoint)
         .allow_cleartext_token(client.allow_cleartext_token)
@@ -130,6 +128,15 @@ fn build(
     if client.connect_timeout_ms > 0 {
         config = config.connect_timeout(Duration::from_millis(client.connect_timeout_ms));
     }
+    config.build()
+}
+
+fn build(
+    client: &OsClientOptions,
+    sandbox_id: OsBytes,
+    options: &OsConfigSessionOptions,
+) -> Result<ConfigSession, Error> {
+    let config = client_config(client)?;
     let sandbox_id = unsafe { sandbox_id.to_string("sandbox id") }?;
     let callback = options
         .apply
@@ -152,7 +159,7 @@ fn build(
         rx.recv()
             .unwrap_or_else(|_| ApplyOutcome::Rejected("the apply callback never answered".into()))
     };
-    let mut builder = ConfigSession::builder(config.build()?, sandbox_id)
+    let mut builder = ConfigSession::builder(config, sandbox_id)
         .apply_with_mode(std::sync::Arc::new(apply))
         .config_push(options.announce_push);
     if options.poll_interval_ms > 0 {

@@ -319,3 +319,81 @@ fn a_blocking_call_reports_errors_and_ends_when_cancelled_from_another_thread() 
     unsafe { openshell_cancel_free(cancel as *mut OsCancel) };
     unsafe { openshell_client_free(c) };
 }
+
+unsafe extern "C" fn never_called(_: usize, _: OsBytes, _: OsBytes, reply: *mut OsApplyReply) {
+    unsafe { openshell_apply_reply(reply, empty()) };
+}
+
+fn host_options(apply: OsHostApplyCallback) -> OsHostSessionOptions {
+    OsHostSessionOptions {
+        capacity: 0,
+        config_push: true,
+        instance_id: bytes("inst-1"),
+        apply,
+        apply_data: 0,
+    }
+}
+
+#[test]
+fn a_host_session_refuses_bad_input_with_invalid_config_and_runs_until_cancelled() {
+    let mut session = std::ptr::null_mut();
+    let mut error = std::ptr::null_mut();
+    // An empty member id, then no apply callback: invalid_config, no session.
+    for (member, apply) in [(" ", Some(never_called as _)), ("h-0", None)] {
+        let status = unsafe {
+            openshell_host_session_new(
+                options("http://127.0.0.1:1"),
+                bytes(member),
+                host_options(apply),
+                &mut session,
+                &mut error,
+            )
+        };
+        assert_eq!(status, OS_ERROR);
+        assert!(session.is_null());
+        assert_eq!(error_code(error), "invalid_config");
+    }
+    let status = unsafe {
+        openshell_host_session_new(
+            options("http://127.0.0.1:1"),
+            bytes("h-0"),
+            host_options(Some(never_called)),
+            &mut session,
+            &mut error,
+        )
+    };
+    assert_eq!(status, OS_OK);
+    let text = |which| unsafe {
+        let b = openshell_host_session_text(session, which);
+        let s = String::from_utf8_lossy(std::slice::from_raw_parts(b.ptr, b.len)).into_owned();
+        openshell_bytes_free(b);
+        s
+    };
+    assert_eq!(text(OS_HOST_INSTANCE_ID), "inst-1");
+    assert_eq!(text(OS_HOST_SESSION_ID), "");
+    // Without a cancel token the run is refused and never calls back.
+    let seen = Seen::default();
+    let ud = &seen as *const Seen as usize;
+    let refused =
+        unsafe { openshell_host_session_run(session, std::ptr::null(), Some(record), ud) };
+    assert_eq!(refused, OS_INVALID);
+    // With one, it runs (nothing is reachable) until cancelled: OS_OK once.
+    let cancel = openshell_cancel_new();
+    assert_eq!(
+        unsafe { openshell_host_session_run(session, cancel, Some(record), ud) },
+        OS_OK
+    );
+    std::thread::sleep(Duration::from_millis(300));
+    let mut stats = OsHostSessionStats::default();
+    assert_eq!(
+        unsafe { openshell_host_session_stats(session, &mut stats) },
+        OS_OK
+    );
+    assert_eq!((stats.sessions_accepted, stats.assigned), (0, 0));
+    unsafe { openshell_cancel_cancel(cancel) };
+    assert_eq!(settled(&seen, 1), vec![(OS_OK, String::new())]);
+    unsafe {
+        openshell_cancel_free(cancel);
+        openshell_host_session_free(session);
+    }
+}

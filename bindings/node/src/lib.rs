@@ -16,7 +16,9 @@
 //!   stream handle, both through the core so owner routing applies;
 //! - the supervisor side, [`config_session::NativeConfigSession`]: the
 //!   core's config session, each snapshot answered from JavaScript (through
-//!   `nextUpdate()` or a weak apply callback).
+//!   `nextUpdate()` or a weak apply callback); and a shared supervisor
+//!   host's session, [`host_session::NativeHostSession`], whose assigned
+//!   sandboxes' snapshots go to a weak apply callback the same way.
 //!
 //! Messages cross as encoded protobuf `Buffer`s, 64-bit counters as
 //! `bigint`, durations as milliseconds.
@@ -49,6 +51,7 @@ mod client;
 mod config_session;
 mod errors;
 mod handles;
+mod host_session;
 mod token;
 mod values;
 

@@ -17,7 +17,9 @@
 //!   Python holds a handle with the local address, stats and close);
 //! - the supervisor side of the session protocol ([`config_session`]): a
 //!   `ConfigSession` whose pushed or polled snapshots Python answers one at a
-//!   time with an explicit acknowledgement.
+//!   time with an explicit acknowledgement; and its host form
+//!   ([`host_session`]): a shared supervisor host's `HostSession`, whose
+//!   assigned sandboxes' snapshots Python answers the same way.
 //!
 //! Protobuf messages cross as `bytes` and are `protobuf` objects in Python.
 //!
@@ -72,6 +74,7 @@ mod client;
 mod config_session;
 mod errors;
 mod handles;
+mod host_session;
 mod runtime;
 mod token;
 mod waker;
@@ -108,6 +111,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<handles::NativeForward>()?;
     m.add_class::<handles::RawStreamHandle>()?;
     m.add_class::<config_session::NativeConfigSession>()?;
+    m.add_class::<host_session::NativeHostSession>()?;
     m.add_class::<waker::Ready>()?;
     m.add_function(wrap_pyfunction!(runtime_info, m)?)?;
     m.add_function(wrap_pyfunction!(_shutdown_runtime, m)?)?;

@@ -88,3 +88,32 @@ func openshellGoApply(userData C.size_t, snapshot C.OsBytes, mode C.int32_t, rep
 		reason = apply.(ApplyFunc)(b, int(mode))
 	}()
 }
+
+// openshellGoHostApply is the C apply callback of a host session: it copies
+// the sandbox id and the snapshot (borrowed for the call) and applies them
+// on a new goroutine, which answers the reply.
+//
+//export openshellGoHostApply
+func openshellGoHostApply(userData C.size_t, sandboxID C.OsBytes, snapshot C.OsBytes, reply *C.OsApplyReply) {
+	apply, ok := hostAppliers.Load(uintptr(userData))
+	if !ok {
+		answerApply(reply, "the session was closed")
+		return
+	}
+	id := C.GoStringN((*C.char)(unsafe.Pointer(sandboxID.ptr)), C.int(sandboxID.len))
+	var b []byte
+	if snapshot.len > 0 {
+		b = C.GoBytes(unsafe.Pointer(snapshot.ptr), C.int(snapshot.len))
+	}
+	go func() {
+		// As for openshellGoApply: a panic rejects, the reply is answered once.
+		reason := applyPanicked
+		defer func() {
+			if recover() != nil {
+				reason = applyPanicked
+			}
+			answerApply(reply, reason)
+		}()
+		reason = apply.(HostApplyFunc)(id, b)
+	}()
+}

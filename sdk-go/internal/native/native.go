@@ -19,10 +19,12 @@ package native
 extern void openshellGoComplete(size_t, OsCompletion*);
 extern void openshellGoToken(size_t, bool, OsTokenReply*);
 extern void openshellGoApply(size_t, OsBytes, int32_t, OsApplyReply*);
+extern void openshellGoHostApply(size_t, OsBytes, OsBytes, OsApplyReply*);
 
 static OsCallback os_complete_cb(void) { return (OsCallback)openshellGoComplete; }
 static OsTokenCallback os_token_cb(void) { return (OsTokenCallback)openshellGoToken; }
 static OsApplyCallback os_apply_cb(void) { return (OsApplyCallback)openshellGoApply; }
+static OsHostApplyCallback os_host_apply_cb(void) { return (OsHostApplyCallback)openshellGoHostApply; }
 */
 import "C"
 
@@ -670,13 +672,7 @@ type SessionOptions struct {
 
 // NewConfigSession builds a session (no I/O).
 func NewConfigSession(o Options, sandboxID string, so SessionOptions, apply ApplyFunc) (*ConfigSession, *Error) {
-	var opts C.OsClientOptions
-	opts.endpoint = stringOf(o.Endpoint)
-	opts.token = stringOf(o.Token)
-	opts.ca_pem = bytesOf(o.CAPEM)
-	opts.tls_server_name = stringOf(o.TLSServerName)
-	opts.connect_timeout_ms = C.uint64_t(o.ConnectTimeout.Milliseconds())
-	opts.allow_cleartext_token = C.bool(o.AllowCleartextToken)
+	opts := sessionClientOptions(o)
 	id := nextProviderID.Add(1)
 	appliers.Store(id, apply)
 	var sopts C.OsConfigSessionOptions
@@ -760,4 +756,122 @@ func (s *ConfigSession) Free() {
 
 func answerApply(reply *C.OsApplyReply, reason string) {
 	C.openshell_apply_reply(reply, stringOf(reason))
+}
+
+// sessionClientOptions are the client options of a config or host session:
+// the session's own token, no token provider.
+func sessionClientOptions(o Options) C.OsClientOptions {
+	var opts C.OsClientOptions
+	opts.endpoint = stringOf(o.Endpoint)
+	opts.token = stringOf(o.Token)
+	opts.ca_pem = bytesOf(o.CAPEM)
+	opts.tls_server_name = stringOf(o.TLSServerName)
+	opts.connect_timeout_ms = C.uint64_t(o.ConnectTimeout.Milliseconds())
+	opts.allow_cleartext_token = C.bool(o.AllowCleartextToken)
+	return opts
+}
+
+// HostApplyFunc applies one sandbox's snapshot (two length-delimited
+// messages) and returns the rejection reason, empty to apply.
+type HostApplyFunc func(sandboxID string, snapshot []byte) string
+
+var hostAppliers sync.Map // uintptr -> HostApplyFunc
+
+// HostSession is an OsHostSession.
+type HostSession struct {
+	mu      sync.RWMutex
+	p       *C.OsHostSession
+	applyID uintptr
+}
+
+// HostOptions configure a host session.
+type HostOptions struct {
+	Capacity   uint32
+	ConfigPush bool
+	InstanceID string
+}
+
+// NewHostSession builds a host session (no I/O).
+func NewHostSession(o Options, memberID string, ho HostOptions, apply HostApplyFunc) (*HostSession, *Error) {
+	opts := sessionClientOptions(o)
+	id := nextProviderID.Add(1)
+	hostAppliers.Store(id, apply)
+	var hopts C.OsHostSessionOptions
+	hopts.capacity = C.uint32_t(ho.Capacity)
+	hopts.config_push = C.bool(ho.ConfigPush)
+	hopts.instance_id = stringOf(ho.InstanceID)
+	hopts.apply = C.os_host_apply_cb()
+	hopts.apply_data = C.size_t(id)
+	var out *C.OsHostSession
+	var cerr *C.OsErrorBox
+	st := C.openshell_host_session_new(opts, stringOf(memberID), hopts, &out, &cerr)
+	if st != C.OS_OK {
+		hostAppliers.Delete(id)
+		if cerr != nil {
+			e := errorOf(C.openshell_error_view(cerr))
+			C.openshell_error_free(cerr)
+			return nil, e
+		}
+		return nil, rejected(st).Err
+	}
+	return &HostSession{p: out, applyID: id}, nil
+}
+
+// Run runs the host session until cancel is cancelled.
+func (s *HostSession) Run(cancel *Cancel) Completion {
+	s.mu.RLock()
+	p := s.p
+	if p == nil {
+		s.mu.RUnlock()
+		return closedErr("host session")
+	}
+	cancel.mu.Lock()
+	cp := cancel.p
+	cancel.mu.Unlock()
+	return await(func(cb C.OsCallback, ud C.size_t) C.int32_t {
+		defer s.mu.RUnlock()
+		return C.openshell_host_session_run(p, cp, cb, ud)
+	})
+}
+
+// HostStats are a host session's counters.
+type HostStats struct {
+	SessionsAccepted, Redirects, StickyRedials, Fallbacks, Assigned uint64
+	Stay                                                            bool
+	SessionID, ServedBy, InstanceID                                 string
+}
+
+func (s *HostSession) text(which C.int32_t) string {
+	b := C.openshell_host_session_text(s.p, which)
+	defer C.openshell_bytes_free(b)
+	return C.GoStringN((*C.char)(unsafe.Pointer(b.ptr)), C.int(b.len))
+}
+
+// Stats reads the counters (zero once freed).
+func (s *HostSession) Stats() HostStats {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.p == nil {
+		return HostStats{}
+	}
+	var st C.OsHostSessionStats
+	C.openshell_host_session_stats(s.p, &st)
+	return HostStats{
+		SessionsAccepted: uint64(st.sessions_accepted), Redirects: uint64(st.redirects),
+		StickyRedials: uint64(st.sticky_redials), Fallbacks: uint64(st.fallbacks),
+		Assigned: uint64(st.assigned), Stay: bool(st.stay),
+		SessionID: s.text(C.OS_HOST_SESSION_ID), ServedBy: s.text(C.OS_HOST_SERVED_BY),
+		InstanceID: s.text(C.OS_HOST_INSTANCE_ID),
+	}
+}
+
+// Free frees the session (its run must have ended).
+func (s *HostSession) Free() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.p != nil {
+		C.openshell_host_session_free(s.p)
+		s.p = nil
+		hostAppliers.Delete(s.applyID)
+	}
 }

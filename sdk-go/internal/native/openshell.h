@@ -32,6 +32,15 @@
 // `ExecSandboxEvent`s: all stdout, all stderr, then the exit.
 #define OS_OP_EXEC 8
 
+// [`openshell_host_session_text`]: the replica holding the current session.
+#define OS_HOST_SERVED_BY 1
+
+// The gateway's id of the current session.
+#define OS_HOST_SESSION_ID 2
+
+// The instance id every hello carries.
+#define OS_HOST_INSTANCE_ID 3
+
 // How a snapshot arrived: pushed over the session.
 #define OS_MODE_PUSH 1
 
@@ -88,6 +97,10 @@ typedef struct OsErrorBox OsErrorBox;
 
 // A running forward. Free with [`openshell_forward_free`].
 typedef struct OsForward OsForward;
+
+// A host session. Run it with [`openshell_host_session_run`]; free it
+// with [`openshell_host_session_free`].
+typedef struct OsHostSession OsHostSession;
 
 // A stream. Receive with [`openshell_stream_next`], send with
 // [`openshell_stream_send`]; free with [`openshell_stream_free`].
@@ -203,6 +216,50 @@ typedef struct OsRoutingStats {
   uint64_t owner_lookups;
   uint64_t cache_hits;
 } OsRoutingStats;
+
+// The apply callback of a host session: called on a blocking thread of the
+// library, one call at a time per sandbox (calls for different sandboxes
+// may overlap), only for a snapshot that differs from the sandbox's last
+// applied one. `sandbox_id` and `snapshot` are borrowed for the call;
+// `snapshot` is laid out as for [`OsApplyCallback`](crate::OsApplyCallback)
+// (two length-delimited messages, the second one's values secret). The
+// host answers with [`openshell_apply_reply`], exactly once, from any
+// thread; that sandbox's session waits for the answer.
+typedef void (*OsHostApplyCallback)(size_t user_data,
+                                    struct OsBytes sandbox_id,
+                                    struct OsBytes snapshot,
+                                    struct OsApplyReply *reply);
+
+// Options of a host session, passed by value.
+typedef struct OsHostSessionOptions {
+  // Most sandboxes the host serves at once; 0: no limit.
+  uint32_t capacity;
+  // Sandbox sessions announce support for pushed configuration (else
+  // they poll `GetSandboxConfig`).
+  bool config_push;
+  // Identifies this host instance; empty: generated.
+  struct OsBytes instance_id;
+  // Required.
+  OsHostApplyCallback apply;
+  // Passed back to `apply`.
+  size_t apply_data;
+} OsHostSessionOptions;
+
+// Counters of a host session.
+typedef struct OsHostSessionStats {
+  // Host sessions the gateway accepted.
+  uint64_t sessions_accepted;
+  // Redirects followed.
+  uint64_t redirects;
+  // Redials of the replica that held a lost session.
+  uint64_t sticky_redials;
+  // Falls back to the shared address.
+  uint64_t fallbacks;
+  // Sandboxes in the last assignment.
+  uint64_t assigned;
+  // Whether the last hello carried `stay`.
+  bool stay;
+} OsHostSessionStats;
 
 // The apply callback: called on a blocking thread of the library, one call
 // at a time, only for a snapshot that differs from the last applied one.
@@ -379,6 +436,37 @@ void openshell_forward_free(struct OsForward *forward);
 
 // Writes the client's owner-routing counters to `*out`.
 int32_t openshell_client_routing_stats(const struct OsClient *client, struct OsRoutingStats *out);
+
+// Builds a host session for host `member_id` (the id its host token was
+// issued for) with the host token in `client.token` (the client's token
+// provider is not used here). No I/O.
+int32_t openshell_host_session_new(struct OsClientOptions client,
+                                   struct OsBytes member_id,
+                                   struct OsHostSessionOptions options,
+                                   struct OsHostSession **out,
+                                   struct OsErrorBox **error);
+
+// Runs the host session (hello, redirects, sticky redials, fallbacks, the
+// assigned sandboxes' sessions and their configuration) until `cancel` is
+// cancelled; then the callback fires (`OS_OK`). An unusable endpoint
+// completes with its error. `cancel` is required.
+int32_t openshell_host_session_run(const struct OsHostSession *session,
+                                   const struct OsCancel *cancel,
+                                   OsCallback callback,
+                                   size_t user_data);
+
+// Writes the session's counters to `*out`.
+int32_t openshell_host_session_stats(const struct OsHostSession *session,
+                                     struct OsHostSessionStats *out);
+
+// One text of the session (`OS_HOST_SERVED_BY`, `OS_HOST_SESSION_ID` or
+// `OS_HOST_INSTANCE_ID`; empty when none or unknown); free with
+// `openshell_bytes_free`.
+struct OsOwnedBytes openshell_host_session_text(const struct OsHostSession *session, int32_t which);
+
+// Frees a host session (null is ignored). Cancel its run first: a running
+// session keeps going until its token is cancelled.
+void openshell_host_session_free(struct OsHostSession *session);
 
 // Answers an apply call and frees `reply`: an empty `reason` applies the
 // snapshot, a non-empty one rejects it (the reason goes to the gateway,

@@ -8,7 +8,10 @@ Two clients with the same operations:
 
 :class:`ConfigSession` (and its blocking form :class:`SyncConfigSession`) is
 the supervisor side of a sandbox's session: pushed or polled configuration
-snapshots, each answered applied or rejected.
+snapshots, each answered applied or rejected. :class:`HostSession` (and
+:class:`SyncHostSession`) is a shared supervisor host's session: one session
+for many sandboxes, each assigned sandbox's configuration handed to one
+``apply(sandbox_id, snapshot)`` callback.
 
 Both are thin layers over the OpenShell core client (Rust, in the
 ``_native`` extension module): owner routing, auth refresh, deadlines, and the
@@ -34,10 +37,18 @@ from ._config_session import (
     ApplyResult,
     ConfigSession,
     ConfigSessionStats,
+    ConfigSnapshot,
     ConfigUpdate,
     DeliveryMode,
     Rejected,
     SyncConfigSession,
+)
+from ._host_session import (
+    HostApplyCallback,
+    HostSession,
+    HostSessionStats,
+    SyncHostApplyCallback,
+    SyncHostSession,
 )
 from ._native import __version__ as _native_version
 from ._proto import datamodel_pb2, openshell_pb2, sandbox_pb2
@@ -114,6 +125,7 @@ __all__ = [
     "Client",
     "ConfigSession",
     "ConfigSessionStats",
+    "ConfigSnapshot",
     "ConfigUpdate",
     "ConnectError",
     "DeadlineExceededError",
@@ -130,6 +142,9 @@ __all__ = [
     "ForwardStats",
     "GrpcStatus",
     "Health",
+    "HostApplyCallback",
+    "HostSession",
+    "HostSessionStats",
     "InteractiveExec",
     "InternalError",
     "InvalidArgumentError",
@@ -156,6 +171,8 @@ __all__ = [
     "SyncConfigSession",
     "SyncExecStream",
     "SyncForward",
+    "SyncHostApplyCallback",
+    "SyncHostSession",
     "SyncInteractiveExec",
     "SyncRaw",
     "SyncSandboxWatch",

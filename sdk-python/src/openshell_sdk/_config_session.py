@@ -45,6 +45,7 @@ __all__ = [
     "ApplyResult",
     "ConfigSession",
     "ConfigSessionStats",
+    "ConfigSnapshot",
     "ConfigUpdate",
     "DeliveryMode",
     "Rejected",
@@ -137,32 +138,23 @@ def _setting_value(value: sandbox_pb2.SettingValue) -> SettingValue:
     return result
 
 
-class ConfigUpdate:
-    """One full configuration of the sandbox, to apply and answer.
+class ConfigSnapshot:
+    """One full configuration of a sandbox.
 
     ``sandbox_config`` (policy, settings, revisions) and
     ``provider_environment`` (the provider values it names, which are
-    secrets: ``repr`` shows only their keys) are the wire messages.
+    secrets: ``repr`` shows only their keys) are the wire messages. A
+    :class:`HostSession` hands these to its apply callback;
+    :class:`ConfigUpdate` is one with an answer attached.
     """
 
-    __slots__ = ("_answered", "_id", "_native", "mode", "provider_environment", "sandbox_config")
+    __slots__ = ("provider_environment", "sandbox_config")
 
-    def __init__(
-        self,
-        native: _native.NativeConfigSession,
-        update_id: int,
-        sandbox_config: bytes,
-        provider_environment: bytes,
-        mode: str,
-    ) -> None:
-        self._native = native
-        self._id = update_id
-        self._answered = False
+    def __init__(self, sandbox_config: bytes, provider_environment: bytes) -> None:
         self.sandbox_config = sandbox_pb2.GetSandboxConfigResponse.FromString(sandbox_config)
         self.provider_environment = openshell_pb2.GetSandboxProviderEnvironmentResponse.FromString(
             provider_environment
         )
-        self.mode = DeliveryMode(mode)
 
     @property
     def config_revision(self) -> int:
@@ -194,6 +186,42 @@ class ConfigUpdate:
         """The provider environment (secret values)."""
         return dict(self.provider_environment.environment)
 
+    def _fields(self) -> str:
+        keys = sorted(self.provider_environment.environment)
+        return (
+            f"config_revision={self.config_revision}, "
+            f"provider_env_revision={self.provider_env_revision}, "
+            f"settings={sorted(self.sandbox_config.settings)}, environment_keys={keys}"
+        )
+
+    def __repr__(self) -> str:
+        return f"ConfigSnapshot({self._fields()})"
+
+
+class ConfigUpdate(ConfigSnapshot):
+    """One full configuration of the sandbox, to apply and answer.
+
+    ``sandbox_config`` (policy, settings, revisions) and
+    ``provider_environment`` (the provider values it names, which are
+    secrets: ``repr`` shows only their keys) are the wire messages.
+    """
+
+    __slots__ = ("_answered", "_id", "_native", "mode")
+
+    def __init__(
+        self,
+        native: _native.NativeConfigSession,
+        update_id: int,
+        sandbox_config: bytes,
+        provider_environment: bytes,
+        mode: str,
+    ) -> None:
+        super().__init__(sandbox_config, provider_environment)
+        self._native = native
+        self._id = update_id
+        self._answered = False
+        self.mode = DeliveryMode(mode)
+
     @property
     def answered(self) -> bool:
         return self._answered
@@ -222,12 +250,7 @@ class ConfigUpdate:
         self._answer(False, reason)
 
     def __repr__(self) -> str:
-        keys = sorted(self.provider_environment.environment)
-        return (
-            f"ConfigUpdate(mode={self.mode.value}, config_revision={self.config_revision}, "
-            f"provider_env_revision={self.provider_env_revision}, "
-            f"settings={sorted(self.sandbox_config.settings)}, environment_keys={keys})"
-        )
+        return f"ConfigUpdate(mode={self.mode.value}, {self._fields()})"
 
 
 ApplyCallback: TypeAlias = Callable[[ConfigUpdate], ApplyResult | Awaitable[ApplyResult]]

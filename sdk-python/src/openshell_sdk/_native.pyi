@@ -226,5 +226,46 @@ class NativeConfigSession:
     def closed(self) -> bool: ...
     def close(self) -> None: ...
 
+class HostSessionStatsDict(TypedDict):
+    sessions_accepted: int
+    redirects: int
+    sticky_redials: int
+    fallbacks: int
+    stay: bool
+    session_id: str | None
+    served_by: str | None
+    assigned: int
+
+# (id, sandbox id, encoded GetSandboxConfigResponse,
+# encoded GetSandboxProviderEnvironmentResponse).
+PendingHostUpdate = tuple[int, str, bytes, bytes]
+
+class NativeHostSession:
+    def __init__(
+        self,
+        endpoint: str,
+        member_id: str,
+        host_token: str,
+        *,
+        capacity: int = 0,
+        config_push: bool = True,
+        instance_id: str | None = None,
+        ca_pem: bytes | None = None,
+        tls_server_name: str | None = None,
+        connect_timeout: float | None = None,
+        allow_cleartext_token: bool = False,
+    ) -> None: ...
+    def start(self) -> None: ...
+    def next_update(self) -> Awaitable[PendingHostUpdate | None]: ...
+    def ack(self, id: int, applied: bool, reason: str | None = None) -> bool: ...
+    def stats(self) -> HostSessionStatsDict: ...
+    @property
+    def member_id(self) -> str: ...
+    @property
+    def instance_id(self) -> str: ...
+    @property
+    def closed(self) -> bool: ...
+    def close(self) -> None: ...
+
 def runtime_info() -> RuntimeInfo: ...
 def _shutdown_runtime() -> None: ...
