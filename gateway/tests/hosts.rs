@@ -59,7 +59,7 @@ fn metric(gw: &Gateway, sample: &str) -> f64 {
 }
 
 async fn wait_ring(cluster: &TestCluster, members: f64) {
-    for gw in &cluster.replicas {
+    for gw in cluster.replicas.iter().filter(|gw| gw.pid().is_some()) {
         let ok = eventually(Duration::from_secs(15), || {
             metric(gw, "openshell_server_ring_members") == members
         })
@@ -568,18 +568,25 @@ async fn host_restarts_spread_hosts_and_rolls_keep_them_served() {
     let mut cluster = TestCluster::start(cluster_options(2));
     wait_ring(&cluster, 2.0).await;
     let data = cluster.shared_dir().join("data");
-    let shared: Vec<String> = cluster.replicas.iter().map(|g| g.url.clone()).collect();
     let creds = tokens(&data, 2);
-    let mut hosts: Vec<RunningHost> = creds
-        .iter()
-        .map(|(id, token)| RunningHost::start(shared.clone(), token.clone(), id.clone()))
-        .collect();
+    let live_urls = |cluster: &TestCluster| -> Vec<String> {
+        cluster
+            .live_ids()
+            .iter()
+            .map(|id| cluster.replica(id).url.clone())
+            .collect()
+    };
+    let mut hosts: Vec<RunningHost> = Vec::new();
     for run in 0..3 {
         // Restart each host: it arrives without `stay` and is placed below
         // the cap, on the replica the other host is not on.
-        for i in 0..hosts.len() {
-            let (id, token) = &creds[i];
-            hosts[i] = RunningHost::start(shared.clone(), token.clone(), id.clone());
+        for (i, (id, token)) in creds.iter().enumerate() {
+            let host = RunningHost::start(live_urls(&cluster), token.clone(), id.clone());
+            if i < hosts.len() {
+                hosts[i] = host;
+            } else {
+                hosts.push(host);
+            }
             let ok = eventually(Duration::from_secs(30), || hosts[i].replica().is_some()).await;
             assert!(ok, "run {run}: {id} not accepted after its restart");
         }
@@ -589,44 +596,34 @@ async fn host_restarts_spread_hosts_and_rolls_keep_them_served() {
             [1, 1],
             "run {run}: {counts:?}"
         );
-        // Roll the replicas: each stops (handing its hosts off) and starts.
-        for (id, other) in [("gw-0", "gw-1"), ("gw-1", "gw-0")] {
-            cluster.replica_mut(id).restart();
-            // Its hosts were handed to the other replica, the only one
-            // left while it stopped; no host was lost on the way.
+        // Roll the replicas with surge, as a Deployment does: a new replica
+        // id joins before each old one stops. The stopping replica hands its
+        // host to the first replica below the cap on the ring without it:
+        // the new one, since the other old replica already holds one.
+        let old = cluster.live_ids();
+        let mut new = Vec::new();
+        for id in &old {
+            let added = cluster.add_replica();
+            wait_ring(&cluster, 3.0).await;
+            cluster.replica_mut(id).stop();
             let moved = eventually(Duration::from_secs(30), || {
-                hosts.iter().all(|h| h.replica().as_deref() == Some(other))
+                hosts.iter().all(|h| h.replica().is_some_and(|r| r != *id))
             })
             .await;
-            assert!(
-                moved,
-                "run {run}: hosts not all on {other} after {id} rolled"
-            );
-            let held = eventually(Duration::from_secs(10), || {
-                metric(cluster.replica(other), HOSTS_HELD) == 2.0
-                    && metric(cluster.replica(id), HOSTS_HELD) == 0.0
-            })
-            .await;
-            assert!(held, "run {run}: {other} does not hold both hosts");
+            assert!(moved, "run {run}: a host is still on {id} after it stopped");
             wait_ring(&cluster, 2.0).await;
+            new.push(added);
         }
-        // Nothing rebalances hosts after placement: the roll leaves both
-        // on the replica that stopped first (the documented trade-off).
+        // One host on each new replica.
         let counts = placement_of(&hosts).await;
-        assert_eq!(counts.get("gw-0"), Some(&2), "run {run}: {counts:?}");
-    }
-    // The last host restarts end one host per replica again.
-    for i in 0..hosts.len() {
-        let (id, token) = &creds[i];
-        hosts[i] = RunningHost::start(shared.clone(), token.clone(), id.clone());
-        assert!(eventually(Duration::from_secs(30), || hosts[i].replica().is_some()).await);
-    }
-    let counts = placement_of(&hosts).await;
-    assert_eq!(counts.get("gw-0"), Some(&1), "{counts:?}");
-    assert_eq!(counts.get("gw-1"), Some(&1), "{counts:?}");
-    for gw in &cluster.replicas {
-        let ok = eventually(Duration::from_secs(10), || metric(gw, HOSTS_HELD) == 1.0).await;
-        assert!(ok, "a replica does not hold exactly one host");
+        for id in &new {
+            assert_eq!(counts.get(id), Some(&1), "run {run}: {counts:?}");
+            let held = eventually(Duration::from_secs(10), || {
+                metric(cluster.replica(id), HOSTS_HELD) == 1.0
+            })
+            .await;
+            assert!(held, "run {run}: {id} does not hold exactly one host");
+        }
     }
 }
 

@@ -49,6 +49,7 @@ pub struct ClusterOptions {
 pub struct TestCluster {
     pub replicas: Vec<Gateway>,
     pub peer_token: String,
+    options: ClusterOptions,
     shared: tempfile::TempDir,
 }
 
@@ -62,15 +63,21 @@ impl TestCluster {
         let mut cluster = Self {
             replicas: Vec::new(),
             peer_token,
+            options: options.clone(),
             shared,
         };
-        for i in 0..options.replicas {
-            cluster.add_replica(&options, i);
+        for _ in 0..options.replicas {
+            cluster.add_replica();
         }
         cluster
     }
 
-    fn add_replica(&mut self, options: &ClusterOptions, index: usize) {
+    /// Starts one more replica, `gw-N` with N the number started so far,
+    /// with the cluster's options (a rolling update with surge starts the
+    /// new replica before it stops an old one). Returns its id.
+    pub fn add_replica(&mut self) -> String {
+        let index = self.replicas.len();
+        let options = &self.options;
         let supervisor_url = options
             .supervisor_url
             .clone()
@@ -92,6 +99,17 @@ impl TestCluster {
             ..GatewayOptions::default()
         });
         self.replicas.push(gateway);
+        format!("gw-{index}")
+    }
+
+    /// Ids of the replicas that are running (not stopped or killed).
+    pub fn live_ids(&self) -> Vec<String> {
+        self.ids()
+            .into_iter()
+            .zip(&self.replicas)
+            .filter(|(_, gw)| gw.pid().is_some())
+            .map(|(id, _)| id)
+            .collect()
     }
 
     pub fn replica(&self, id: &str) -> &Gateway {
