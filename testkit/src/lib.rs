@@ -14,9 +14,11 @@ use std::time::{Duration, Instant};
 
 pub mod cluster;
 pub mod edge;
+pub mod host;
 pub mod tls;
 
 pub use edge::{Edge, Nginx};
+pub use host::{HostOptions, SupervisorHost};
 
 /// Directory holding the workspace's built binaries.
 pub fn bin_dir() -> PathBuf {

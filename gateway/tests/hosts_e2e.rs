@@ -1,0 +1,270 @@
+//! Shared supervisor hosts end to end, with real processes only: gateway
+//! replicas (`--driver hosts`) behind the built-in edge, real
+//! `openshell-supervisor host` processes dialling the edge with host tokens
+//! from `openshell-gateway host-token`, and the SDK as the client.
+//!
+//! - exec and forward to a pooled sandbox are hinted to its host's replica
+//!   and served there (with and without namespace isolation);
+//! - a host moving to another replica (its replica stops) keeps its
+//!   sandboxes' processes; what happens to streams open on the stopping
+//!   replica; exec and forward afterwards are hinted to the new replica;
+//! - sdk-core's `HostSession` follows a redirect with `stay` and falls back
+//!   to the shared address with `stay` when the target is down;
+//! - a host killed and started again restarts its sandboxes.
+
+mod common;
+
+use std::time::Duration;
+
+use common::TOKEN;
+use futures::StreamExt;
+use openshell_sdk::{CallOptions, Client, ClientConfig, CreateSandbox, ExecEvent, ExecRequest};
+use openshell_testkit::cluster::{ClusterOptions, TestCluster, ring_owner};
+use openshell_testkit::{
+    Edge, Gateway, HostOptions, SupervisorHost, eventually, is_running, issue_host_token, marker,
+    metric_value, pids_with_env,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+const HOSTS_HELD: &str = "openshell_server_supervisor_hosts";
+
+/// Replicas with `--driver hosts` behind one built-in edge: hosts and
+/// clients dial the edge (the shared address).
+struct Setup {
+    cluster: TestCluster,
+    edge: Edge,
+}
+
+impl Setup {
+    async fn start(replicas: usize, member_ttl_ms: u64) -> Self {
+        let cluster = TestCluster::start(ClusterOptions {
+            replicas,
+            tokens: vec![TOKEN.into()],
+            extra_args: vec![
+                "--allow-test-flags".into(),
+                "--member-refresh-ms".into(),
+                "300".into(),
+                "--member-ttl-ms".into(),
+                member_ttl_ms.to_string(),
+                "--driver".into(),
+                "hosts".into(),
+            ],
+            ..ClusterOptions::default()
+        });
+        let routes = routes(&cluster);
+        let routes: Vec<(&str, &str)> = routes
+            .iter()
+            .map(|(a, b)| (a.as_str(), b.as_str()))
+            .collect();
+        let edge = Edge::start(&routes);
+        let setup = Self { cluster, edge };
+        setup.wait_ring(replicas as f64).await;
+        setup
+    }
+
+    async fn wait_ring(&self, members: f64) {
+        for gw in self.live() {
+            let ok = eventually(Duration::from_secs(15), || {
+                gw.metric("openshell_server_ring_members") == Some(members)
+            })
+            .await;
+            assert!(ok, "ring never reached {members} members");
+        }
+    }
+
+    fn live(&self) -> impl Iterator<Item = &Gateway> {
+        self.cluster.replicas.iter().filter(|gw| gw.pid().is_some())
+    }
+
+    fn host(&self, id: &str, isolation: &str) -> SupervisorHost {
+        let token = issue_host_token(&self.cluster.shared_dir().join("data"), id);
+        SupervisorHost::start(HostOptions {
+            gateway: self.edge.url.clone(),
+            host_id: id.to_owned(),
+            token,
+            isolation: isolation.to_owned(),
+            extra_args: Vec::new(),
+        })
+    }
+
+    /// The replica holding the (one) host's session, once one does.
+    async fn holder(&self) -> String {
+        let mut holder = None;
+        let found = eventually(Duration::from_secs(30), || {
+            holder = self
+                .cluster
+                .live_ids()
+                .into_iter()
+                .find(|id| held(self.cluster.replica(id)) == 1.0);
+            holder.is_some()
+        })
+        .await;
+        assert!(found, "no replica holds the host");
+        holder.unwrap()
+    }
+
+    async fn client(&self) -> Client {
+        let config = ClientConfig::builder(self.edge.url.clone())
+            .token(TOKEN)
+            .owner_routing(true)
+            .default_deadline(Some(Duration::from_secs(30)))
+            .build()
+            .unwrap();
+        within(10, "connect", Client::connect(config))
+            .await
+            .unwrap()
+    }
+
+    /// Successful relays of `kind` (`exec`, `tcp`) served on `route`
+    /// (`local`, `peer`) by `replica`.
+    fn routed(&self, replica: &str, route: &str, kind: &str) -> f64 {
+        routed_on(self.cluster.replica(replica), route, kind)
+    }
+
+    fn peer_relays(&self) -> f64 {
+        self.live()
+            .map(|gw| routed_on(gw, "peer", "exec") + routed_on(gw, "peer", "tcp"))
+            .sum()
+    }
+}
+
+fn routes(cluster: &TestCluster) -> Vec<(String, String)> {
+    cluster
+        .ids()
+        .into_iter()
+        .zip(&cluster.replicas)
+        .map(|(id, gw)| (id, gw.url.clone()))
+        .collect()
+}
+
+fn held(gw: &Gateway) -> f64 {
+    gw.metric(HOSTS_HELD).unwrap_or(0.0)
+}
+
+fn routed_on(gw: &Gateway, route: &str, kind: &str) -> f64 {
+    let text = gw.metrics();
+    metric_value(
+        &text,
+        &format!(
+            r#"openshell_server_routed_request_attempts_total{{operation="relay",route="{route}",relay_kind="{kind}",outcome="success"}}"#
+        ),
+    )
+    .unwrap_or(0.0)
+}
+
+async fn within<T>(secs: u64, what: &str, fut: impl Future<Output = T>) -> T {
+    tokio::time::timeout(Duration::from_secs(secs), fut)
+        .await
+        .unwrap_or_else(|_| panic!("{what} took longer than {secs} s"))
+}
+
+async fn ready_sandbox(client: &Client, name: &str) -> String {
+    client
+        .sandboxes()
+        .create(CreateSandbox::new().name(name), CallOptions::new())
+        .await
+        .expect("create");
+    wait_ready(client, name).await
+}
+
+async fn wait_ready(client: &Client, name: &str) -> String {
+    client
+        .sandboxes()
+        .wait_ready(name, CallOptions::new().deadline(Duration::from_secs(30)))
+        .await
+        .expect("ready")
+        .id
+}
+
+async fn echo_server() -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut socket, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = socket.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    port
+}
+
+async fn forward_once(client: &Client, sandbox: &str, port: u16) {
+    let handle = client
+        .forward(sandbox, port, "127.0.0.1:0", CallOptions::new())
+        .await
+        .expect("forward");
+    let mut socket = tokio::net::TcpStream::connect(handle.local_addr())
+        .await
+        .unwrap();
+    socket.write_all(b"ping").await.unwrap();
+    socket.shutdown().await.unwrap();
+    let mut back = Vec::new();
+    within(10, "echo", socket.read_to_end(&mut back))
+        .await
+        .unwrap();
+    assert_eq!(back, b"ping");
+    handle.close();
+}
+
+async fn sh(client: &Client, sandbox: &str, script: &str) -> String {
+    let out = client
+        .exec(
+            ExecRequest::new(sandbox, ["sh", "-c", script]),
+            CallOptions::new(),
+        )
+        .await
+        .expect("exec");
+    assert_eq!(out.exit_code, 0, "{script}: {out:?}");
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+// ------------------------------------------------------------------- tests
+
+async fn exec_and_forward_are_served_by_the_hosts_replica(isolation: &str) {
+    let setup = Setup::start(2, 3000).await;
+    let host = setup.host("h-0", isolation);
+    let holder = setup.holder().await;
+    let client = setup.client().await;
+    let port = echo_server().await;
+    let mut sandboxes = Vec::new();
+    for i in 0..3 {
+        let name = format!("pooled-{i}");
+        let id = ready_sandbox(&client, &name).await;
+        sandboxes.push((name, id));
+    }
+    let hinted_before = client.routing_stats().hinted;
+    let peer_before = setup.peer_relays();
+    let local_before =
+        setup.routed(&holder, "local", "exec") + setup.routed(&holder, "local", "tcp");
+    for (name, id) in &sandboxes {
+        // Run by the host, in the sandbox's directory under its --root.
+        assert_eq!(sh(&client, name, "echo here > made-here; echo ok").await, "ok\n");
+        let made = host.workdir(id).join("made-here");
+        assert_eq!(std::fs::read_to_string(&made).unwrap(), "here\n");
+        forward_once(&client, name, port).await;
+    }
+    let n = sandboxes.len() as f64;
+    let stats = client.routing_stats();
+    assert_eq!(stats.hinted - hinted_before, 2 * sandboxes.len() as u64, "{stats:?}");
+    assert_eq!(stats.unrouted_retries, 0, "{stats:?}");
+    assert_eq!(setup.peer_relays(), peer_before, "a hinted stream was relayed");
+    assert_eq!(
+        setup.routed(&holder, "local", "exec") + setup.routed(&holder, "local", "tcp")
+            - local_before,
+        2.0 * n,
+        "not every stream was served on {holder}"
+    );
+    drop(host);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn exec_and_forward_are_served_by_the_hosts_replica_with_namespaces() {
+    exec_and_forward_are_served_by_the_hosts_replica("namespaces").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn exec_and_forward_are_served_by_the_hosts_replica_without_isolation() {
+    exec_and_forward_are_served_by_the_hosts_replica("none").await;
+}
