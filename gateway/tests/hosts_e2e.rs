@@ -268,3 +268,151 @@ async fn exec_and_forward_are_served_by_the_hosts_replica_with_namespaces() {
 async fn exec_and_forward_are_served_by_the_hosts_replica_without_isolation() {
     exec_and_forward_are_served_by_the_hosts_replica("none").await;
 }
+
+/// A line-per-tick exec: `n` lines, one every 100 ms.
+fn ticker(sandbox: &str, n: u32) -> ExecRequest {
+    ExecRequest::new(
+        sandbox,
+        [
+            "sh",
+            "-c",
+            &format!("i=0; while [ $i -lt {n} ]; do echo $i; i=$((i+1)); sleep 0.1; done"),
+        ],
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pooled_sandbox_survives_its_host_moving() {
+    // Three replicas, so two are left after the move: a single replica
+    // gives no owner hints.
+    let mut setup = Setup::start(3, 3000).await;
+    let host = setup.host("h-0", "namespaces");
+    let holder = setup.holder().await;
+    let client = setup.client().await;
+    let port = echo_server().await;
+    ready_sandbox(&client, "mover").await;
+
+    // A background process, found by a marker in its environment.
+    let mark = marker();
+    let out = client
+        .exec(
+            ExecRequest::new(
+                "mover",
+                [
+                    "sh",
+                    "-c",
+                    "setsid sleep 600 </dev/null >/dev/null 2>&1 & echo started",
+                ],
+            )
+            .env("OPENSHELL_TEST_MARK", &mark),
+            CallOptions::new(),
+        )
+        .await
+        .expect("exec");
+    assert_eq!(out.stdout, b"started\n");
+    let mut background = Vec::new();
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            background = pids_with_env("OPENSHELL_TEST_MARK", &mark);
+            !background.is_empty()
+        })
+        .await,
+        "the background process is not running"
+    );
+
+    // Streams opened before the move, served by the holder.
+    let tick_mark = marker();
+    let mut ticks = client
+        .exec_stream(
+            ticker("mover", 100).env("OPENSHELL_TEST_MARK", &tick_mark),
+            CallOptions::new(),
+        )
+        .await
+        .expect("exec stream");
+    match within(10, "first tick", ticks.next()).await {
+        Some(Ok(ExecEvent::Stdout(line))) => assert_eq!(&line[..], b"0\n"),
+        other => panic!("expected the first tick, got {other:?}"),
+    }
+    let forward = client
+        .forward("mover", port, "127.0.0.1:0", CallOptions::new())
+        .await
+        .expect("forward");
+    let mut socket = tokio::net::TcpStream::connect(forward.local_addr())
+        .await
+        .unwrap();
+    socket.write_all(b"before").await.unwrap();
+    let mut buf = [0u8; 6];
+    within(10, "echo before", socket.read_exact(&mut buf))
+        .await
+        .unwrap();
+    assert_eq!(&buf, b"before");
+
+    // The holder stops gracefully: it hands the host to the other replica.
+    setup.cluster.replica_mut(&holder).stop();
+    let other = setup.holder().await;
+    assert_ne!(other, holder, "the host did not move:\n{}", host.log());
+
+    // Streams open on the stopping replica end with it: there is no
+    // drain. The exec ends UNAVAILABLE and its process is killed with its
+    // relay; the forwarded connection is closed.
+    let rest = within(20, "the ticker's end", async {
+        let mut events = Vec::new();
+        while let Some(event) = ticks.next().await {
+            events.push(event.map_err(|e| e.code()));
+        }
+        events
+    })
+    .await;
+    assert_eq!(rest.last(), Some(&Err("unavailable")), "{rest:?}");
+    assert!(
+        rest.iter().all(|e| !matches!(e, Ok(ExecEvent::Exit(_)))),
+        "{rest:?}"
+    );
+    assert!(
+        eventually(Duration::from_secs(5), || pids_with_env(
+            "OPENSHELL_TEST_MARK",
+            &tick_mark
+        )
+        .is_empty())
+        .await,
+        "the exec's process outlived its stream"
+    );
+    let _ = socket.write_all(b"after!").await;
+    let mut back = Vec::new();
+    let read = within(10, "forward after the stop", socket.read_to_end(&mut back)).await;
+    assert!(
+        read.is_err() || back.is_empty(),
+        "the forward went on after its replica stopped: {back:?}"
+    );
+    forward.close();
+
+    // The background process went on.
+    assert!(
+        background.iter().all(|pid| is_running(*pid)),
+        "the background process died with the move"
+    );
+    // Exec and forward now: hinted to the new replica, served there.
+    let routes = routes(&setup.cluster);
+    let routes: Vec<(&str, &str)> = routes
+        .iter()
+        .filter(|(id, _)| *id != holder)
+        .map(|(a, b)| (a.as_str(), b.as_str()))
+        .collect();
+    setup.edge.set_routes(&routes);
+    let fresh = setup.client().await;
+    let local_before = setup.routed(&other, "local", "exec") + setup.routed(&other, "local", "tcp");
+    let peer_before = setup.peer_relays();
+    wait_ready(&fresh, "mover").await;
+    let pids = sh(&fresh, "mover", "echo alive").await;
+    assert_eq!(pids, "alive\n");
+    forward_once(&fresh, "mover", port).await;
+    let stats = fresh.routing_stats();
+    assert_eq!(stats.hinted, 2, "{stats:?}");
+    assert_eq!(stats.unrouted_retries, 0, "{stats:?}");
+    assert_eq!(setup.peer_relays(), peer_before);
+    assert_eq!(
+        setup.routed(&other, "local", "exec") + setup.routed(&other, "local", "tcp") - local_before,
+        2.0
+    );
+    drop(host);
+}
