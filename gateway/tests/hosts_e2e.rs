@@ -416,3 +416,100 @@ async fn a_pooled_sandbox_survives_its_host_moving() {
     );
     drop(host);
 }
+
+async fn a_host_restart_restarts_its_sandboxes(isolation: &str) {
+    let setup = Setup::start(2, 3000).await;
+    let mut host = setup.host("h-0", isolation);
+    setup.holder().await;
+    let client = setup.client().await;
+    let names = ["again-0", "again-1"];
+    let mut ids = Vec::new();
+    for name in names {
+        ids.push(ready_sandbox(&client, name).await);
+    }
+    let mark = marker();
+    let out = client
+        .exec(
+            ExecRequest::new(
+                names[0],
+                [
+                    "sh",
+                    "-c",
+                    "echo kept > kept; setsid sleep 600 </dev/null >/dev/null 2>&1 & echo started",
+                ],
+            )
+            .env("OPENSHELL_TEST_MARK", &mark),
+            CallOptions::new(),
+        )
+        .await
+        .expect("exec");
+    assert_eq!(out.stdout, b"started\n");
+    let mut old = Vec::new();
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            old = pids_with_env("OPENSHELL_TEST_MARK", &mark);
+            !old.is_empty()
+        })
+        .await
+    );
+    let old_pid = host.pid().unwrap();
+
+    // kill -9: the sandboxes' processes die with the host.
+    host.kill();
+    assert!(!is_running(old_pid));
+    let died = eventually(Duration::from_secs(10), || old.iter().all(|p| !is_running(*p))).await;
+    // Under namespaces every process of a sandbox lives in its PID
+    // namespace, whose init dies with the host. Without isolation nothing
+    // holds a detached (setsid) process: it outlives the host's SIGKILL
+    // and its restart (docs/ARCHITECTURE.md, isolation `none`).
+    let isolated = isolation == "namespaces";
+    assert_eq!(died, isolated, "{isolation}: {old:?}");
+    // Started again (same id, token and root): its sandboxes are served
+    // again, with their files, by new processes.
+    host.restart();
+    setup.holder().await;
+    for (name, id) in names.iter().zip(&ids) {
+        let ready = eventually(Duration::from_secs(30), || {
+            std::fs::metadata(host.workdir(id)).is_ok()
+        })
+        .await;
+        assert!(ready, "{name}'s directory is gone");
+        wait_ready(&client, name).await;
+        // The session is the new host's: exec works.
+        let out = within(30, "exec after the restart", async {
+            loop {
+                match client
+                    .exec(
+                        ExecRequest::new(*name, ["sh", "-c", "cat kept 2>/dev/null; echo new"]),
+                        CallOptions::new(),
+                    )
+                    .await
+                {
+                    Ok(out) => break out,
+                    Err(_) => tokio::time::sleep(Duration::from_millis(100)).await,
+                }
+            }
+        })
+        .await;
+        let want = if *name == names[0] { "kept\nnew\n" } else { "new\n" };
+        assert_eq!(String::from_utf8_lossy(&out.stdout), want);
+    }
+    assert_eq!(
+        pids_with_env("OPENSHELL_TEST_MARK", &mark).is_empty(),
+        isolated,
+        "{isolation}: {old:?}"
+    );
+    for pid in old {
+        openshell_testkit::signal(pid, libc::SIGKILL);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_host_restart_restarts_its_sandboxes_with_namespaces() {
+    a_host_restart_restarts_its_sandboxes("namespaces").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_host_restart_restarts_its_sandboxes_without_isolation() {
+    a_host_restart_restarts_its_sandboxes("none").await;
+}
