@@ -240,16 +240,27 @@ async fn exec_and_forward_are_served_by_the_hosts_replica(isolation: &str) {
         setup.routed(&holder, "local", "exec") + setup.routed(&holder, "local", "tcp");
     for (name, id) in &sandboxes {
         // Run by the host, in the sandbox's directory under its --root.
-        assert_eq!(sh(&client, name, "echo here > made-here; echo ok").await, "ok\n");
+        assert_eq!(
+            sh(&client, name, "echo here > made-here; echo ok").await,
+            "ok\n"
+        );
         let made = host.workdir(id).join("made-here");
         assert_eq!(std::fs::read_to_string(&made).unwrap(), "here\n");
         forward_once(&client, name, port).await;
     }
     let n = sandboxes.len() as f64;
     let stats = client.routing_stats();
-    assert_eq!(stats.hinted - hinted_before, 2 * sandboxes.len() as u64, "{stats:?}");
+    assert_eq!(
+        stats.hinted - hinted_before,
+        2 * sandboxes.len() as u64,
+        "{stats:?}"
+    );
     assert_eq!(stats.unrouted_retries, 0, "{stats:?}");
-    assert_eq!(setup.peer_relays(), peer_before, "a hinted stream was relayed");
+    assert_eq!(
+        setup.peer_relays(),
+        peer_before,
+        "a hinted stream was relayed"
+    );
     assert_eq!(
         setup.routed(&holder, "local", "exec") + setup.routed(&holder, "local", "tcp")
             - local_before,
@@ -457,7 +468,10 @@ async fn a_host_restart_restarts_its_sandboxes(isolation: &str) {
     // kill -9: the sandboxes' processes die with the host.
     host.kill();
     assert!(!is_running(old_pid));
-    let died = eventually(Duration::from_secs(10), || old.iter().all(|p| !is_running(*p))).await;
+    let died = eventually(Duration::from_secs(10), || {
+        old.iter().all(|p| !is_running(*p))
+    })
+    .await;
     // Under namespaces every process of a sandbox lives in its PID
     // namespace, whose init dies with the host. Without isolation nothing
     // holds a detached (setsid) process: it outlives the host's SIGKILL
@@ -491,7 +505,11 @@ async fn a_host_restart_restarts_its_sandboxes(isolation: &str) {
             }
         })
         .await;
-        let want = if *name == names[0] { "kept\nnew\n" } else { "new\n" };
+        let want = if *name == names[0] {
+            "kept\nnew\n"
+        } else {
+            "new\n"
+        };
         assert_eq!(String::from_utf8_lossy(&out.stdout), want);
     }
     assert_eq!(
@@ -512,4 +530,89 @@ async fn a_host_restart_restarts_its_sandboxes_with_namespaces() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_host_restart_restarts_its_sandboxes_without_isolation() {
     a_host_restart_restarts_its_sandboxes("none").await;
+}
+
+/// Runs sdk-core's `HostSession` for `host_id` against `url` until it is
+/// accepted; returns its stats then, and its cancel token and task.
+async fn run_host_session(
+    url: &str,
+    token: &str,
+    host_id: &str,
+) -> (
+    openshell_sdk::HostSession,
+    openshell_sdk::CancellationToken,
+    tokio::task::JoinHandle<Result<(), openshell_sdk::Error>>,
+) {
+    use openshell_sdk::{ApplyOutcome, CancellationToken, HostSession};
+    use std::sync::Arc;
+    let config = ClientConfig::builder(url.to_owned())
+        .token(token.to_owned())
+        .build()
+        .unwrap();
+    let host = HostSession::builder(config, host_id)
+        .apply(Arc::new(|_: &str, _| ApplyOutcome::Applied))
+        .build()
+        .unwrap();
+    let cancel = CancellationToken::new();
+    let task = tokio::spawn({
+        let host = host.clone();
+        let cancel = cancel.clone();
+        async move { host.run(cancel).await }
+    });
+    let accepted = eventually(Duration::from_secs(20), || host.stats().served_by.is_some()).await;
+    assert!(accepted, "{host_id} not accepted: {:?}", host.stats());
+    (host, cancel, task)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_host_session_follows_a_redirect_with_stay_and_falls_back_with_stay() {
+    // Long enough a member TTL that a killed replica stays in the ring
+    // (its membership row live) while the host arrives.
+    let mut setup = Setup::start(2, 8000).await;
+    let data = setup.cluster.shared_dir().join("data");
+    // A host id whose ring point maps to gw-1: placement on gw-0 (cap 1,
+    // gw-1 serving none) redirects it there.
+    let host_id = (0..200)
+        .map(|n| format!("h-{n}"))
+        .find(|id| ring_owner(&["gw-0", "gw-1"], id) == "gw-1")
+        .expect("an id owned by gw-1");
+    let token = issue_host_token(&data, &host_id);
+    let shared = setup.cluster.replica("gw-0").url.clone();
+
+    // Both replicas up: the redirect is followed at once, with `stay`.
+    let (host, cancel, task) = run_host_session(&shared, &token, &host_id).await;
+    let stats = host.stats();
+    assert_eq!(stats.served_by.as_deref(), Some("gw-1"), "{stats:?}");
+    assert_eq!((stats.redirects, stats.fallbacks), (1, 0), "{stats:?}");
+    assert!(stats.stay, "{stats:?}");
+    cancel.cancel();
+    within(10, "host session end", task).await.unwrap().unwrap();
+    assert!(
+        eventually(Duration::from_secs(10), || held(
+            setup.cluster.replica("gw-1")
+        ) == 0.0)
+        .await
+    );
+
+    // gw-1 crashes; its membership row is live until its TTL, so gw-0
+    // still places the host there. Following the redirect fails to
+    // connect: the host falls back to the shared address with `stay`, and
+    // gw-0 accepts it.
+    setup.cluster.replica_mut("gw-1").kill();
+    let (host, cancel, task) = run_host_session(&shared, &token, &host_id).await;
+    let stats = host.stats();
+    assert_eq!(stats.served_by.as_deref(), Some("gw-0"), "{stats:?}");
+    assert_eq!((stats.redirects, stats.fallbacks), (1, 1), "{stats:?}");
+    assert!(stats.stay, "the fallback carries stay: {stats:?}");
+    assert_eq!(held(setup.cluster.replica("gw-0")), 1.0);
+    // And it serves: a new sandbox is assigned to it.
+    let config = ClientConfig::builder(shared.clone())
+        .token(TOKEN)
+        .build()
+        .unwrap();
+    let client = Client::connect(config).await.unwrap();
+    ready_sandbox(&client, "after-fallback").await;
+    assert_eq!(host.stats().assigned, 1);
+    cancel.cancel();
+    within(10, "host session end", task).await.unwrap().unwrap();
 }
