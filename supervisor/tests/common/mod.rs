@@ -10,6 +10,7 @@ use futures::StreamExt;
 use openshell_sdk::{CallOptions, Client, ClientConfig, CreateSandbox, ExecEvent, ExecRequest};
 use openshell_testkit::{Gateway, GatewayOptions};
 
+#[allow(unused_imports)]
 pub use openshell_testkit::{eventually, is_running, issue_host_token, sandbox_token};
 
 /// The user token of every test gateway.
