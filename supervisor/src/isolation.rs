@@ -35,9 +35,12 @@
 pub mod enter;
 pub mod init;
 
-use std::ffi::{CString, OsStr, OsString};
+pub(crate) use init::c_path;
+pub mod spawner;
+
+use std::ffi::{CString, OsString};
 use std::io::{BufRead, BufReader, Write};
-use std::os::unix::ffi::OsStrExt;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -46,6 +49,11 @@ use anyhow::{Context, bail};
 
 /// First argument that runs the binary as a sandbox's init.
 pub const INIT_COMMAND: &str = "__sandbox-init";
+/// The standalone init binary's file name.
+pub const STANDALONE_INIT: &str = "openshell-sandbox-init";
+/// First argument that runs the binary as a host's fork server of inits
+/// (when the standalone init is missing).
+pub const ZYGOTE_COMMAND: &str = "__sandbox-zygote";
 /// First argument that runs the binary as an exec helper.
 pub const ENTER_COMMAND: &str = "__sandbox-enter";
 /// First argument that runs the binary as the SSH server's SFTP server on
@@ -59,8 +67,6 @@ pub const SANDBOX_ID: u32 = 1000;
 /// Host ids of sandboxes: `HOST_ID_BASE + hash(sandbox id) % HOST_ID_SPAN`.
 const HOST_ID_BASE: u32 = 200_000;
 const HOST_ID_SPAN: u32 = 800_000;
-/// Paths every sandbox gets a private, empty copy of.
-const PRIVATE_TMP: [&str; 3] = ["/tmp", "/var/tmp", "/dev/shm"];
 
 /// How the supervisor runs sandbox processes (`--isolation`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -88,8 +94,18 @@ pub fn host_id(sandbox_id: &str) -> u32 {
 pub struct Sandbox {
     /// Host pid of the sandbox's PID 1.
     init_pid: i32,
-    /// The init's parent, which created the namespaces (our child).
-    outer: Child,
+    /// The init's parent, which created the namespaces.
+    outer: Outer,
+}
+
+/// How the init's parent is held.
+#[derive(Debug)]
+enum Outer {
+    /// Our child (per-sandbox mode): reaped by us.
+    Child(Child),
+    /// Forked by a host's fork server, which the kernel reaps for; the
+    /// pidfd names it without a pid reuse race.
+    Forked { pid: i32, pidfd: OwnedFd },
 }
 
 impl Sandbox {
@@ -103,24 +119,67 @@ impl Sandbox {
         let mut command = Command::new(exe);
         command
             .arg(INIT_COMMAND)
-            .arg("--workdir")
-            .arg(workdir)
+            .args(init_args(workdir, hide))
             .env_clear()
-            .stdin(Stdio::from(std::os::fd::OwnedFd::from(theirs)))
+            .stdin(Stdio::from(OwnedFd::from(theirs)))
             .stdout(Stdio::null());
-        for path in hide
-            .iter()
-            .map(PathBuf::as_path)
-            .chain(PRIVATE_TMP.map(Path::new))
-        {
-            command.arg("--hide").arg(path);
-        }
         let outer = command.spawn().context("start the sandbox init")?;
-        let outer_pid = outer.id();
-        crate::sandbox_processes::track(outer_pid as i32);
-        let mut sandbox = Self { init_pid: 0, outer };
+        crate::sandbox_processes::track(outer.id() as i32);
+        let mut sandbox = Self {
+            init_pid: 0,
+            outer: Outer::Child(outer),
+        };
+        sandbox.handshake(ours, id)?;
+        Ok(sandbox)
+    }
+
+    /// Starts the init for `workdir` as [`Sandbox::start`] does, but as a
+    /// child of a fork server (see [`spawner`]): `send` hands the server the
+    /// init's arguments and socket. Blocking.
+    pub fn start_forked(
+        sandbox_id: &str,
+        workdir: &Path,
+        hide: &[PathBuf],
+        send: impl FnOnce(&[OsString], BorrowedFd<'_>) -> std::io::Result<()>,
+    ) -> anyhow::Result<Self> {
+        let id = host_id(sandbox_id);
+        give_to(workdir, id).with_context(|| format!("chown {}", workdir.display()))?;
+        let (ours, theirs) = UnixStream::pair().context("socketpair")?;
+        send(&init_args(workdir, hide), theirs.as_fd()).context("start the sandbox init")?;
+        drop(theirs);
         let mut reader = BufReader::new(ours.try_clone().context("socketpair")?);
-        let mut writer = ours;
+        let pid: i32 = expect_line(&mut reader, "outer")?
+            .parse()
+            .context("sandbox init sent a bad pid")?;
+        // SAFETY: pidfd_open takes plain integers; the init is alive (it
+        // waits for our `mapped`), so the pid is still its own.
+        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+        if fd < 0 {
+            return Err(std::io::Error::last_os_error()).context("pidfd of the sandbox init");
+        }
+        // SAFETY: a fresh descriptor we own.
+        let pidfd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        let mut sandbox = Self {
+            init_pid: 0,
+            outer: Outer::Forked { pid, pidfd },
+        };
+        sandbox.handshake_with(reader, ours, id)?;
+        Ok(sandbox)
+    }
+
+    /// The id maps, then PID 1's pid.
+    fn handshake(&mut self, socket: UnixStream, id: u32) -> anyhow::Result<()> {
+        let reader = BufReader::new(socket.try_clone().context("socketpair")?);
+        self.handshake_with(reader, socket, id)
+    }
+
+    fn handshake_with(
+        &mut self,
+        mut reader: BufReader<UnixStream>,
+        mut writer: UnixStream,
+        id: u32,
+    ) -> anyhow::Result<()> {
+        let outer_pid = self.outer_pid();
         expect_line(&mut reader, "userns")?;
         for (file, line) in [
             ("uid_map", format!("{SANDBOX_ID} {id} 1\n")),
@@ -131,34 +190,105 @@ impl Sandbox {
         }
         writer.write_all(b"mapped\n").context("sandbox init")?;
         let pid = expect_line(&mut reader, "pid")?;
-        sandbox.init_pid = pid
+        self.init_pid = pid
             .parse()
             .with_context(|| format!("sandbox init sent a bad pid {pid:?}"))?;
-        Ok(sandbox)
+        Ok(())
     }
 
     pub fn init_pid(&self) -> i32 {
         self.init_pid
     }
 
-    /// The host pid of the init's parent (our direct child).
+    /// Resolves once the init's parent (and so the sandbox) has exited.
+    pub async fn exited(&self) {
+        let Outer::Forked { pidfd, .. } = &self.outer else {
+            return ended(Some(self.outer_pid())).await;
+        };
+        // A pidfd turns readable when its process exits: no polling.
+        let watch = pidfd.try_clone().ok().and_then(|fd| {
+            // SAFETY: `fd` is our own duplicate, owned by the AsyncFd and
+            // never replaced or closed while it is registered.
+            unsafe {
+                tokio::io::unix::AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE)
+            }
+            .ok()
+        });
+        match watch {
+            Some(watch) => {
+                let _ = watch.readable().await;
+            }
+            None => ended(Some(self.outer_pid())).await,
+        }
+    }
+
+    /// The host pid of the init's parent.
     pub fn outer_pid(&self) -> i32 {
-        self.outer.id() as i32
+        match &self.outer {
+            Outer::Child(child) => child.id() as i32,
+            Outer::Forked { pid, .. } => *pid,
+        }
     }
 
     /// Ends every process of the sandbox: killing PID 1 of a PID namespace
-    /// kills everything in it.
+    /// kills everything in it. Blocking until the init's parent is gone.
     pub fn kill(&mut self) {
-        // SAFETY: kill(2) has no memory-safety preconditions; both pids are
-        // ours (the init cannot be reaped by anyone but its parent, which we
-        // have not reaped either).
+        // SAFETY: kill(2) has no memory-safety preconditions. PID 1 cannot
+        // have been reaped (its parent waits for it and is alive until
+        // below), so its pid is still its own.
         unsafe {
             libc::kill(self.init_pid, libc::SIGKILL);
-            libc::kill(self.outer.id() as i32, libc::SIGKILL);
         }
-        let _ = self.outer.wait();
-        crate::sandbox_processes::untrack(self.outer.id() as i32);
+        match &mut self.outer {
+            Outer::Child(child) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                crate::sandbox_processes::untrack(child.id() as i32);
+            }
+            Outer::Forked { pidfd, .. } => {
+                // SAFETY: plain syscalls on a pidfd we own.
+                unsafe {
+                    libc::syscall(
+                        libc::SYS_pidfd_send_signal,
+                        pidfd.as_raw_fd(),
+                        libc::SIGKILL,
+                        std::ptr::null::<libc::siginfo_t>(),
+                        0,
+                    );
+                    let mut poll = libc::pollfd {
+                        fd: pidfd.as_raw_fd(),
+                        events: libc::POLLIN,
+                        revents: 0,
+                    };
+                    libc::poll(&mut poll, 1, 5_000);
+                }
+            }
+        }
     }
+}
+
+/// The arguments of an init for `workdir`, hiding `hide` and the private
+/// temp directories.
+fn init_args(workdir: &Path, hide: &[PathBuf]) -> Vec<OsString> {
+    let mut args = vec![OsString::from("--workdir"), workdir.as_os_str().to_owned()];
+    for path in hide
+        .iter()
+        .map(PathBuf::as_path)
+        .chain(init::PRIVATE_TMP.map(Path::new))
+    {
+        args.push("--hide".into());
+        args.push(path.as_os_str().to_owned());
+    }
+    args
+}
+
+/// The standalone init binary (`openshell-sandbox-init`) next to this
+/// executable, if there is one.
+pub fn standalone_init() -> Option<PathBuf> {
+    let path = std::env::current_exe()
+        .ok()?
+        .with_file_name(STANDALONE_INIT);
+    path.is_file().then_some(path)
 }
 
 /// Resolves once the sandbox init (our child `outer_pid`) has exited;
@@ -291,11 +421,6 @@ pub fn check_namespaces() -> Result<(), String> {
             "cannot create user, mount and PID namespaces: {err}"
         )),
     }
-}
-
-/// `path` as a C string (no interior NUL: it came from the OS).
-pub(crate) fn c_path(path: &OsStr) -> std::io::Result<CString> {
-    CString::new(path.as_bytes()).map_err(|_| std::io::Error::from_raw_os_error(libc::EINVAL))
 }
 
 /// Arguments as C strings, for exec.

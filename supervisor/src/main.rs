@@ -1,27 +1,35 @@
-//! `openshell-supervisor`: the reference supervisor of one sandbox.
+//! `openshell-supervisor`: the reference supervisor, in two modes.
 //!
-//! The gateway's process sandbox driver starts one per sandbox. It holds the
+//! **Per sandbox** (the default, `openshell-supervisor --sandbox-id ...`):
+//! the gateway's process sandbox driver starts one per sandbox. It holds the
 //! sandbox's session with the gateway ([`session`]) and serves the relays
 //! the gateway announces on it: processes ([`exec`]) and loopback TCP
 //! connections ([`forward`]). Configuration, pushed or polled, is applied
 //! by [`config_apply`] to `.openshell/config.json` in the sandbox directory.
 //!
-//! The sandbox token arrives on an inherited descriptor (`--token-fd`, how
-//! the gateway passes it) or in a file that is deleted once read
-//! (`--token-file`), never in the command line or the environment; it is
-//! sent as bearer metadata and kept out of logs, errors and child
-//! environments. The process is non-dumpable, so other processes of the
-//! same user cannot read its memory, environment or descriptors. With
+//! **Host** (`openshell-supervisor host ...`, [`host`]): one process serves
+//! a pool of sandboxes, the ones the gateway assigns to it, over one host
+//! session; each sandbox is served by the same code as in per-sandbox mode
+//! (a [`session`] loop per sandbox, with relays that outlive a session
+//! move).
+//!
+//! The sandbox (or host) token arrives on an inherited descriptor
+//! (`--token-fd`, how the gateway passes it) or in a file that is deleted
+//! once read (`--token-file`), never in the command line or the
+//! environment; it is sent as bearer metadata and kept out of logs, errors
+//! and child environments. The process is non-dumpable, so other processes
+//! of the same user cannot read its memory, environment or descriptors. With
 //! `--isolation namespaces` sandbox processes run in namespaces of their own
 //! ([`isolation`]). SIGTERM or SIGINT kill every running exec (and, isolated,
-//! every process of the sandbox) before the process exits 0. A supervisor
-//! whose sandbox the gateway no longer knows for 30 s shuts down the same
-//! way and exits 1 ([`give_up`]).
+//! every process of the sandbox) before the process exits 0. A per-sandbox
+//! supervisor whose sandbox the gateway no longer knows for 30 s shuts down
+//! the same way and exits 1 ([`give_up`]).
 
 mod config_apply;
 mod exec;
 mod forward;
 mod give_up;
+mod host;
 mod isolation;
 mod os_error;
 mod relay;
@@ -32,8 +40,7 @@ mod ssh;
 mod transport;
 
 use std::ffi::OsString;
-use std::io::{IsTerminal, Read};
-use std::os::fd::FromRawFd;
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -41,14 +48,14 @@ use std::time::Duration;
 
 use anyhow::{Context, bail};
 use clap::Parser;
-use openshell_sdk::ClientConfig;
+use openshell_sdk::ConfigSession;
 use tokio::signal::unix::{SignalKind, signal};
 use tokio::sync::{mpsc, watch};
 use tracing::{error, info, warn};
 use tracing_subscriber::EnvFilter;
 
 use crate::exec::ExecSettings;
-use crate::session::SessionConfig;
+use crate::session::{RelayScope, SandboxServing};
 use crate::transport::BearerToken;
 
 /// How long shutdown waits for killed execs to be reaped.
@@ -60,7 +67,11 @@ const SHUTDOWN_GRACE: Duration = Duration::from_secs(5);
 /// The sandbox token is read from an inherited descriptor (--token-fd) or a
 /// file deleted once read (--token-file); one of them is required.
 #[derive(Debug, Parser)]
-#[command(name = "openshell-supervisor", version)]
+#[command(
+    name = "openshell-supervisor",
+    version,
+    after_help = "Host mode (one process serving many sandboxes): openshell-supervisor host --help"
+)]
 struct Cli {
     /// Gateway URL (http:// or https://).
     #[arg(long, value_name = "URL")]
@@ -120,6 +131,7 @@ fn main() -> ExitCode {
     let args: Vec<OsString> = std::env::args_os().collect();
     match args.get(1).and_then(|arg| arg.to_str()) {
         Some(isolation::INIT_COMMAND) => return isolation::init::main(&args[2..]),
+        Some(isolation::ZYGOTE_COMMAND) => return isolation::init::zygote_main(),
         Some(isolation::ENTER_COMMAND) => return isolation::enter::main(&args[2..]),
         Some(isolation::SFTP_COMMAND) => {
             isolation::init::non_dumpable();
@@ -137,14 +149,11 @@ fn main() -> ExitCode {
         _ => {}
     }
     isolation::init::non_dumpable();
+    if args.get(1).and_then(|arg| arg.to_str()) == Some(host::COMMAND) {
+        return host::main(&args[1..]);
+    }
     let cli = Cli::parse();
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
+    init_logging();
     match prepare(&cli).and_then(|(secret, sandbox)| run(cli, secret, sandbox)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
@@ -154,12 +163,28 @@ fn main() -> ExitCode {
     }
 }
 
+/// Logs to stderr; `RUST_LOG` filters (default `info`).
+fn init_logging() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .init();
+}
+
 /// Reads the token and starts the sandbox's init: both before the runtime
 /// starts threads (the init is spawned from the main thread, which lives as
 /// long as the process, so the init's parent-death signal fires only when
 /// the supervisor goes).
 fn prepare(cli: &Cli) -> anyhow::Result<(String, Option<isolation::Sandbox>)> {
-    let secret = read_token(cli)?;
+    let secret = transport::read_token(
+        cli.token_fd,
+        cli.token_file.as_deref(),
+        "sandbox",
+        transport::TokenFile::Delete,
+    )?;
     // Descriptors inherited by accident (the gateway's parents may leak
     // some) must not reach sandbox processes.
     isolation::init::close_from(3);
@@ -186,30 +211,6 @@ fn prepare(cli: &Cli) -> anyhow::Result<(String, Option<isolation::Sandbox>)> {
     Ok((secret, sandbox))
 }
 
-/// The sandbox token, from `--token-fd` (closed after reading) or
-/// `--token-file` (deleted after reading).
-fn read_token(cli: &Cli) -> anyhow::Result<String> {
-    let mut secret = String::new();
-    if let Some(fd) = cli.token_fd {
-        if fd < 3 {
-            bail!("--token-fd must name an inherited descriptor above 2");
-        }
-        // SAFETY: the descriptor was inherited for exactly this; nothing
-        // else in the process uses it, and the File closes it.
-        let mut file = unsafe { std::fs::File::from_raw_fd(fd) };
-        file.read_to_string(&mut secret)
-            .context("reading the sandbox token from --token-fd")?;
-    } else if let Some(path) = &cli.token_file {
-        secret = std::fs::read_to_string(path).context("reading --token-file")?;
-        std::fs::remove_file(path).context("deleting --token-file")?;
-    } else {
-        bail!("the sandbox token is required: --token-fd or --token-file");
-    }
-    let secret = secret.trim_end_matches(['\n', '\r']).to_owned();
-    BearerToken::new(&secret).context("the sandbox token is invalid")?;
-    Ok(secret)
-}
-
 #[tokio::main]
 async fn run(
     cli: Cli,
@@ -222,26 +223,7 @@ async fn run(
     if !workdir.is_dir() {
         warn!(workdir = %workdir.display(), "workdir is not a directory (yet)");
     }
-    let mut client = ClientConfig::builder(&cli.gateway)
-        .token(secret.as_str())
-        // The driver hands the supervisor whatever URL the gateway was given.
-        .allow_cleartext_token(true)
-        .connect_timeout(Duration::from_secs(5))
-        // Notices a gateway that vanished without closing the connection.
-        .keepalive(Some(Duration::from_secs(15)))
-        .keepalive_timeout(Duration::from_secs(10));
-    match &cli.ca_file {
-        Some(path) if cli.gateway.starts_with("https://") => {
-            let pem =
-                std::fs::read(path).with_context(|| format!("read CA file {}", path.display()))?;
-            client = client.ca_pem(pem);
-        }
-        Some(_) => warn!("--ca-file is only used for https gateways"),
-        None => {}
-    }
-    let client = client
-        .build()
-        .map_err(|err| anyhow::anyhow!("gateway settings: {err}"))?;
+    let client = transport::client_config(&cli.gateway, &secret, cli.ca_file.as_deref())?;
     drop(secret);
     let probe_channel = openshell_sdk::Client::connect_lazy(client.clone())
         .await
@@ -268,31 +250,26 @@ async fn run(
         Some(path) => ssh::HostKey::load_or_create(path),
         None => Ok(ssh::HostKey::generate()),
     };
-    let ssh_server = match &host_key {
+    let ssh_host_key = match host_key {
         Ok(key) => {
             info!(fingerprint = key.fingerprint(), "ssh host key");
-            Some(ssh::config(key))
+            Some(key)
         }
         Err(err) => {
             error!("{err:#}; ssh relays will be refused");
             None
         }
     };
-    let config = SessionConfig {
-        client,
-        sandbox_id: cli.sandbox_id.clone(),
-        instance_id,
-        token,
-        ssh_host_key_fingerprint: host_key
-            .as_ref()
-            .map(ssh::HostKey::fingerprint)
-            .unwrap_or_default(),
-        ssh_server,
+    let serving = SandboxServing {
         exec: Arc::new(ExecSettings {
             sandbox_init: sandbox.as_ref().map(isolation::Sandbox::init_pid),
-            ..ExecSettings::new(cli.sandbox_id, workdir)
+            ..ExecSettings::new(cli.sandbox_id.clone(), workdir)
         }),
+        ssh_host_key,
+        token,
+        relay_scope: RelayScope::Session,
     };
+    let session = ConfigSession::builder(client, cli.sandbox_id.clone()).instance_id(instance_id);
 
     // Orphans of sandbox processes come back to us, so shutdown can end them.
     if let Err(err) = sandbox_processes::become_subreaper() {
@@ -306,7 +283,7 @@ async fn run(
     let outer_pid = sandbox.as_ref().map(isolation::Sandbox::outer_pid);
     let mut gave_up = None;
     tokio::select! {
-        result = session::run(config, alive, connected) => {
+        result = session::run(&serving, session, alive, connected) => {
             result?;
             unreachable!("the session loop never ends");
         }

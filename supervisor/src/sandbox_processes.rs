@@ -100,12 +100,37 @@ pub async fn reap_loop() {
 /// Kills every process left under the supervisor (and their groups), until
 /// none is left or `limit` passes.
 pub async fn kill_all(limit: Duration) {
+    kill_children(limit, |_| true).await;
+}
+
+/// Kills what one sandbox left under the supervisor without isolation
+/// (host mode, `--isolation none`): the children started with the
+/// sandbox's `OPENSHELL_SANDBOX_ID` in their environment (every exec gets
+/// it) and their groups. Best effort: a process that replaced its
+/// environment or left its group escapes until [`kill_all`].
+pub async fn kill_sandbox(sandbox_id: &str, limit: Duration) {
+    let mut marker = format!("OPENSHELL_SANDBOX_ID={sandbox_id}").into_bytes();
+    marker.push(0);
+    kill_children(limit, |pid| started_with(pid, &marker)).await;
+}
+
+/// Whether the initial environment of `pid` holds `entry` (NUL-ended).
+fn started_with(pid: i32, entry: &[u8]) -> bool {
+    let Ok(environ) = std::fs::read(format!("/proc/{pid}/environ")) else {
+        return false;
+    };
+    environ
+        .split_inclusive(|byte| *byte == 0)
+        .any(|item| item == entry)
+}
+
+async fn kill_children(limit: Duration, selected: impl Fn(i32) -> bool) {
     let started = Instant::now();
     loop {
         reap_orphans();
         let live: Vec<i32> = children()
             .into_iter()
-            .filter(|(_, zombie)| !zombie)
+            .filter(|(pid, zombie)| !zombie && selected(*pid))
             .map(|(pid, _)| pid)
             .collect();
         if live.is_empty() || started.elapsed() > limit {

@@ -1,7 +1,8 @@
 //! The supervisor session: one long-lived `ConnectSupervisor` stream that
 //! makes the gateway replica holding it this sandbox's owner.
 //!
-//! The protocol runs in sdk-core's [`ConfigSession`]: hello (with
+//! The protocol runs in sdk-core's
+//! [`ConfigSession`](openshell_sdk::ConfigSession): hello (with
 //! `supports_config_push` and `supports_session_redirect`), heartbeats,
 //! redirects followed at once with `redirected` set, reconnects with a
 //! backoff of 1 s doubling to 30 s (reset whenever a session was accepted),
@@ -11,11 +12,20 @@
 //!
 //! This module serves the relays the gateway announces on that session:
 //! TCP (`forward`), exec (`exec`) and SSH (`ssh`, also a relay without a
-//! target, as in the public protocol).
-//! Relays belong to the session that announced them: when the session ends,
-//! for whatever reason, every relay it started is cancelled (processes are
-//! killed, sockets closed). Relay claims ride the session's connection and,
-//! through an edge, carry the replica that holds the session.
+//! target, as in the public protocol). It serves one sandbox; the caller
+//! provides the session: a `ConfigSession` of its own on the sandbox's
+//! connection (per-sandbox mode) or a sandbox session inside a host's
+//! session (host mode, see the `host` module).
+//!
+//! How long a relay lives is the caller's choice ([`RelayScope`]). A
+//! per-sandbox supervisor ties relays to the session that announced them:
+//! when the session ends, for whatever reason, every relay it started is
+//! cancelled (processes are killed, sockets closed). A host does not: its
+//! session may move to another replica while the sandbox's processes and
+//! streams go on, so a relay ends with its stream, a `relay_close`, or when
+//! the caller drops [`run`] (the sandbox is unassigned or the host stops).
+//! Relay claims ride the connection of the session that announced them and,
+//! through an edge, carry the replica that holds that session.
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -23,7 +33,7 @@ use std::pin::pin;
 use std::sync::Arc;
 
 use openshell_proto::{RelayOpen, gateway_message, relay_open};
-use openshell_sdk::{ClientConfig, ConfigSession, SessionEvent};
+use openshell_sdk::{ConfigSessionBuilder, SessionEvent};
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -32,58 +42,76 @@ use tracing::{Instrument, debug, info_span, warn};
 use crate::exec::{self, ExecSettings};
 use crate::forward;
 use crate::relay::{self, RelayContext};
+use crate::ssh::HostKey;
 use crate::transport::{self, BearerToken};
 
 /// Session events buffered between the protocol task and the relay loop.
 const SESSION_EVENTS: usize = 64;
 
-/// Everything the session needs, fixed for the life of the process.
-pub struct SessionConfig {
-    /// The configured gateway (`--gateway`), with the sandbox token.
-    pub client: ClientConfig,
-    pub sandbox_id: String,
-    pub instance_id: String,
-    pub token: BearerToken,
-    pub exec: Arc<ExecSettings>,
-    /// Reported in the hello; empty without an SSH server.
-    pub ssh_host_key_fingerprint: String,
-    /// The embedded SSH server's settings (host key included); `None`
-    /// refuses SSH relays.
-    pub ssh_server: Option<Arc<russh::server::Config>>,
+/// What ends a relay besides its own stream and `relay_close`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RelayScope {
+    /// The end of the session that announced it (per-sandbox mode).
+    Session,
+    /// Only the end of [`run`] (host mode).
+    Runtime,
 }
 
-/// Runs the session forever. `alive` is handed to every relay, so the
-/// caller can wait for all relays to wind down after dropping this future.
-/// `connected` is true while a session is accepted.
+/// One sandbox as its relays see it, fixed while it is served.
+pub struct SandboxServing {
+    pub exec: Arc<ExecSettings>,
+    /// The embedded SSH server's key; `None` refuses SSH relays.
+    pub ssh_host_key: Option<HostKey>,
+    /// Bearer of relay claims: the sandbox token, or the host token.
+    pub token: BearerToken,
+    pub relay_scope: RelayScope,
+}
+
+/// Serves `sandbox` on the session `session` builds, until the protocol
+/// fails to start or this future is dropped. The session gets the SSH host
+/// key fingerprint, the config applier and the session events here.
+/// `alive` is handed to every relay, so the caller can wait for all relays
+/// to wind down after dropping this future. `connected` is true while a
+/// session is accepted.
 pub async fn run(
-    config: SessionConfig,
+    sandbox: &SandboxServing,
+    session: ConfigSessionBuilder,
     alive: mpsc::Sender<()>,
     connected: watch::Sender<bool>,
 ) -> anyhow::Result<()> {
     let (events_tx, mut events) = mpsc::channel(SESSION_EVENTS);
-    let session = ConfigSession::builder(config.client.clone(), config.sandbox_id.clone())
-        .instance_id(config.instance_id.clone())
-        .ssh_host_key_fingerprint(config.ssh_host_key_fingerprint.clone())
-        .apply(crate::config_apply::applier(config.exec.clone()))
+    let session = session
+        .ssh_host_key_fingerprint(
+            sandbox
+                .ssh_host_key
+                .as_ref()
+                .map(HostKey::fingerprint)
+                .unwrap_or_default(),
+        )
+        .apply(crate::config_apply::applier(sandbox.exec.clone()))
         .session_events(events_tx)
         .build()?;
     // Dropping this future stops the protocol task too.
     let cancel = CancellationToken::new();
     let _stop = cancel.clone().drop_guard();
     let protocol = session.run(cancel);
+    let per_session = sandbox.relay_scope == RelayScope::Session;
     let relays = async {
-        // Dropped on every session end, which cancels that session's relays.
+        // Dropped when this future is (and, per session, on every session
+        // end), which cancels the relays it holds.
         let mut relays = Relays::default();
         let mut ctx: Option<RelayContext> = None;
         while let Some(event) = events.recv().await {
             match event {
                 SessionEvent::Accepted(handle) => {
                     connected.send_replace(true);
-                    relays = Relays::default();
+                    if per_session {
+                        relays = Relays::default();
+                    }
                     ctx = Some(RelayContext {
                         channel: handle.client.channel(),
                         replica: handle.served_by,
-                        token: config.token.clone(),
+                        token: sandbox.token.clone(),
                         session: handle.outbound,
                         alive: alive.clone(),
                     });
@@ -92,8 +120,8 @@ pub async fn run(
                     (Some(gateway_message::Payload::RelayOpen(open)), Some(ctx)) => relays.open(
                         open,
                         ctx.clone(),
-                        config.exec.clone(),
-                        config.ssh_server.clone(),
+                        sandbox.exec.clone(),
+                        sandbox.ssh_host_key.clone(),
                     ),
                     (Some(gateway_message::Payload::RelayClose(close)), _) => {
                         debug!(
@@ -107,11 +135,15 @@ pub async fn run(
                 },
                 SessionEvent::Ended => {
                     connected.send_replace(false);
-                    relays = Relays::default();
+                    if per_session {
+                        relays = Relays::default();
+                    }
                     ctx = None;
                 }
             }
         }
+        // The protocol task is gone; its result says why.
+        std::future::pending::<()>().await;
     };
     tokio::select! {
         result = protocol => result?,
@@ -138,7 +170,7 @@ impl Relays {
         open: RelayOpen,
         ctx: RelayContext,
         exec: Arc<ExecSettings>,
-        ssh: Option<Arc<russh::server::Config>>,
+        ssh: Option<HostKey>,
     ) {
         self.running.retain(|_, relay| !relay.task.is_finished());
         let channel_id = open.channel_id.clone();
@@ -178,7 +210,7 @@ async fn serve_relay(
     open: RelayOpen,
     ctx: RelayContext,
     exec: Arc<ExecSettings>,
-    ssh: Option<Arc<russh::server::Config>>,
+    ssh: Option<HostKey>,
     cancel: impl Future<Output = ()>,
 ) {
     let channel_id = open.channel_id;
@@ -209,10 +241,26 @@ async fn serve_relay(
         }
         // The public protocol: no target means SSH.
         Some(relay_open::Target::Ssh(target)) => {
-            crate::ssh::run(&ctx, &channel_id, ssh, exec, target.environment, cancel).await;
+            crate::ssh::run(
+                &ctx,
+                &channel_id,
+                ssh.as_ref(),
+                exec,
+                target.environment,
+                cancel,
+            )
+            .await;
         }
         None => {
-            crate::ssh::run(&ctx, &channel_id, ssh, exec, HashMap::new(), cancel).await;
+            crate::ssh::run(
+                &ctx,
+                &channel_id,
+                ssh.as_ref(),
+                exec,
+                HashMap::new(),
+                cancel,
+            )
+            .await;
         }
     }
 }

@@ -140,7 +140,7 @@ fn rand_seed() -> [u8; 32] {
     seed
 }
 
-/// The server's settings, shared by every connection of this supervisor.
+/// The server's settings for one connection with `host_key`.
 pub fn config(host_key: &HostKey) -> Arc<russh::server::Config> {
     Arc::new(russh::server::Config {
         server_id: russh::SshId::Standard("SSH-2.0-OpenShell".into()),
@@ -163,12 +163,14 @@ pub fn config(host_key: &HostKey) -> Arc<russh::server::Config> {
 pub async fn run(
     ctx: &RelayContext,
     channel_id: &str,
-    server: Option<Arc<russh::server::Config>>,
+    host_key: Option<&HostKey>,
     exec: Arc<ExecSettings>,
     environment: HashMap<String, String>,
     cancel: impl Future<Output = ()>,
 ) {
-    let Some(server) = server else {
+    // Built per connection from the sandbox's key: a host serving many
+    // sandboxes keeps one key each, not one server configuration each.
+    let Some(server) = host_key.map(config) else {
         relay::report_failure(ctx, channel_id, "this sandbox has no SSH server".into()).await;
         return;
     };

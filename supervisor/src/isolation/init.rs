@@ -19,7 +19,13 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use super::c_path;
+/// Paths every sandbox gets a private, empty copy of.
+pub const PRIVATE_TMP: [&str; 3] = ["/tmp", "/var/tmp", "/dev/shm"];
+
+/// `path` as a C string (no interior NUL: it came from the OS).
+pub fn c_path(path: &std::ffi::OsStr) -> io::Result<std::ffi::CString> {
+    std::ffi::CString::new(path.as_bytes()).map_err(|_| io::Error::from_raw_os_error(libc::EINVAL))
+}
 
 struct Args {
     workdir: PathBuf,
@@ -162,7 +168,7 @@ fn hide_paths(args: &Args) -> Result<(), String> {
             continue;
         };
         if meta.is_dir() {
-            let mode = if super::PRIVATE_TMP.iter().any(|t| path == Path::new(t)) {
+            let mode = if PRIVATE_TMP.iter().any(|t| path == Path::new(t)) {
                 "mode=1777"
             } else {
                 "mode=0755"
@@ -231,6 +237,129 @@ fn mount(
 
 fn chdir(path: &Path) -> Result<(), String> {
     std::env::set_current_dir(path).map_err(|e| format!("chdir {}: {e}", path.display()))
+}
+
+/// Argument of the standalone init that makes it a fork server.
+pub const ZYGOTE_FLAG: &str = "--zygote";
+/// Largest init request (arguments) a fork server takes.
+const REQUEST_MAX: usize = 64 * 1024;
+
+/// The fork server of a supervisor host (`openshell-sandbox-init
+/// --zygote`): fd 0 is a `SOCK_SEQPACKET` socket to the host, on which each
+/// message is one init's arguments (NUL-separated) with one descriptor
+/// attached, the init's socket. For each, a child is forked that becomes
+/// that init: it reports `outer <its pid>` on the init's socket, then runs
+/// [`main`] exactly as an exec'd init would. Forked rather than exec'd, the
+/// inits of a host share this process's pages instead of each loading the
+/// binary again. Children are reaped by the kernel (SIGCHLD ignored); the
+/// host watches them through pidfds. Ends when the host closes the socket,
+/// and with the thread that started it (`PR_SET_PDEATHSIG`), which takes
+/// every init with it.
+pub fn zygote_main() -> ExitCode {
+    if die_with_parent().is_err() {
+        return ExitCode::FAILURE;
+    }
+    non_dumpable();
+    let _ = chdir(Path::new("/"));
+    // SAFETY: setting a signal disposition to SIG_IGN has no preconditions.
+    unsafe {
+        libc::signal(libc::SIGCHLD, libc::SIG_IGN);
+    }
+    let mut buffer = vec![0_u8; REQUEST_MAX];
+    loop {
+        let (len, fd) = match receive(0, &mut buffer) {
+            Ok(Some(request)) => request,
+            Ok(None) => return ExitCode::SUCCESS,
+            Err(_) => return ExitCode::FAILURE,
+        };
+        let Some(fd) = fd else { continue };
+        // SAFETY: this process is single-threaded; the child continues in
+        // ordinary code, as an exec'd init would from main.
+        match unsafe { libc::fork() } {
+            0 => {
+                // SAFETY: plain descriptor and signal calls in the child.
+                unsafe {
+                    libc::signal(libc::SIGCHLD, libc::SIG_DFL);
+                    libc::dup2(fd, 0);
+                    libc::close(fd);
+                }
+                let args: Vec<OsString> = buffer[..len]
+                    .split(|b| *b == 0)
+                    .filter(|arg| !arg.is_empty())
+                    .map(|arg| OsString::from(std::ffi::OsStr::from_bytes(arg)))
+                    .collect();
+                drop(buffer);
+                // SAFETY: fd 0 is the init's socket (dup2 above); this
+                // borrow closes nothing (ManuallyDrop).
+                let mut report = std::mem::ManuallyDrop::new(unsafe { UnixStream::from_raw_fd(0) });
+                // SAFETY: getpid has no preconditions.
+                let me = unsafe { libc::getpid() };
+                if writeln!(*report, "outer {me}").is_err() {
+                    return ExitCode::FAILURE;
+                }
+                return main(&args);
+            }
+            // A failed fork closes the init's socket: the host reads the end.
+            // SAFETY: closing our copy of the received descriptor.
+            _ => unsafe {
+                libc::close(fd);
+            },
+        }
+    }
+}
+
+/// One message and at most one descriptor from a `SOCK_SEQPACKET` socket;
+/// `None` at its end.
+fn receive(
+    socket: libc::c_int,
+    buffer: &mut [u8],
+) -> io::Result<Option<(usize, Option<libc::c_int>)>> {
+    // Room for one descriptor, aligned for cmsghdr.
+    let mut control = [0_u64; 8];
+    let mut iov = libc::iovec {
+        iov_base: buffer.as_mut_ptr().cast(),
+        iov_len: buffer.len(),
+    };
+    // SAFETY: msghdr is plain data; zeroed is a valid empty value.
+    let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
+    message.msg_iov = &mut iov;
+    message.msg_iovlen = 1;
+    message.msg_control = control.as_mut_ptr().cast();
+    message.msg_controllen = std::mem::size_of_val(&control) as _;
+    loop {
+        // SAFETY: every pointer in `message` is valid for its length.
+        let n = unsafe { libc::recvmsg(socket, &mut message, libc::MSG_CMSG_CLOEXEC) };
+        if n < 0 {
+            let err = io::Error::last_os_error();
+            if err.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(err);
+        }
+        if n == 0 {
+            return Ok(None);
+        }
+        let mut fd = None;
+        // SAFETY: walking the control buffer the kernel filled, with the
+        // libc macros made for it.
+        unsafe {
+            let mut cmsg = libc::CMSG_FIRSTHDR(&message);
+            while !cmsg.is_null() {
+                if (*cmsg).cmsg_level == libc::SOL_SOCKET && (*cmsg).cmsg_type == libc::SCM_RIGHTS {
+                    let received =
+                        std::ptr::read_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>());
+                    match fd {
+                        None => fd = Some(received),
+                        Some(_) => {
+                            libc::close(received);
+                        }
+                    }
+                }
+                cmsg = libc::CMSG_NXTHDR(&message, cmsg);
+            }
+        }
+        return Ok(Some((n as usize, fd)));
+    }
 }
 
 /// Exits the way `child` did.

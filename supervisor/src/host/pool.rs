@@ -1,0 +1,155 @@
+//! The sandboxes a host serves, kept equal to its assignment.
+//!
+//! Each assigned sandbox runs as one task ([`runtime::run`]); no thread and
+//! no buffer of its own beyond what its session and relays hold. An
+//! assignment is the full list: sandboxes missing from it are stopped (their
+//! processes killed, their directories removed), new ones started. A sandbox
+//! that is stopping and assigned again starts once the stop is complete, so
+//! two lives of one sandbox never share its directory. The first assignment
+//! after a start also removes the directories of sandboxes deleted while the
+//! host was down.
+
+use std::collections::{BTreeSet, HashMap};
+use std::path::Path;
+use std::sync::Arc;
+
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+use tracing::{info, warn};
+
+use super::runtime::{self, HostSettings, Stop};
+
+struct Running {
+    stop: watch::Sender<Option<Stop>>,
+    task: JoinHandle<()>,
+}
+
+/// The running sandboxes of one host.
+pub struct Pool {
+    settings: Arc<HostSettings>,
+    /// Whether directories left by a previous life of the host were
+    /// removed (on the first assignment).
+    swept: bool,
+    running: HashMap<String, Running>,
+    /// Stopped on unassignment, possibly still winding down.
+    stopping: HashMap<String, JoinHandle<()>>,
+}
+
+impl Pool {
+    pub fn new(settings: Arc<HostSettings>) -> Self {
+        Self {
+            settings,
+            swept: false,
+            running: HashMap::new(),
+            stopping: HashMap::new(),
+        }
+    }
+
+    /// The sandboxes served now, sorted.
+    pub fn serving(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self.running.keys().cloned().collect();
+        ids.sort();
+        ids
+    }
+
+    /// Makes the running set equal to `assigned`: stops what is missing,
+    /// starts what is new. Ids that cannot name a directory are skipped.
+    pub fn assign<I, S>(&mut self, assigned: I)
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let mut wanted = BTreeSet::new();
+        for id in assigned {
+            let id = id.into();
+            if runtime::sandbox_dir(&self.settings.root, &id).is_none() {
+                warn!(
+                    sandbox_id = id,
+                    "assigned sandbox id is not a plain name; skipped"
+                );
+                continue;
+            }
+            wanted.insert(id);
+        }
+        self.stopping.retain(|_, task| !task.is_finished());
+        let gone: Vec<String> = self
+            .running
+            .keys()
+            .filter(|id| !wanted.contains(*id))
+            .cloned()
+            .collect();
+        for id in gone {
+            let running = self.running.remove(&id).expect("listed above");
+            info!(sandbox_id = id, "sandbox unassigned: stopping");
+            running.stop.send_replace(Some(Stop::Unassigned));
+            self.stopping.insert(id, running.task);
+        }
+        if !self.swept {
+            self.swept = true;
+            let (root, keep) = (self.settings.root.clone(), wanted.clone());
+            // Not awaited: new sandboxes have their own directories.
+            tokio::task::spawn_blocking(move || sweep(&root, &keep));
+        }
+        for id in wanted {
+            if self.running.contains_key(&id) {
+                continue;
+            }
+            info!(sandbox_id = id, "sandbox assigned: starting");
+            let (stop, stopped) = watch::channel(None);
+            let previous = self.stopping.remove(&id);
+            let settings = self.settings.clone();
+            let sandbox_id = id.clone();
+            let task = tokio::spawn(async move {
+                if let Some(previous) = previous {
+                    let _ = previous.await;
+                }
+                runtime::run(settings, sandbox_id, stopped).await;
+            });
+            self.running.insert(id, Running { stop, task });
+        }
+    }
+
+    /// Stops every sandbox for host shutdown (files stay) and waits until
+    /// all of them stopped, unassigned ones included.
+    pub async fn shutdown(&mut self) {
+        let mut tasks: Vec<JoinHandle<()>> = self.stopping.drain().map(|(_, task)| task).collect();
+        for (_, running) in self.running.drain() {
+            running.stop.send_replace(Some(Stop::Shutdown));
+            tasks.push(running.task);
+        }
+        for task in tasks {
+            let _ = task.await;
+        }
+    }
+}
+
+/// Removes the directories of sandboxes that were deleted while the host
+/// was down: under `root`, every directory with a sandbox's layout (a
+/// `work/` or an SSH host key) whose name is not in `keep`. Anything else
+/// under the root is left alone.
+fn sweep(root: &Path, keep: &BTreeSet<String>) {
+    let Ok(entries) = std::fs::read_dir(root) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let Some(name) = entry.file_name().to_str().map(str::to_owned) else {
+            continue;
+        };
+        let path = entry.path();
+        let is_sandbox = entry.file_type().is_ok_and(|t| t.is_dir())
+            && runtime::sandbox_dir(root, &name).is_some()
+            && (path.join(runtime::WORK_DIR).is_dir()
+                || path.join(runtime::SSH_HOST_KEY_FILE).is_file());
+        if is_sandbox && !keep.contains(&name) {
+            match std::fs::remove_dir_all(&path) {
+                Ok(()) => info!(
+                    sandbox_id = name,
+                    "removed the directory of a sandbox no longer assigned"
+                ),
+                Err(err) => {
+                    warn!(sandbox_id = name, error = %err, "removing a stale sandbox directory failed")
+                }
+            }
+        }
+    }
+}
