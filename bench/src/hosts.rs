@@ -9,7 +9,7 @@
 //! 1. per-sandbox mode (the default): N sandboxes, N supervisor processes;
 //! 2. `up --hosts H`: the same N sandboxes served by H host processes.
 //!
-//! With every sandbox ready and one `true` exec proven in each, the
+//! With every sandbox ready, one `true` exec proven in each and 12 s idle, the
 //! proportional set size (`Pss:` of `/proc/PID/smaps_rollup`, shared pages
 //! split between the processes that map them) of every process `up`
 //! started, directly or not, is summed per role: replicas and the edge on
@@ -21,6 +21,7 @@
 
 use std::collections::HashMap;
 use std::net::TcpListener;
+use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -46,6 +47,8 @@ struct Bill {
     gateway_processes: usize,
     sandbox_side_kib: f64,
     sandbox_side_processes: usize,
+    /// Supervisor-side PSS by program and role (its first argument).
+    kinds: std::collections::BTreeMap<String, (usize, f64, usize)>,
 }
 
 pub async fn run() {
@@ -78,6 +81,13 @@ fn report(label: &str, bill: &Bill, sandboxes: usize) {
         bill.gateway_kib / 1024.0,
         bill.gateway_processes,
     );
+    for (kind, (count, kib, threads)) in &bill.kinds {
+        println!(
+            "    {kind}: {count} processes ({threads} threads), {:.1} MiB PSS ({:.0} KiB each)",
+            kib / 1024.0,
+            kib / *count as f64
+        );
+    }
 }
 
 /// Starts a cluster, fills it, measures it, stops it.
@@ -103,6 +113,9 @@ async fn measure(sandboxes: usize, hosts: Option<usize>) -> Bill {
     );
     let url = format!("http://127.0.0.1:{port}");
     let client = connect(&url, &mut up.0, dir.path()).await;
+    if hosts.is_some() {
+        wait_for_hosts(&client).await;
+    }
     let permits = Arc::new(tokio::sync::Semaphore::new(8));
     let mut work = Vec::new();
     for i in 0..sandboxes {
@@ -130,8 +143,9 @@ async fn measure(sandboxes: usize, hosts: Option<usize>) -> Bill {
     for task in work {
         task.await.expect("sandbox task");
     }
-    // Let start-up allocations settle (freed arenas, finished tasks).
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Idle: start-up work done, and tokio's blocking threads (config
+    // applies) gone after their 10 s keep-alive.
+    tokio::time::sleep(Duration::from_secs(12)).await;
     let bill = bill(up.0.id() as i32);
     drop(client);
     up.stop();
@@ -160,6 +174,33 @@ async fn connect(url: &str, up: &mut Child, dir: &Path) -> Client {
         );
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+}
+
+/// Until a host holds its session, creating a sandbox answers
+/// `UNAVAILABLE`: one probe sandbox, created as soon as one does (at most
+/// 60 s), then deleted.
+async fn wait_for_hosts(client: &Client) {
+    let started = Instant::now();
+    loop {
+        match client
+            .sandboxes()
+            .create(CreateSandbox::new().name("probe"), CallOptions::new())
+            .await
+        {
+            Ok(_) => break,
+            Err(err)
+                if err.code() == "unavailable" && started.elapsed() < Duration::from_secs(60) =>
+            {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(err) => panic!("no host took a sandbox: {err}"),
+        }
+    }
+    client
+        .sandboxes()
+        .delete("probe", CallOptions::new())
+        .await
+        .expect("delete the probe sandbox");
 }
 
 /// PSS of every descendant of `root`, by role.
@@ -196,9 +237,35 @@ fn bill(root: i32) -> Bill {
         } else {
             bill.sandbox_side_kib += pss;
             bill.sandbox_side_processes += 1;
+            let program = Path::new(std::ffi::OsStr::from_bytes(_program.unwrap_or_default()))
+                .file_name()
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            let role = String::from_utf8_lossy(role);
+            let role = if role.starts_with('-') || role.is_empty() {
+                String::new()
+            } else {
+                format!(" {role}")
+            };
+            let kind = bill.kinds.entry(format!("{program}{role}")).or_default();
+            kind.0 += 1;
+            kind.1 += pss;
+            kind.2 += threads(pid);
         }
     }
     bill
+}
+
+fn threads(pid: i32) -> usize {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("Threads:"))
+                .and_then(|n| n.trim().parse().ok())
+        })
+        .unwrap_or(0)
 }
 
 fn parent_of(pid: i32) -> Option<i32> {

@@ -131,6 +131,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     };
     let mut running: Vec<Running> = Vec::new();
     let mut routes = Vec::new();
+    let mut metrics_addrs = Vec::new();
     let result = async {
         for i in 0..args.replicas {
             let id = format!("gw-{i}");
@@ -186,6 +187,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
                 info["metrics"].as_str().unwrap_or_default()
             ));
             routes.push(format!("{id}={url}"));
+            metrics_addrs.push(info["metrics"].as_str().unwrap_or_default().to_owned());
         }
         let ready = run_dir.join("edge.ready.json");
         let _ = std::fs::remove_file(&ready);
@@ -220,6 +222,9 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
                 host_isolation,
             )
             .await?;
+            // Announced once every host holds its session: a sandbox created
+            // right after the banner has somewhere to go.
+            wait_hosts_connected(&mut running, &metrics_addrs, args.hosts).await?;
         }
         anyhow::Ok(())
     }
@@ -336,6 +341,56 @@ async fn start_hosts(
         running.push(Running { name: id, child });
     }
     Ok(())
+}
+
+/// Waits (at most 30 s) until the replicas hold `n` host sessions between
+/// them, by their `openshell_server_supervisor_hosts` gauges; fails at once
+/// if a process exits meanwhile.
+async fn wait_hosts_connected(
+    running: &mut [Running],
+    metrics_addrs: &[String],
+    n: u64,
+) -> anyhow::Result<()> {
+    let started = Instant::now();
+    loop {
+        let mut held = 0.0;
+        for addr in metrics_addrs {
+            held += hosts_held(addr).await.unwrap_or(0.0);
+        }
+        if held >= n as f64 {
+            return Ok(());
+        }
+        for r in running.iter_mut() {
+            if let Some(status) = r.child.try_wait()? {
+                bail!("{} exited during start-up ({status}); see its log", r.name);
+            }
+        }
+        if started.elapsed() > Duration::from_secs(30) {
+            bail!("{held} of {n} supervisor hosts connected after 30 s; see their logs");
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// One replica's `openshell_server_supervisor_hosts` gauge.
+async fn hosts_held(metrics_addr: &str) -> Option<f64> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let read = async {
+        let mut stream = tokio::net::TcpStream::connect(metrics_addr).await.ok()?;
+        stream
+            .write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n")
+            .await
+            .ok()?;
+        let mut text = String::new();
+        stream.read_to_string(&mut text).await.ok()?;
+        text.lines()
+            .find_map(|l| l.strip_prefix("openshell_server_supervisor_hosts "))
+            .and_then(|v| v.trim().parse().ok())
+    };
+    tokio::time::timeout(Duration::from_secs(2), read)
+        .await
+        .ok()
+        .flatten()
 }
 
 /// Prints a line; a closed stdout (the terminal or pipe went away) must not

@@ -141,3 +141,126 @@ async fn up_serves_through_the_edge_and_stops_everything_on_ctrl_c() {
         pids.iter().filter(|p| is_running(**p)).collect::<Vec<_>>()
     );
 }
+
+/// `up --hosts 2`: the replicas run `--driver hosts`, two real
+/// `openshell-supervisor host` processes (one per replica after placement)
+/// serve every sandbox, exec works through the edge and a host's relay, no
+/// supervisor process is started per sandbox, and Ctrl-C stops the hosts
+/// by their PIDs.
+#[tokio::test]
+async fn up_with_hosts_runs_sandboxes_on_shared_hosts() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut up = Command::new(bin("openshell-gateway"))
+        .args([
+            "up",
+            "--replicas",
+            "2",
+            "--hosts",
+            "2",
+            "--isolation",
+            "none",
+        ])
+        .arg("--listen")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--data-dir")
+        .arg(dir.path())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let up_pid = up.id() as i32;
+    let stdout = up.stdout.take().unwrap();
+    let mut guard = UpGuard(Some(up));
+    let banner = std::thread::spawn(move || {
+        let mut lines = Vec::new();
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let done = line.contains("serving");
+            lines.push(line);
+            if done {
+                break;
+            }
+        }
+        lines
+    })
+    .join()
+    .unwrap();
+    assert!(
+        banner.iter().any(|l| l.contains("on 2 supervisor hosts")),
+        "{banner:?}"
+    );
+    let hosts: Vec<i32> = banner
+        .iter()
+        .filter(|l| l.trim_start().starts_with("h-"))
+        .filter_map(|l| l.rsplit("pid ").next()?.trim_end_matches(')').parse().ok())
+        .collect();
+    assert_eq!(hosts.len(), 2, "{banner:?}");
+    assert!(hosts.iter().all(|p| is_running(*p)));
+    // The host tokens: files only the owner reads, never printed.
+    for id in ["h-0", "h-1"] {
+        let path = dir.path().join("up").join(format!("{id}.token"));
+        let mode = std::os::unix::fs::PermissionsExt::mode(
+            &std::fs::metadata(&path).unwrap().permissions(),
+        );
+        assert_eq!(mode & 0o777, 0o600, "{id}");
+        let token = std::fs::read_to_string(&path).unwrap();
+        assert!(banner.iter().all(|l| !l.contains(token.trim())));
+    }
+
+    let channel = Channel::from_shared(format!("http://127.0.0.1:{port}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = OpenShellClient::with_interceptor(channel, Bearer(None));
+    let mut ids = Vec::new();
+    for name in ["pooled-a", "pooled-b"] {
+        ids.push(create_ready(&mut client, name).await.metadata.unwrap().id);
+        assert_eq!(
+            sh(&mut client, name, "echo from-a-host")
+                .await
+                .stdout_text(),
+            "from-a-host\n"
+        );
+    }
+    // Each sandbox lives under a host's root; none has a supervisor of its own.
+    for id in &ids {
+        let on_host = ["h-0", "h-1"]
+            .iter()
+            .any(|h| dir.path().join("hosts").join(h).join(id).exists());
+        assert!(on_host, "{id} is under no host's root");
+        assert!(
+            !dir.path()
+                .join("sandboxes")
+                .join(id)
+                .join("supervisor.pid")
+                .exists(),
+            "{id} got a supervisor process"
+        );
+    }
+
+    signal(up_pid, libc::SIGINT);
+    let started = Instant::now();
+    let up = guard.0.as_mut().unwrap();
+    loop {
+        if up.try_wait().unwrap().is_some() {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(30),
+            "up did not stop"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(
+        eventually(Duration::from_secs(10), || hosts
+            .iter()
+            .all(|p| !is_running(*p)))
+        .await,
+        "hosts left running"
+    );
+}

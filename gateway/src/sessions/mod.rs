@@ -355,8 +355,11 @@ impl Sessions {
         }
     }
 
-    /// Registers an accepted session and starts its task. With `push`, the
-    /// acceptance carries the bootstrap and results go to its sink.
+    /// Registers an accepted session and starts its task. `inbound` is the
+    /// supervisor's side: a `ConnectSupervisor` stream, or the messages of
+    /// one sandbox taken out of its host's `ConnectHost` envelopes. With
+    /// `push`, the acceptance carries the bootstrap and results go to its
+    /// sink.
     pub fn accept(
         self: &Arc<Self>,
         sandbox_id: String,
