@@ -7,7 +7,7 @@
 //! `openshell_proto::supervisor_host`): it follows redirects with `stay`,
 //! beats, and speaks sandbox sessions in envelopes. Exec and forward to a
 //! pooled sandbox need a host that serves relays (the reference supervisor's
-//! host mode); they are not tested here.
+//! host mode); `hosts_e2e.rs` tests them with real host processes.
 
 mod common;
 
