@@ -199,7 +199,7 @@ async fn redirects_and_the_fallback_when_the_owner_dies() {
             "--member-refresh-ms",
             "300",
             "--member-ttl-ms",
-            "3000",
+            "5000",
             "--driver",
             "none",
         ]
@@ -238,16 +238,34 @@ async fn redirects_and_the_fallback_when_the_owner_dies() {
     .await;
     assert!(on_owner, "not accepted on gw-1:\n{}", supervisor.log());
     assert_eq!(sessions(cluster.replica("gw-0")), 0.0);
+    // The redirect was followed at once, without a backoff.
+    let log = supervisor.log();
+    let accepted = log.find("session accepted").expect("accepted in the log");
+    assert!(log[..accepted].contains("session redirected"), "{log}");
+    assert!(
+        !log[..accepted].contains("reconnecting after backoff"),
+        "{log}"
+    );
 
-    // gw-1 dies outright: the supervisor cannot redial it, falls back to
-    // its gateway address, and once gw-1 has left the ring (its TTL) gw-0
-    // accepts it. The sandbox serves again.
+    // gw-1 dies outright: the supervisor reconnects to its gateway
+    // address, and once gw-1 has left the ring (its TTL) gw-0 accepts it.
+    // The sandbox serves again.
     cluster.replica_mut("gw-1").kill();
     let back = eventually(Duration::from_secs(20), || {
         sessions(cluster.replica("gw-0")) == 1.0
     })
     .await;
     assert!(back, "not accepted on gw-0:\n{}", supervisor.log());
+    // On the way gw-0, whose ring still held gw-1 until its TTL, sent it
+    // to the dead replica; connecting there failed and it came back to
+    // its gateway address.
+    let log = supervisor.log();
+    let rest = &log[accepted..];
+    let redirected = rest.find("session redirected").expect("a second redirect");
+    assert!(
+        rest[redirected..].contains("session connect failed"),
+        "{log}"
+    );
     assert_eq!(
         sh_eventually(&client, &name, "echo back").await,
         ("back\n".into(), 0)
