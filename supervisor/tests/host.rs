@@ -192,6 +192,26 @@ async fn host_serves_its_sandboxes_across_a_lost_session_and_stops_them() {
         sh_eventually(&client, "a", "echo again").await,
         ("again\n".into(), 0)
     );
+    // It redialled the replica that had held its session (sticky); that
+    // replica was down then, so it went through placement again (no
+    // `stay`), as after a crash.
+    let log = host.log();
+    let accepted: Vec<&str> = log
+        .lines()
+        .filter(|line| line.contains("host_loop: host session accepted"))
+        .collect();
+    assert_eq!(accepted.len(), 2, "{log}");
+    assert!(
+        accepted.iter().all(|line| line.contains("stay=false")),
+        "{log}"
+    );
+    assert!(log.contains("dial=Sticky"), "{log}");
+    assert!(
+        log.contains(
+            "the replica that held the session is gone; placement through the shared address"
+        ),
+        "{log}"
+    );
 
     // b is deleted: it leaves the host's assignment, its processes die and
     // its directory goes; a goes on.

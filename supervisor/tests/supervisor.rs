@@ -261,6 +261,12 @@ async fn redirects_and_the_fallback_when_the_owner_dies() {
     // its gateway address.
     let log = supervisor.log();
     let rest = &log[accepted..];
+    // An accepted session that was lost starts its backoff afresh (1 s).
+    let lost = rest.find("session lost").expect("the session was lost");
+    assert!(
+        rest[lost..].contains("reconnecting after backoff delay_ms=1000"),
+        "{log}"
+    );
     let redirected = rest.find("session redirected").expect("a second redirect");
     assert!(
         rest[redirected..].contains("session connect failed"),
