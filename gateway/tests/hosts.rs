@@ -1046,7 +1046,8 @@ async fn the_sdk_host_session_serves_its_sandboxes_and_follows_a_stopping_replic
     assert!(host.stats().stay, "a followed redirect carries stay");
     for name in ["sdk-pool-0", "sdk-pool-1"] {
         let mut owner = None;
-        for _ in 0..100 {
+        // At most 30 s, as for the host's move (a loaded machine).
+        for _ in 0..300 {
             owner = owner_via(&mut user, name).await;
             if owner.as_deref() == Some(other.as_str()) {
                 break;

@@ -174,7 +174,9 @@ impl Inner {
     /// waits for one to be accepted). The host's own session does the
     /// connecting, redirects and backoff; a sandbox session that ends while
     /// the host's goes on (the gateway rejected or closed it) is retried
-    /// after the usual backoff.
+    /// after the usual backoff, cut short (and reset) when the host session
+    /// ends: a stopping replica closes its sandbox sessions before it hands
+    /// the host off, and the next host session must not inherit that wait.
     async fn carried_loop(self: &Arc<Self>, carrier: &dyn Carrier) {
         let mut backoff = Backoff::reconnect();
         let mut epoch = 0u64;
@@ -190,8 +192,13 @@ impl Inner {
                 .serve(&client, served_by, Wire::Carried(carried), &mut backoff)
                 .await;
             tracing::debug!(epoch, ?end, "sandbox session inside the host session ended");
-            if !host_ended.is_cancelled() {
-                tokio::time::sleep(backoff.next_delay()).await;
+            // The gateway ended or refused this sandbox's session while the
+            // host's went on: back off, but only as long as that host
+            // session lasts. A new host session (the host moved) is a fresh
+            // start: its first attempt goes out at once.
+            tokio::select! {
+                _ = tokio::time::sleep(backoff.next_delay()), if !host_ended.is_cancelled() => {}
+                _ = host_ended.cancelled() => backoff.reset(),
             }
         }
     }
