@@ -103,8 +103,10 @@ pub struct Sandbox {
 enum Outer {
     /// Our child (per-sandbox mode): reaped by us.
     Child(Child),
-    /// Forked by a host's fork server, which the kernel reaps for; the
-    /// pidfd names it without a pid reuse race.
+    /// Forked by a host's fork server, which the kernel reaps for: the
+    /// parent during the handshake, and once it is done (the parent has
+    /// left) PID 1 itself, a child of the fork server too. The pidfd names
+    /// it without a pid reuse race.
     Forked { pid: i32, pidfd: OwnedFd },
 }
 
@@ -151,32 +153,38 @@ impl Sandbox {
         let pid: i32 = expect_line(&mut reader, "outer")?
             .parse()
             .context("sandbox init sent a bad pid")?;
-        // SAFETY: pidfd_open takes plain integers; the init is alive (it
-        // waits for our `mapped`), so the pid is still its own.
-        let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-        if fd < 0 {
-            return Err(std::io::Error::last_os_error()).context("pidfd of the sandbox init");
-        }
-        // SAFETY: a fresh descriptor we own.
-        let pidfd = unsafe { OwnedFd::from_raw_fd(fd as i32) };
+        // The init is alive (it waits for our `mapped`), so the pid is
+        // still its own.
+        let pidfd = pidfd_open(pid).context("pidfd of the sandbox init")?;
         let mut sandbox = Self {
             init_pid: 0,
             outer: Outer::Forked { pid, pidfd },
         };
-        sandbox.handshake_with(reader, ours, id)?;
+        let mut writer = ours;
+        sandbox.handshake_with(reader, &mut writer, id)?;
+        // The init has left; PID 1 (the fork server's child, reaped by the
+        // kernel) waits for `watching` before anything can end it, so its
+        // pid is still its own here.
+        let pidfd = pidfd_open(sandbox.init_pid).context("pidfd of the sandbox's PID 1")?;
+        writer.write_all(b"watching\n").context("sandbox init")?;
+        sandbox.outer = Outer::Forked {
+            pid: sandbox.init_pid,
+            pidfd,
+        };
         Ok(sandbox)
     }
 
     /// The id maps, then PID 1's pid.
     fn handshake(&mut self, socket: UnixStream, id: u32) -> anyhow::Result<()> {
         let reader = BufReader::new(socket.try_clone().context("socketpair")?);
-        self.handshake_with(reader, socket, id)
+        let mut writer = socket;
+        self.handshake_with(reader, &mut writer, id)
     }
 
     fn handshake_with(
         &mut self,
         mut reader: BufReader<UnixStream>,
-        mut writer: UnixStream,
+        writer: &mut UnixStream,
         id: u32,
     ) -> anyhow::Result<()> {
         let outer_pid = self.outer_pid();
@@ -200,7 +208,8 @@ impl Sandbox {
         self.init_pid
     }
 
-    /// Resolves once the init's parent (and so the sandbox) has exited.
+    /// Resolves once the sandbox has ended: the init's parent exited (per
+    /// sandbox), or PID 1 did (forked).
     pub async fn exited(&self) {
         let Outer::Forked { pidfd, .. } = &self.outer else {
             return ended(Some(self.outer_pid())).await;
@@ -222,7 +231,7 @@ impl Sandbox {
         }
     }
 
-    /// The host pid of the init's parent.
+    /// The host pid of the init's parent (forked: of PID 1 once started).
     pub fn outer_pid(&self) -> i32 {
         match &self.outer {
             Outer::Child(child) => child.id() as i32,
@@ -231,16 +240,17 @@ impl Sandbox {
     }
 
     /// Ends every process of the sandbox: killing PID 1 of a PID namespace
-    /// kills everything in it. Blocking until the init's parent is gone.
+    /// kills everything in it. Blocking until the init's parent (forked:
+    /// PID 1) is gone.
     pub fn kill(&mut self) {
-        // SAFETY: kill(2) has no memory-safety preconditions. PID 1 cannot
-        // have been reaped (its parent waits for it and is alive until
-        // below), so its pid is still its own.
-        unsafe {
-            libc::kill(self.init_pid, libc::SIGKILL);
-        }
         match &mut self.outer {
             Outer::Child(child) => {
+                // SAFETY: kill(2) has no memory-safety preconditions. PID 1
+                // cannot have been reaped (its parent waits for it and is
+                // alive until below), so its pid is still its own.
+                unsafe {
+                    libc::kill(self.init_pid, libc::SIGKILL);
+                }
                 let _ = child.kill();
                 let _ = child.wait();
                 crate::sandbox_processes::untrack(child.id() as i32);
@@ -265,6 +275,17 @@ impl Sandbox {
             }
         }
     }
+}
+
+/// A pidfd of `pid`.
+fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
+    // SAFETY: pidfd_open takes plain integers.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: a fresh descriptor we own.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
 /// The arguments of an init for `workdir`, hiding `hide` and the private

@@ -130,7 +130,9 @@ fn main() -> ExitCode {
     // threaded, no runtime, no logging of their own.
     let args: Vec<OsString> = std::env::args_os().collect();
     match args.get(1).and_then(|arg| arg.to_str()) {
-        Some(isolation::INIT_COMMAND) => return isolation::init::main(&args[2..]),
+        Some(isolation::INIT_COMMAND) => {
+            return isolation::init::main(&args[2..], isolation::init::Shape::Parent);
+        }
         Some(isolation::ZYGOTE_COMMAND) => return isolation::init::zygote_main(),
         Some(isolation::ENTER_COMMAND) => return isolation::enter::main(&args[2..]),
         Some(isolation::SFTP_COMMAND) => {

@@ -18,5 +18,5 @@ fn main() -> std::process::ExitCode {
     if args.first().and_then(|arg| arg.to_str()) == Some(init::ZYGOTE_FLAG) {
         return init::zygote_main();
     }
-    init::main(&args)
+    init::main(&args, init::Shape::Parent)
 }

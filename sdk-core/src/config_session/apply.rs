@@ -64,7 +64,7 @@ impl Applier {
                     stats.applied += 1;
                     stats.config_revision = snapshot.sandbox_config.config_revision;
                 }
-                let _ = inner.events.send(ConfigEvent::Applied {
+                inner.emit_config(ConfigEvent::Applied {
                     mode,
                     config_revision: snapshot.sandbox_config.config_revision,
                     provider_env_revision: snapshot.provider_environment.provider_env_revision,
@@ -81,7 +81,7 @@ impl Applier {
                 let reason = scrub(&reason, &snapshot);
                 inner.stats.lock().unwrap().rejected += 1;
                 tracing::warn!(reason, "configuration rejected");
-                let _ = inner.events.send(ConfigEvent::Rejected {
+                inner.emit_config(ConfigEvent::Rejected {
                     mode,
                     reason: reason.clone(),
                 });

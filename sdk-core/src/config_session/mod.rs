@@ -75,6 +75,9 @@ pub(crate) use session_loop::{AbortOnDrop, heartbeat_period, next_tick};
 
 /// Default interval of `GetSandboxConfig` polls when the gateway does not push.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(10);
+/// Events kept for a subscriber that has not read them yet (a slower one
+/// gets `Lagged`).
+const EVENTS_BUFFERED: usize = 64;
 
 // ---------------------------------------------------------------- public types
 
@@ -242,7 +245,9 @@ pub(crate) struct CarriedSession {
     pub served_by: Option<String>,
     /// The gateway's messages for this sandbox; closed when either the
     /// gateway ended the sandbox's session or the carrier's session ended.
-    pub inbound: mpsc::Receiver<GatewayMessage>,
+    /// Boxed: a channel allocates room for 32 messages up front, and a
+    /// host holds one per sandbox.
+    pub inbound: mpsc::Receiver<Box<GatewayMessage>>,
     /// Messages for the gateway (the carrier wraps them).
     pub outbound: mpsc::Sender<SupervisorMessage>,
     /// Cancelled when the carrier's session ended.
@@ -335,7 +340,6 @@ impl ConfigSessionBuilder {
                 "poll interval must be at least 100 ms",
             ));
         }
-        let (events_tx, _) = broadcast::channel(64);
         Ok(ConfigSession {
             inner: Arc::new(Inner {
                 config: self.config,
@@ -353,7 +357,7 @@ impl ConfigSessionBuilder {
                     last: tokio::sync::Mutex::new(None),
                 },
                 stats: Mutex::new(ConfigSessionStats::default()),
-                events: events_tx,
+                events: std::sync::OnceLock::new(),
                 pushing: watch::channel(false).0,
                 poll_now: Notify::new(),
             }),
@@ -384,7 +388,10 @@ struct Inner {
     carrier: Option<Arc<dyn Carrier>>,
     applier: Applier,
     stats: Mutex<ConfigSessionStats>,
-    events: broadcast::Sender<ConfigEvent>,
+    /// Made by the first [`ConfigSession::subscribe`]: until someone
+    /// listens, events are not buffered (a shared host holds one session per
+    /// sandbox, and a broadcast channel allocates all its slots up front).
+    events: std::sync::OnceLock<broadcast::Sender<ConfigEvent>>,
     /// True while a push session is accepted: polling pauses.
     pushing: watch::Sender<bool>,
     /// Wakes the poll loop (a push session ended).
@@ -425,7 +432,10 @@ impl ConfigSession {
 
     /// Configuration events from now on.
     pub fn subscribe(&self) -> broadcast::Receiver<ConfigEvent> {
-        self.inner.events.subscribe()
+        self.inner
+            .events
+            .get_or_init(|| broadcast::channel(EVENTS_BUFFERED).0)
+            .subscribe()
     }
 
     /// The instance id sent in every hello.
@@ -464,6 +474,13 @@ fn assert_run_is_send(session: &ConfigSession) {
 }
 
 impl Inner {
+    /// Sends `event` to the subscribers, if there are any.
+    fn emit_config(&self, event: ConfigEvent) {
+        if let Some(events) = self.events.get() {
+            let _ = events.send(event);
+        }
+    }
+
     fn set_mode(&self, mode: DeliveryMode) {
         let changed = {
             let mut stats = self.stats.lock().unwrap();
@@ -473,7 +490,7 @@ impl Inner {
         };
         if changed {
             tracing::info!(?mode, "config delivery mode");
-            let _ = self.events.send(ConfigEvent::ModeChanged(mode));
+            self.emit_config(ConfigEvent::ModeChanged(mode));
         }
     }
 }

@@ -426,7 +426,7 @@ impl Wire {
                 Ok(None) => Ok(None),
                 Err(err) => Err(err.to_string()),
             },
-            Wire::Carried(carried) => Ok(carried.inbound.recv().await),
+            Wire::Carried(carried) => Ok(carried.inbound.recv().await.map(|message| *message)),
         }
     }
 

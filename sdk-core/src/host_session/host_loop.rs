@@ -405,7 +405,7 @@ impl HostInner {
                         continue;
                     };
                     if let Some(route) = routes.get(&envelope.sandbox_id)
-                        && route.try_send(message).is_err()
+                        && route.try_send(Box::new(message)).is_err()
                     {
                         tracing::warn!(
                             sandbox_id = envelope.sandbox_id,

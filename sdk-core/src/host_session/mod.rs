@@ -220,7 +220,7 @@ struct Link {
     served_by: Option<String>,
     outbound: mpsc::Sender<HostMessage>,
     /// The gateway's messages per sandbox session open inside this one.
-    routes: Arc<Mutex<HashMap<String, mpsc::Sender<GatewayMessage>>>>,
+    routes: Arc<Mutex<HashMap<String, mpsc::Sender<Box<GatewayMessage>>>>>,
     ended: CancellationToken,
 }
 
@@ -392,7 +392,7 @@ impl HostInner {
 struct Registration {
     sandbox_id: String,
     link: Link,
-    inbound: mpsc::WeakSender<GatewayMessage>,
+    inbound: mpsc::WeakSender<Box<GatewayMessage>>,
 }
 
 impl Drop for Registration {

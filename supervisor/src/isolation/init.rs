@@ -5,10 +5,14 @@
 //! (`userns`, then `pid <N>` once PID 1 exists, or `error <reason>`) and
 //! waits for `mapped` after the supervisor wrote the id maps.
 //!
-//! Two processes result: this one (outside the PID namespace; it only waits
-//! for PID 1 and goes when it goes) and PID 1 of the sandbox. Both die with
-//! their parent (`PR_SET_PDEATHSIG`), so a supervisor killed outright takes
-//! the whole sandbox with it.
+//! Exec'd by a per-sandbox supervisor, two processes result: this one
+//! (outside the PID namespace; it only waits for PID 1 and goes when it
+//! goes) and PID 1 of the sandbox. Forked by a host's fork server, one
+//! does: PID 1 is created as the fork server's own child (`CLONE_PARENT`)
+//! and this process leaves as soon as it has reported PID 1's pid, so an
+//! idle isolated sandbox costs one small process. Every init dies with its
+//! parent (`PR_SET_PDEATHSIG`), so a supervisor killed outright takes the
+//! whole sandbox with it.
 
 use std::ffi::OsString;
 use std::io::{self, BufRead, BufReader, Write};
@@ -17,7 +21,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Paths every sandbox gets a private, empty copy of.
 pub const PRIVATE_TMP: [&str; 3] = ["/tmp", "/var/tmp", "/dev/shm"];
@@ -51,7 +55,20 @@ fn parse(args: &[OsString]) -> Result<Args, String> {
     Ok(Args { workdir, hide })
 }
 
-pub fn main(args: &[OsString]) -> ExitCode {
+/// How PID 1 is related to the process that made the namespaces.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Shape {
+    /// PID 1 is our child; we stay and wait for it (exec'd by a per-sandbox
+    /// supervisor, which reaps us).
+    Parent,
+    /// PID 1 is our sibling, a child of the fork server that forked us,
+    /// which the kernel reaps for; we leave once its pid is reported, and
+    /// PID 1 waits for the supervisor's `watching` (its pidfd is open)
+    /// before it does anything that could end it.
+    Sibling,
+}
+
+pub fn main(args: &[OsString], shape: Shape) -> ExitCode {
     // SAFETY: fd 0 is the socket the supervisor passed; nothing else owns it.
     let socket = unsafe { UnixStream::from_raw_fd(0) };
     let mut report = match socket.try_clone() {
@@ -59,7 +76,7 @@ pub fn main(args: &[OsString]) -> ExitCode {
         Err(_) => return ExitCode::FAILURE,
     };
     let mut replies = BufReader::new(socket);
-    match run(args, &mut report, &mut replies) {
+    match run(args, shape, &mut report, &mut replies) {
         Ok(code) => code,
         Err(reason) => {
             let _ = writeln!(report, "error {}", reason.replace('\n', " "));
@@ -70,6 +87,7 @@ pub fn main(args: &[OsString]) -> ExitCode {
 
 fn run(
     args: &[OsString],
+    shape: Shape,
     report: &mut UnixStream,
     replies: &mut impl BufRead,
 ) -> Result<ExitCode, String> {
@@ -93,11 +111,43 @@ fn run(
     if line.trim_end() != "mapped" {
         return Err("the supervisor did not map the sandbox ids".into());
     }
+    if shape == Shape::Sibling {
+        // PID 1 cannot compare pids with its parent (outside its namespace
+        // getppid gives 0): it checks this pidfd of the server instead.
+        // SAFETY: getppid and pidfd_open take plain integers.
+        let server = unsafe { libc::syscall(libc::SYS_pidfd_open, libc::getppid(), 0) };
+        if server < 0 {
+            return Err(format!("pidfd_open: {}", io::Error::last_os_error()));
+        }
+        let server = server as libc::c_int;
+        // SAFETY: a raw clone without a new stack is a fork (the child
+        // continues on a copy of this stack), made a child of our parent;
+        // this process is single-threaded and the child only makes simple
+        // syscalls before it settles into its reap loop.
+        let child = unsafe {
+            libc::syscall(
+                libc::SYS_clone,
+                libc::CLONE_PARENT | libc::SIGCHLD,
+                0,
+                0,
+                0,
+                0,
+            )
+        };
+        return match child {
+            -1 => Err(format!("clone: {}", io::Error::last_os_error())),
+            0 => pid_one(Some(server)),
+            child => {
+                writeln!(report, "pid {child}").map_err(|e| e.to_string())?;
+                Ok(ExitCode::SUCCESS)
+            }
+        };
+    }
     // SAFETY: single-threaded; the child only makes async-signal-safe calls
     // and simple syscalls before it settles into its reap loop.
     match unsafe { libc::fork() } {
         -1 => Err(format!("fork: {}", io::Error::last_os_error())),
-        0 => pid_one(),
+        0 => pid_one(None),
         child => {
             writeln!(report, "pid {child}").map_err(|e| e.to_string())?;
             quiet_stdio();
@@ -106,9 +156,26 @@ fn run(
     }
 }
 
-/// PID 1 of the sandbox: its own `/proc`, then reap orphans forever.
-fn pid_one() -> ! {
+/// PID 1 of the sandbox: its own `/proc`, then reap orphans forever. A
+/// sibling PID 1 (`server`: a pidfd of the fork server, its parent) first
+/// makes sure it dies with the server and waits for the supervisor's
+/// `watching` on fd 0, so the supervisor holds its pidfd before it can end.
+fn pid_one(server: Option<libc::c_int>) -> ! {
     let _ = die_with_parent();
+    if let Some(server) = server {
+        let mut poll = libc::pollfd {
+            fd: server,
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: poll reads one valid pollfd; a pidfd polls readable once
+        // its process has exited.
+        let server_gone = unsafe { libc::poll(&mut poll, 1, 0) } != 0;
+        if server_gone || !read_watching() {
+            // SAFETY: _exit ends this process at once.
+            unsafe { libc::_exit(1) };
+        }
+    }
     let proc_mounted = mount(
         Some("proc"),
         Path::new("/proc"),
@@ -124,14 +191,85 @@ fn pid_one() -> ! {
     }
     quiet_stdio();
     close_from(3);
-    loop {
-        let mut status = 0;
-        // SAFETY: waitpid writes one int to a valid pointer.
-        let pid = unsafe { libc::waitpid(-1, &mut status, 0) };
-        if pid < 0 && io::Error::last_os_error().raw_os_error() == Some(libc::ECHILD) {
-            std::thread::sleep(Duration::from_millis(200));
+    release_heap();
+    reap_forever()
+}
+
+/// Reaps every exited child, then sleeps until the next `SIGCHLD`: blocked,
+/// so one sent between the two stays pending. An idle sandbox's PID 1 wakes
+/// only when one of its processes ends. Allocates nothing (see
+/// [`release_heap`]).
+fn reap_forever() -> ! {
+    // SAFETY: sigset_t is plain data, filled and read only by these calls;
+    // waitpid writes one int to a valid pointer.
+    unsafe {
+        let mut chld: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut chld);
+        libc::sigaddset(&mut chld, libc::SIGCHLD);
+        let blocked = libc::sigprocmask(libc::SIG_BLOCK, &chld, std::ptr::null_mut()) == 0;
+        loop {
+            let mut status = 0;
+            while libc::waitpid(-1, &mut status, libc::WNOHANG) > 0 {}
+            if blocked {
+                libc::sigwaitinfo(&chld, std::ptr::null_mut());
+            } else {
+                libc::sleep(1);
+            }
         }
     }
+}
+
+/// Where the fork server's heap (`[heap]`, the `brk` area malloc grows)
+/// starts; 0 when this process did not come from one.
+static HEAP_FLOOR: AtomicUsize = AtomicUsize::new(0);
+
+/// The start of this process's `[heap]` mapping, if it has one.
+fn heap_start() -> Option<usize> {
+    let maps = std::fs::read_to_string("/proc/self/maps").ok()?;
+    let line = maps.lines().find(|line| line.ends_with("[heap]"))?;
+    usize::from_str_radix(line.split('-').next()?, 16).ok()
+}
+
+/// Gives the kernel back the heap pages a forked PID 1 inherited: what the
+/// fork server and the sandbox's setup allocated, none of which PID 1 uses
+/// again. Afterwards they read as zeros, so this process must not allocate
+/// or free again: [`reap_forever`] does neither. Without it, every idle
+/// sandbox would hold the setup's heap (about 20 KiB) as long as it lives.
+fn release_heap() {
+    let floor = HEAP_FLOOR.load(Ordering::Relaxed);
+    // SAFETY: sbrk(0) and sysconf only read.
+    let (end, page) = unsafe { (libc::sbrk(0) as usize, libc::sysconf(libc::_SC_PAGESIZE)) };
+    if floor == 0 || end == usize::MAX || page <= 0 {
+        return;
+    }
+    let start = floor.next_multiple_of(page as usize);
+    if end > start {
+        // SAFETY: [start, end) lies in this process's heap, which nothing
+        // reads again (above).
+        unsafe {
+            libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED);
+        }
+    }
+}
+
+/// Reads fd 0 up to the end of its first line: whether it was `watching`.
+/// Byte by byte, so nothing after the line is taken from the socket.
+fn read_watching() -> bool {
+    let mut line = [0_u8; 16];
+    let mut len = 0;
+    while len < line.len() {
+        // SAFETY: reads one byte into a valid buffer.
+        let n = unsafe { libc::read(0, line[len..].as_mut_ptr().cast(), 1) };
+        if n == 1 {
+            if line[len] == b'\n' {
+                return &line[..len] == b"watching";
+            }
+            len += 1;
+        } else if n == 0 || io::Error::last_os_error().kind() != io::ErrorKind::Interrupted {
+            return false;
+        }
+    }
+    false
 }
 
 /// Mounts an empty tmpfs over every path to hide (outermost first; a path
@@ -249,10 +387,12 @@ const REQUEST_MAX: usize = 64 * 1024;
 /// message is one init's arguments (NUL-separated) with one descriptor
 /// attached, the init's socket. For each, a child is forked that becomes
 /// that init: it reports `outer <its pid>` on the init's socket, then runs
-/// [`main`] exactly as an exec'd init would. Forked rather than exec'd, the
+/// [`main`] as an exec'd init would, except that PID 1 becomes this
+/// server's child ([`Shape::Sibling`]). Forked rather than exec'd, the
 /// inits of a host share this process's pages instead of each loading the
-/// binary again. Children are reaped by the kernel (SIGCHLD ignored); the
-/// host watches them through pidfds. Ends when the host closes the socket,
+/// binary again. Children (the forked inits, which leave at once, and the
+/// sandboxes' PID 1s) are reaped by the kernel (SIGCHLD ignored); the host
+/// watches the PID 1s through pidfds. Ends when the host closes the socket,
 /// and with the thread that started it (`PR_SET_PDEATHSIG`), which takes
 /// every init with it.
 pub fn zygote_main() -> ExitCode {
@@ -260,6 +400,7 @@ pub fn zygote_main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     non_dumpable();
+    HEAP_FLOOR.store(heap_start().unwrap_or(0), Ordering::Relaxed);
     let _ = chdir(Path::new("/"));
     // SAFETY: setting a signal disposition to SIG_IGN has no preconditions.
     unsafe {
@@ -297,7 +438,7 @@ pub fn zygote_main() -> ExitCode {
                 if writeln!(*report, "outer {me}").is_err() {
                     return ExitCode::FAILURE;
                 }
-                return main(&args);
+                return main(&args, Shape::Sibling);
             }
             // A failed fork closes the init's socket: the host reads the end.
             // SAFETY: closing our copy of the received descriptor.
