@@ -203,6 +203,29 @@ impl Inner {
         }
     }
 
+    /// Applies the updates sent to it one at a time, in order, answering
+    /// each on `outbound`; stops when dropped. Updates are boxed: a channel
+    /// allocates room for 32 messages up front.
+    fn apply_worker(
+        self: &Arc<Self>,
+        outbound: mpsc::Sender<SupervisorMessage>,
+    ) -> (mpsc::UnboundedSender<Box<ConfigUpdate>>, AbortOnDrop) {
+        let (updates, mut updates_rx) = mpsc::unbounded_channel::<Box<ConfigUpdate>>();
+        let this = self.clone();
+        let worker = tokio::spawn(async move {
+            while let Some(update) = updates_rx.recv().await {
+                let result = this.applier.apply_update(&this, *update).await;
+                let answer = SupervisorMessage {
+                    payload: Some(supervisor_message::Payload::ConfigUpdateResult(result)),
+                };
+                if outbound.send(answer).await.is_err() {
+                    return;
+                }
+            }
+        });
+        (updates, AbortOnDrop(worker))
+    }
+
     /// Runs one opened session until it ends: acceptance, heartbeats,
     /// pushed updates, relay messages.
     async fn serve(
@@ -216,27 +239,14 @@ impl Inner {
         let (outbound, outbound_rx) = mpsc::channel::<SupervisorMessage>(OUTBOUND_MESSAGES);
         let _stop_pump = AbortOnDrop(wire.spawn_pump(outbound_rx));
         // Config updates are applied one at a time, in order, beside the
-        // receive loop (relay opens are never held up by an apply).
-        let (updates, mut updates_rx) = mpsc::unbounded_channel::<ConfigUpdate>();
-        let worker = {
-            let outbound = outbound.clone();
-            let this = self.clone();
-            tokio::spawn(async move {
-                while let Some(update) = updates_rx.recv().await {
-                    let result = this.applier.apply_update(&this, update).await;
-                    if outbound
-                        .send(SupervisorMessage {
-                            payload: Some(supervisor_message::Payload::ConfigUpdateResult(result)),
-                        })
-                        .await
-                        .is_err()
-                    {
-                        return;
-                    }
-                }
-            })
+        // receive loop (relay opens are never held up by an apply), by a
+        // worker started with the first update: a session that is only
+        // polled (a host runs one per sandbox) never pays for one.
+        let mut worker: Option<(mpsc::UnboundedSender<Box<ConfigUpdate>>, AbortOnDrop)> = None;
+        let mut apply_in_order = |update: ConfigUpdate| {
+            let (updates, _) = worker.get_or_insert_with(|| self.apply_worker(outbound.clone()));
+            let _ = updates.send(Box::new(update));
         };
-        let _stop_worker = AbortOnDrop(worker);
 
         let mut heartbeat: Option<tokio::time::Interval> = None;
         let mut accepted = false;
@@ -294,7 +304,7 @@ impl Inner {
                         self.set_mode(DeliveryMode::Push);
                         match accept.bootstrap {
                             Some(bootstrap) => {
-                                let _ = updates.send(bootstrap);
+                                apply_in_order(bootstrap);
                             }
                             None => tracing::warn!("push session accepted without a bootstrap"),
                         }
@@ -331,7 +341,7 @@ impl Inner {
                 }
                 gateway_message::Payload::Heartbeat(_) => {}
                 gateway_message::Payload::ConfigUpdate(update) => {
-                    let _ = updates.send(update);
+                    apply_in_order(update);
                 }
                 other @ (gateway_message::Payload::RelayOpen(_)
                 | gateway_message::Payload::RelayClose(_)) => {
