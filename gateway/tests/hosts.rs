@@ -381,6 +381,22 @@ async fn a_hosts_sandbox_session_rides_its_stream_and_reports_its_replica() {
         ),
         0.0
     );
+    // A second hello replaces the sandbox's session; the replaced one's end
+    // never reaches the host (it would end the new one).
+    host.sandbox_hello(&id).await;
+    match host.sandbox_message(&id).await {
+        Some(gateway_message::Payload::SessionAccepted(_)) => {}
+        other => panic!("expected SessionAccepted, got {other:?}"),
+    }
+    if let Ok(message) =
+        tokio::time::timeout(Duration::from_millis(1500), host.sandbox_message(&id)).await
+    {
+        assert!(
+            message.is_some(),
+            "the replaced session's end reached the host"
+        );
+    }
+    assert_eq!(owner_via(&mut user, &name).await, Some(holder.clone()));
     // A sandbox that is not assigned to this host: rejected, then ended.
     let stranger = "00000000-0000-4000-8000-000000000000";
     host.sandbox_hello(stranger).await;
@@ -628,6 +644,23 @@ async fn a_host_token_acts_only_as_its_host_for_its_sandboxes() {
         .await
         .expect("the host of the sandbox claims its relay");
     exec.abort();
+
+    // Rotating a host's token takes its live session with it (within a
+    // seat renewal), and the old token opens no new one.
+    openshell_testkit::issue_host_token(&gw.store_dir(), a_id);
+    let mut ended = false;
+    for _ in 0..8 {
+        if a.next().await.is_none() {
+            ended = true;
+            break;
+        }
+    }
+    assert!(ended, "the session of a rotated host token went on");
+    let err = dial(&gw.url, a_token, hello(a_id, true, false, 1))
+        .await
+        .err()
+        .expect("a rotated host token is refused");
+    assert_eq!(err.code(), Code::Unauthenticated, "{err:?}");
 }
 
 // ------------------------------------------------ with sdk-core's HostSession
@@ -650,8 +683,13 @@ async fn the_sdk_host_session_serves_its_sandboxes_and_follows_a_stopping_replic
         .unwrap();
     let applied: Arc<Mutex<Vec<String>>> = Arc::default();
     let seen = applied.clone();
+    // Lives as long as the apply function does (below: not past the end of
+    // `run` and the last handle).
+    let marker = Arc::new(());
+    let held = Arc::downgrade(&marker);
     let host = HostSession::builder(config, "h-0")
         .apply(Arc::new(move |sandbox_id: &str, _snapshot| {
+            let _ = &marker;
             seen.lock().unwrap().push(sandbox_id.to_owned());
             ApplyOutcome::Applied
         }))
@@ -734,8 +772,20 @@ async fn the_sdk_host_session_serves_its_sandboxes_and_follows_a_stopping_replic
         !phases.contains(&SandboxPhase::Unknown),
         "a handed-off sandbox showed UNKNOWN: {phases:?}"
     );
+    // Cancelled, `run` returns once its sandboxes' sessions are gone:
+    // nothing of the host session (its apply function included) outlives
+    // the last handle.
     cancel.cancel();
-    let _ = tokio::time::timeout(Duration::from_secs(10), run).await;
+    tokio::time::timeout(Duration::from_secs(15), run)
+        .await
+        .expect("run returns after its cancel")
+        .unwrap()
+        .expect("run");
+    drop(host);
+    assert!(
+        eventually(Duration::from_secs(5), || held.upgrade().is_none()).await,
+        "a sandbox session outlived its cancelled host session"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

@@ -288,6 +288,27 @@ fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
     Ok(unsafe { OwnedFd::from_raw_fd(fd as i32) })
 }
 
+impl Drop for Sandbox {
+    /// A forked sandbox dropped without [`Sandbox::kill`] (its start was
+    /// abandoned, or its task went away) takes its PID 1, and so every
+    /// process in it, with it instead of leaving it to the fork server.
+    fn drop(&mut self) {
+        if let Outer::Forked { pidfd, .. } = &self.outer {
+            // SAFETY: pidfd_send_signal on a pidfd we own; a process that
+            // is already gone just makes it fail.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_pidfd_send_signal,
+                    pidfd.as_raw_fd(),
+                    libc::SIGKILL,
+                    std::ptr::null::<libc::siginfo_t>(),
+                    0,
+                );
+            }
+        }
+    }
+}
+
 /// The arguments of an init for `workdir`, hiding `hide` and the private
 /// temp directories.
 fn init_args(workdir: &Path, hide: &[PathBuf]) -> Vec<OsString> {

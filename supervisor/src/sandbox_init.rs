@@ -3,11 +3,12 @@
 //! The same code as `openshell-supervisor __sandbox-init` (the
 //! supervisor's `isolation::init` module, compiled in here by path), in a
 //! binary of its own so that an init costs what it does, not the
-//! supervisor's image: a host keeps two such processes per isolated
-//! sandbox for as long as it serves the sandbox, and every exec of the
-//! large binary dirties its relocated data (about a megabyte in a debug
-//! build) in each of them. The host runs this binary when it sits next to
-//! its own executable (cargo builds both), and itself otherwise.
+//! supervisor's image: a host runs it as its fork server (`--zygote`), and
+//! every exec of the large binary would dirty its relocated data (about a
+//! megabyte in a debug build). Each isolated sandbox's setup is forked from
+//! it; its PID 1 then becomes the reaper program. The host runs this binary
+//! when it sits next to its own executable (cargo builds both), and itself
+//! otherwise.
 
 #[allow(dead_code)]
 #[path = "isolation/init.rs"]

@@ -192,8 +192,15 @@ impl SupervisorHost for HostService {
         .expect("fresh channel has room");
         let closed = CancellationToken::new();
         let ended = CancellationToken::new();
-        self.hosts
-            .register(&host_id, &session_id, tx.clone(), closed.clone())?;
+        if let Err(status) = self
+            .hosts
+            .register(&host_id, &session_id, tx.clone(), closed.clone())
+        {
+            // No session will hold the seat: free it now rather than let it
+            // look live (and take sandboxes) until it expires.
+            let _ = store.release_host(&host_id, &session_id).await;
+            return Err(status);
+        }
         tracing::info!(
             host_id,
             session_id,
@@ -444,6 +451,16 @@ impl HostTask {
         let host_ended = self.ended.clone();
         let sandboxes = self.sandboxes.clone();
         tokio::spawn(async move {
+            // Replaced by a newer hello for the same sandbox: whatever this
+            // session still has to say (a rejection, its end) would land on
+            // the host's route for the new one, so it says nothing.
+            let superseded = || {
+                sandboxes
+                    .lock()
+                    .unwrap()
+                    .get(&sandbox_id)
+                    .is_some_and(|s| s.generation != generation)
+            };
             let started = async {
                 let assigned = gateway
                     .sandboxes
@@ -476,6 +493,7 @@ impl HostTask {
                         break;
                     }
                 },
+                Err(_) if superseded() => {}
                 Err(status) => {
                     tracing::info!(sandbox_id, host_id, %status, "sandbox session inside a host rejected");
                     let rejected = GatewayMessage {
@@ -490,7 +508,7 @@ impl HostTask {
                     .await;
                 }
             }
-            if !host_ended.is_cancelled() {
+            if !host_ended.is_cancelled() && !superseded() {
                 let _ = tokio::time::timeout(
                     HOST_SEND_TIMEOUT,
                     out.send(Ok(envelope(&sandbox_id, None, true))),

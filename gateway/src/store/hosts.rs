@@ -24,13 +24,15 @@ pub struct HostSeat {
 
 impl Store {
     /// Creates host `host_id` with this token hash, or gives an existing
-    /// host the new hash (the old token stops working).
+    /// host the new hash: the old token stops working, and the session it
+    /// opened loses its seat (its next renewal fails and the replica ends
+    /// it), so a rotated token takes a live session with it.
     pub async fn set_host_token(&self, host_id: &str, token_hash: &str) -> Result<(), StoreError> {
         self.bounded(async {
             let _token_written = TokenWriteGuard(&self.token_writes);
             let sql = format!(
                 "INSERT INTO hosts (id, token_hash, created_ms) VALUES ($1, $2, {})
-                 ON CONFLICT (id) DO UPDATE SET token_hash = $3",
+                 ON CONFLICT (id) DO UPDATE SET token_hash = $3, replica_id = NULL, session_id = ''",
                 self.dialect.now_ms()
             );
             sqlx::query(AssertSqlSafe(sql))

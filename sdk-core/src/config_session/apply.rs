@@ -13,6 +13,10 @@ pub(super) struct Applier {
     pub(super) apply: ApplyWithModeFn,
     /// The last applied snapshot.
     pub(super) last: tokio::sync::Mutex<Option<ConfigSnapshot>>,
+    /// Held by the apply function's call for as long as it runs, even when
+    /// the session that asked for it was cancelled meanwhile: the next call
+    /// waits for it (one call at a time), and so does the end of `run`.
+    pub(super) busy: std::sync::Arc<tokio::sync::Mutex<()>>,
 }
 
 /// Removes provider environment values (and anything past the bound) from
@@ -53,7 +57,12 @@ impl Applier {
             .is_none_or(|l| l.sandbox_config.policy_hash != snapshot.sandbox_config.policy_hash);
         let apply = self.apply.clone();
         let given = snapshot.clone();
-        let outcome = match tokio::task::spawn_blocking(move || apply(given, mode)).await {
+        let busy = self.busy.clone().lock_owned().await;
+        let call = move || {
+            let _busy = busy;
+            apply(given, mode)
+        };
+        let outcome = match tokio::task::spawn_blocking(call).await {
             Ok(outcome) => outcome,
             Err(_) => ApplyOutcome::Rejected("the apply function panicked".into()),
         };

@@ -75,6 +75,8 @@ pub(crate) use session_loop::{AbortOnDrop, heartbeat_period, next_tick};
 
 /// Default interval of `GetSandboxConfig` polls when the gateway does not push.
 pub const DEFAULT_POLL_INTERVAL: Duration = Duration::from_secs(10);
+/// How long the end of `run` waits for an apply call still running.
+const APPLY_DRAIN: Duration = Duration::from_secs(10);
 /// Events kept for a subscriber that has not read them yet (a slower one
 /// gets `Lagged`).
 const EVENTS_BUFFERED: usize = 64;
@@ -355,6 +357,7 @@ impl ConfigSessionBuilder {
                 applier: Applier {
                     apply,
                     last: tokio::sync::Mutex::new(None),
+                    busy: Arc::default(),
                 },
                 stats: Mutex::new(ConfigSessionStats::default()),
                 events: std::sync::OnceLock::new(),
@@ -462,6 +465,15 @@ impl ConfigSession {
             _ = work => {}
         }
         self.inner.pushing.send_replace(false);
+        // An apply call still running returns before we do (within a bound:
+        // a call stuck for good must not hold `run` forever; none starts
+        // after this point either way).
+        if tokio::time::timeout(APPLY_DRAIN, self.inner.applier.busy.lock())
+            .await
+            .is_err()
+        {
+            tracing::warn!("an apply call is still running after the session ended");
+        }
         Ok(())
     }
 }

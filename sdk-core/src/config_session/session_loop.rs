@@ -436,7 +436,12 @@ impl Wire {
                 Ok(None) => Ok(None),
                 Err(err) => Err(err.to_string()),
             },
-            Wire::Carried(carried) => Ok(carried.inbound.recv().await.map(|message| *message)),
+            // The carrier's session ending ends this one even if its route
+            // never reached the carrier (registered as the carrier ended).
+            Wire::Carried(carried) => Ok(tokio::select! {
+                message = carried.inbound.recv() => message.map(|message| *message),
+                _ = carried.carrier_ended.cancelled() => None,
+            }),
         }
     }
 

@@ -201,6 +201,7 @@ impl HostSessionBuilder {
                 link: watch::channel(None).0,
                 assignment: watch::channel(None).0,
                 stats: Mutex::new(HostStats::default()),
+                sandbox_tasks: tokio_util::task::TaskTracker::new(),
             }),
         })
     }
@@ -239,6 +240,8 @@ struct HostInner {
     /// The last assignment (kept across sessions).
     assignment: watch::Sender<Option<Vec<AssignedSandbox>>>,
     stats: Mutex<HostStats>,
+    /// The assigned sandboxes' sessions (auto mode): `run` waits for them.
+    sandbox_tasks: tokio_util::task::TaskTracker,
 }
 
 impl fmt::Debug for HostSession {
@@ -307,6 +310,11 @@ impl HostSession {
             _ = cancel.cancelled() => {}
             _ = work => {}
         }
+        // Dropping `work` cancelled the sandboxes' sessions (auto mode);
+        // return once they are gone, so no apply runs after `run` did.
+        self.inner.sandbox_tasks.close();
+        self.inner.sandbox_tasks.wait().await;
+        self.inner.sandbox_tasks.reopen();
         Ok(())
     }
 }
@@ -339,6 +347,10 @@ impl HostInner {
             return;
         };
         let mut assignment = self.assignment.subscribe();
+        // Every sandbox session stops when this future ends or is dropped
+        // (the host session's run was cancelled).
+        let scope = CancellationToken::new();
+        let _stop_all = scope.clone().drop_guard();
         let mut running: HashMap<String, CancellationToken> = HashMap::new();
         loop {
             let wanted: Vec<String> = assignment
@@ -372,9 +384,9 @@ impl HostInner {
                         continue;
                     }
                 };
-                let stop = CancellationToken::new();
+                let stop = scope.child_token();
                 running.insert(id, stop.clone());
-                tokio::spawn(async move {
+                self.sandbox_tasks.spawn(async move {
                     let _ = session.run(stop).await;
                 });
             }

@@ -24,10 +24,11 @@
 //!   directories kept), the session closed, and the process exits 0.
 //!
 //! Memory: a sandbox costs tasks, not threads: its session, its relay loop
-//! and a once-a-second check of its init. Inits are forked by one fork
-//! server that one thread started ([`crate::isolation::spawner`]), so they
-//! share its pages; an SSH server configuration is built per connection from
-//! the sandbox's key; one malloc arena serves every thread.
+//! and a pidfd watch of its PID 1. Inits are forked by one fork server that
+//! one thread started ([`crate::isolation::spawner`]); once a sandbox is set
+//! up its PID 1 execs the tiny reaper program (`reaper/reaper.rs`), a few
+//! KiB each; an SSH server configuration is built per connection from the
+//! sandbox's key; one malloc arena serves every thread.
 
 pub mod pool;
 pub mod runtime;

@@ -21,7 +21,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 
 /// Paths every sandbox gets a private, empty copy of.
 pub const PRIVATE_TMP: [&str; 3] = ["/tmp", "/var/tmp", "/dev/shm"];
@@ -190,9 +190,82 @@ fn pid_one(server: Option<libc::c_int>) -> ! {
         unsafe { libc::_exit(1) };
     }
     quiet_stdio();
+    exec_reaper();
+    // No reaper program: reap here, without the setup's heap.
     close_from(3);
     release_heap();
     reap_forever()
+}
+
+/// The reaper program (`reaper/reaper.rs`, built by `build.rs`): what a
+/// forked PID 1 becomes once the sandbox is set up.
+#[cfg(reaper)]
+const REAPER: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/openshell-sandbox-reaper"));
+
+/// A sealed memory file holding [`REAPER`], made by the fork server when it
+/// starts (its forked PID 1s exec it); -1 without one.
+static REAPER_FD: AtomicI32 = AtomicI32::new(-1);
+
+/// Puts [`REAPER`] into a sealed, close-on-exec memory file.
+#[cfg(reaper)]
+fn load_reaper() -> Option<libc::c_int> {
+    use std::os::fd::{FromRawFd, IntoRawFd, OwnedFd};
+    /// `MFD_EXEC` (Linux 6.3): executable even where memory files are not
+    /// by default (`vm.memfd_noexec`).
+    const MFD_EXEC: libc::c_uint = 0x10;
+    let name = c"openshell-sandbox-reaper";
+    let flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
+    // SAFETY: memfd_create takes a NUL-terminated name and plain flags.
+    let mut fd = unsafe { libc::memfd_create(name.as_ptr(), flags | MFD_EXEC) };
+    if fd < 0 {
+        // SAFETY: as above; kernels before 6.3 refuse MFD_EXEC.
+        fd = unsafe { libc::memfd_create(name.as_ptr(), flags) };
+    }
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: a fresh descriptor we own.
+    let mut file = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(fd) });
+    file.write_all(REAPER).ok()?;
+    let seals = libc::F_SEAL_SEAL | libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_WRITE;
+    // SAFETY: fcntl on a descriptor we own, with plain flags.
+    if unsafe { libc::fcntl(file.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+        return None;
+    }
+    Some(file.into_raw_fd())
+}
+
+#[cfg(not(reaper))]
+fn load_reaper() -> Option<libc::c_int> {
+    None
+}
+
+/// Becomes the reaper program (see [`REAPER_FD`]) with no descriptor but
+/// the standard three and no environment. Returns only if that failed.
+fn exec_reaper() {
+    let fd = REAPER_FD.load(Ordering::Relaxed);
+    if fd < 0 {
+        return;
+    }
+    let argv = [c"openshell-sandbox-reaper".as_ptr(), std::ptr::null()];
+    let envp: [*const libc::c_char; 1] = [std::ptr::null()];
+    // SAFETY: descriptor calls on our own descriptors; execveat gets a
+    // NUL-terminated empty path and NULL-terminated arrays that outlive
+    // the call (it does not return on success).
+    unsafe {
+        if fd != 3 && libc::dup3(fd, 3, libc::O_CLOEXEC) != 3 {
+            return;
+        }
+        close_from(4);
+        libc::syscall(
+            libc::SYS_execveat,
+            3,
+            c"".as_ptr(),
+            argv.as_ptr(),
+            envp.as_ptr(),
+            libc::AT_EMPTY_PATH,
+        );
+    }
 }
 
 /// Reaps every exited child, then sleeps until the next `SIGCHLD`: blocked,
@@ -401,12 +474,15 @@ pub fn zygote_main() -> ExitCode {
     }
     non_dumpable();
     HEAP_FLOOR.store(heap_start().unwrap_or(0), Ordering::Relaxed);
+    REAPER_FD.store(load_reaper().unwrap_or(-1), Ordering::Relaxed);
     let _ = chdir(Path::new("/"));
     // SAFETY: setting a signal disposition to SIG_IGN has no preconditions.
     unsafe {
         libc::signal(libc::SIGCHLD, libc::SIG_IGN);
     }
-    let mut buffer = vec![0_u8; REQUEST_MAX];
+    // Not zeroed: only the pages a request fills are ever touched, so the
+    // server (and every init it forks) does not carry 64 KiB of zeros.
+    let mut buffer: Vec<u8> = Vec::with_capacity(REQUEST_MAX);
     loop {
         let (len, fd) = match receive(0, &mut buffer) {
             Ok(Some(request)) => request,
@@ -449,17 +525,19 @@ pub fn zygote_main() -> ExitCode {
     }
 }
 
-/// One message and at most one descriptor from a `SOCK_SEQPACKET` socket;
-/// `None` at its end.
+/// One message (into `buffer`'s capacity, replacing its contents) and at
+/// most one descriptor from a `SOCK_SEQPACKET` socket; `None` at its end.
 fn receive(
     socket: libc::c_int,
-    buffer: &mut [u8],
+    buffer: &mut Vec<u8>,
 ) -> io::Result<Option<(usize, Option<libc::c_int>)>> {
     // Room for one descriptor, aligned for cmsghdr.
     let mut control = [0_u64; 8];
+    buffer.clear();
+    let room = buffer.spare_capacity_mut();
     let mut iov = libc::iovec {
-        iov_base: buffer.as_mut_ptr().cast(),
-        iov_len: buffer.len(),
+        iov_base: room.as_mut_ptr().cast(),
+        iov_len: room.len(),
     };
     // SAFETY: msghdr is plain data; zeroed is a valid empty value.
     let mut message: libc::msghdr = unsafe { std::mem::zeroed() };
@@ -480,6 +558,9 @@ fn receive(
         if n == 0 {
             return Ok(None);
         }
+        // SAFETY: recvmsg wrote the first n bytes of the capacity (at most
+        // iov_len).
+        unsafe { buffer.set_len(n as usize) };
         let mut fd = None;
         // SAFETY: walking the control buffer the kernel filled, with the
         // libc macros made for it.
