@@ -457,7 +457,7 @@ impl ConfigSession {
         let inner = self.inner.clone();
         let work = async move {
             // Supervisors start as they always did: from polled configuration.
-            inner.poll_and_apply(&home).await;
+            Box::pin(inner.poll_and_apply(&home)).await;
             tokio::join!(inner.poll_loop(&home), inner.session_loop(&home));
         };
         tokio::select! {

@@ -26,7 +26,9 @@ impl Inner {
             if *pushing.borrow_and_update() {
                 continue;
             }
-            self.poll_and_apply(home).await;
+            // Boxed: the call's state exists only while it runs, not in
+            // every idle session's task (a host holds one per sandbox).
+            Box::pin(self.poll_and_apply(home)).await;
         }
     }
 

@@ -101,8 +101,10 @@ pub async fn run(
     let mut delay = INIT_RESTART_DELAY;
     let reason = loop {
         let started = tokio::time::Instant::now();
+        // Starting and stopping are boxed: their state exists only while
+        // they run, not in every served sandbox's task.
         let life = tokio::select! {
-            life = Life::start(&settings, &sandbox_id, &dir) => life,
+            life = Box::pin(Life::start(&settings, &sandbox_id, &dir)) => life,
             reason = stopped(&mut stop) => break reason,
         };
         match life {
@@ -116,7 +118,7 @@ pub async fn run(
                     }
                     reason = stopped(&mut stop) => Some(reason),
                 };
-                life.stop().await;
+                Box::pin(life.stop()).await;
                 if let Some(reason) = stop_now {
                     break reason;
                 }
