@@ -807,8 +807,12 @@ async fn a_dropped_supervisor_connection_comes_back_to_the_same_owner() {
         metric(holder, "openshell_server_supervisor_sessions") == 0.0
     })
     .await;
-    openshell_testkit::signal(pid, libc::SIGCONT);
     assert!(closed, "the idle session was not closed");
+    // Lost, not replaced: the sandbox shows UNKNOWN until it is back (asked
+    // of the replica that held the session).
+    let mut at_owner = client(holder).await;
+    wait_phase(&mut at_owner, "steady", SandboxPhase::Unknown).await;
+    openshell_testkit::signal(pid, libc::SIGCONT);
     // It reconnects (through gw-0, redirected) to the same owner.
     assert!(
         eventually(Duration::from_secs(30), || metric(
@@ -821,6 +825,9 @@ async fn a_dropped_supervisor_connection_comes_back_to_the_same_owner() {
         owner_via(&mut gw0, "steady").await.as_deref(),
         Some(owner.as_str())
     );
+    // READY again, and it stays so: the lost session's end never marks the
+    // reconnected sandbox UNKNOWN.
+    wait_phase(&mut at_owner, "steady", SandboxPhase::Ready).await;
     assert_eq!(
         sh(&mut gw0, "steady", "echo same").await.stdout_text(),
         "same\n"

@@ -619,18 +619,27 @@ impl SessionHooks for Sandboxes {
         {
             return;
         }
-        match self.store.get_by_id(&sandbox_id).await {
-            Ok(stored) if phase_of(&stored.sandbox) == SandboxPhase::Ready => {
-                let _ = self
-                    .update_phase(
-                        &sandbox_id,
+        // Decided inside the store's update, so that a new session of the
+        // supervisor on this replica (registered before its `accepted` marks
+        // the sandbox READY) is seen: the lost session's end must not turn a
+        // reconnected sandbox UNKNOWN after the new session marked it READY.
+        let mut marked = false;
+        let updated = self
+            .store
+            .update(&sandbox_id, |s| {
+                if phase_of(s) == SandboxPhase::Ready && !self.sessions.has_session(&sandbox_id) {
+                    set_phase(
+                        s,
                         SandboxPhase::Unknown,
                         "SupervisorDisconnected",
                         "supervisor session lost; waiting for it to reconnect",
-                    )
-                    .await;
-            }
-            _ => {}
+                    );
+                    marked = true;
+                }
+            })
+            .await;
+        if let (Ok(sandbox), true) = (updated, marked) {
+            self.hub.publish(Change::Updated(Box::new(sandbox)));
         }
     }
 }
