@@ -256,15 +256,9 @@ impl Sandbox {
                 crate::sandbox_processes::untrack(child.id() as i32);
             }
             Outer::Forked { pidfd, .. } => {
-                // SAFETY: plain syscalls on a pidfd we own.
+                kill_by_pidfd(pidfd);
+                // SAFETY: poll on a pidfd we own.
                 unsafe {
-                    libc::syscall(
-                        libc::SYS_pidfd_send_signal,
-                        pidfd.as_raw_fd(),
-                        libc::SIGKILL,
-                        std::ptr::null::<libc::siginfo_t>(),
-                        0,
-                    );
                     let mut poll = libc::pollfd {
                         fd: pidfd.as_raw_fd(),
                         events: libc::POLLIN,
@@ -294,18 +288,23 @@ impl Drop for Sandbox {
     /// process in it, with it instead of leaving it to the fork server.
     fn drop(&mut self) {
         if let Outer::Forked { pidfd, .. } = &self.outer {
-            // SAFETY: pidfd_send_signal on a pidfd we own; a process that
-            // is already gone just makes it fail.
-            unsafe {
-                libc::syscall(
-                    libc::SYS_pidfd_send_signal,
-                    pidfd.as_raw_fd(),
-                    libc::SIGKILL,
-                    std::ptr::null::<libc::siginfo_t>(),
-                    0,
-                );
-            }
+            kill_by_pidfd(pidfd);
         }
+    }
+}
+
+/// SIGKILL to the process `pidfd` names (no pid reuse race); one already
+/// gone just makes the call fail.
+fn kill_by_pidfd(pidfd: &OwnedFd) {
+    // SAFETY: pidfd_send_signal on a pidfd we own, with a null siginfo.
+    unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            libc::SIGKILL,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        );
     }
 }
 
