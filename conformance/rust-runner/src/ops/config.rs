@@ -127,7 +127,14 @@ impl Runner {
                 break;
             }
         }
-        // Observed before the clean-up below, whose deletions also arrive.
+        // A write counts as arrived once applied; its answer to the gateway
+        // follows. Observed once every update received is answered (bounded),
+        // and before the clean-up below, whose deletions also arrive.
+        wait_for(ARRIVAL_LIMIT, || {
+            let stats = session.stats();
+            stats.last_update_id == stats.updates_received
+        })
+        .await;
         let stats = session.stats();
         let applied: BTreeMap<String, String> = match last.lock().unwrap().as_ref() {
             Some(snapshot) => snapshot
