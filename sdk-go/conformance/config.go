@@ -171,7 +171,9 @@ func configSessionOp(ctx context.Context, r *runner, s step) (result, error) {
 		session.Close()
 	}()
 	var bootstrap any
-	if waitFor(func() bool { return session.Stats().Mode != "" }, 30*time.Second) && session.Stats().Mode == openshell.ModePush {
+	// Accepted, not merely polled: the startup poll sets a mode first.
+	if waitFor(func() bool { st := session.Stats(); return st.SessionsAccepted > 0 && st.Mode != "" }, 30*time.Second) &&
+		session.Stats().Mode == openshell.ModePush {
 		bootstrap = waitFor(func() bool { return session.Stats().LastUpdateID >= 1 }, 10*time.Second)
 	}
 	writes := []result{}

@@ -45,7 +45,11 @@ impl Applier {
         mode: DeliveryMode,
     ) -> (ConfigApplyOutcome, String, PolicyStatus) {
         let mut last = self.last.lock().await;
-        if last.as_ref() == Some(&snapshot) {
+        // A polled snapshot waits for this lock while a push session may
+        // have started: its bootstrap (newer) wins, the poll applies nothing.
+        if last.as_ref() == Some(&snapshot)
+            || (mode == DeliveryMode::Poll && *inner.pushing.borrow())
+        {
             return (
                 ConfigApplyOutcome::IgnoredDuplicate,
                 String::new(),

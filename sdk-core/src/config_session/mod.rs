@@ -493,17 +493,24 @@ impl Inner {
         }
     }
 
-    fn set_mode(&self, mode: DeliveryMode) {
-        let changed = {
+    /// Sets the mode `decide` returns (none: unchanged), deciding under the
+    /// stats lock, so a push session's start and a poll's end are ordered.
+    fn set_mode_with(
+        &self,
+        decide: impl FnOnce(&mut ConfigSessionStats) -> Option<DeliveryMode>,
+    ) -> Option<DeliveryMode> {
+        let (mode, changed) = {
             let mut stats = self.stats.lock().unwrap();
+            let mode = decide(&mut stats)?;
             let changed = stats.mode != Some(mode);
             stats.mode = Some(mode);
-            changed
+            (mode, changed)
         };
         if changed {
             tracing::info!(?mode, "config delivery mode");
             self.emit_config(ConfigEvent::ModeChanged(mode));
         }
+        Some(mode)
     }
 }
 

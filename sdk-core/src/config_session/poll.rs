@@ -36,13 +36,17 @@ impl Inner {
         match self.poll(home).await {
             Ok(snapshot) => {
                 // A push session may have started while the poll ran: its
-                // updates win.
-                if *self.pushing.borrow() {
-                    return;
+                // updates win (decided under the lock its start takes).
+                let polled = self.set_mode_with(|stats| {
+                    if *self.pushing.borrow() {
+                        return None;
+                    }
+                    stats.polls += 1;
+                    Some(DeliveryMode::Poll)
+                });
+                if polled.is_some() {
+                    self.applier.apply(self, snapshot, DeliveryMode::Poll).await;
                 }
-                self.stats.lock().unwrap().polls += 1;
-                self.set_mode(DeliveryMode::Poll);
-                self.applier.apply(self, snapshot, DeliveryMode::Poll).await;
             }
             Err(err) => tracing::debug!(error = %err, "config poll failed"),
         }

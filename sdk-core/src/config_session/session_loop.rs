@@ -293,23 +293,27 @@ impl Inner {
                         tokio::time::interval_at(tokio::time::Instant::now() + period, period);
                     interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                     heartbeat = Some(interval);
-                    {
-                        let mut stats = self.stats.lock().unwrap();
+                    // One step under the stats lock, which a poll's end
+                    // takes too: whoever sees the session accepted sees its
+                    // mode, and a poll that ends from now on applies nothing.
+                    self.set_mode_with(|stats| {
                         stats.sessions_accepted += 1;
                         stats.session_id = Some(accept.session_id.clone());
                         stats.served_by = served_by.clone();
-                    }
+                        if push {
+                            self.pushing.send_replace(true);
+                            Some(DeliveryMode::Push)
+                        } else {
+                            Some(DeliveryMode::Poll)
+                        }
+                    });
                     if push {
-                        self.pushing.send_replace(true);
-                        self.set_mode(DeliveryMode::Push);
                         match accept.bootstrap {
                             Some(bootstrap) => {
                                 apply_in_order(bootstrap);
                             }
                             None => tracing::warn!("push session accepted without a bootstrap"),
                         }
-                    } else {
-                        self.set_mode(DeliveryMode::Poll);
                     }
                     self.emit(SessionEvent::Accepted(SessionHandle {
                         session_id: accept.session_id,

@@ -254,7 +254,7 @@ impl ConfigDelivery {
                 ));
             }
         };
-        let update = match session.state.lock().unwrap().slots.offer(built) {
+        let update = match session.state.lock().unwrap().slots.offer(built, true) {
             Offer::Send(update) => *update,
             _ => unreachable!("a fresh session has nothing in flight"),
         };

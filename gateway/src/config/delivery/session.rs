@@ -79,6 +79,10 @@ pub struct Slots {
     pub(super) in_flight: Option<InFlight>,
     pub(super) pending: Option<Built>,
     pub(super) applied: Option<Fingerprint>,
+    /// The content the supervisor last rejected, while nothing newer was
+    /// offered: a mark that builds it again does not resend it (the same
+    /// content would be refused the same way); reconcile does.
+    pub(super) rejected: Option<Fingerprint>,
 }
 
 impl Default for Slots {
@@ -88,6 +92,7 @@ impl Default for Slots {
             in_flight: None,
             pending: None,
             applied: None,
+            rejected: None,
         }
     }
 }
@@ -103,10 +108,17 @@ impl Slots {
             .or(self.applied.as_ref())
     }
 
-    pub fn offer(&mut self, built: Built) -> Offer {
+    /// `resend_rejected`: whether content the supervisor rejected last goes
+    /// out again (reconcile's retry) or counts as unchanged (a mark: some
+    /// other write rebuilt the same content).
+    pub fn offer(&mut self, built: Built, resend_rejected: bool) -> Offer {
         if self.newest() == Some(&built.fingerprint) {
             return Offer::Unchanged;
         }
+        if self.rejected == Some(built.fingerprint) && !resend_rejected {
+            return Offer::Unchanged;
+        }
+        self.rejected = None;
         if self.in_flight.is_some() {
             self.pending = Some(built);
             return Offer::Pending;
@@ -149,15 +161,17 @@ impl Slots {
             Some(f) if f.id == update_id => self.in_flight.take().expect("checked"),
             _ => return Err(ResultError::UnknownUpdate),
         };
+        let next = self.pending.take();
         if matches!(
             outcome,
             ConfigApplyOutcome::Applied | ConfigApplyOutcome::IgnoredDuplicate
         ) {
             self.applied = Some(in_flight.fingerprint);
+        } else if next.is_none() {
+            // A rejected (or unreadable) answer leaves `applied` alone: the
+            // next reconcile sends the same content again.
+            self.rejected = Some(in_flight.fingerprint);
         }
-        // A rejected (or unreadable) answer leaves `applied` alone, so the
-        // same build is sent again by the next rebuild.
-        let next = self.pending.take();
         Ok(match next {
             Some(built) if self.applied != Some(built.fingerprint) => Some(self.start(built)),
             _ => None,
@@ -317,8 +331,14 @@ impl PushSession {
     }
 
     /// Offers a build to the slots and sends what they say.
-    pub(super) fn offer(&self, built: Built) {
-        let offer = self.state.lock().unwrap().slots.offer(built);
+    pub(super) fn offer(&self, built: Built, trigger: Trigger) {
+        let resend_rejected = matches!(trigger, Trigger::Reconcile | Trigger::Retry);
+        let offer = self
+            .state
+            .lock()
+            .unwrap()
+            .slots
+            .offer(built, resend_rejected);
         match offer {
             Offer::Send(update) => self.send(*update),
             Offer::Pending => {}
@@ -371,7 +391,7 @@ impl PushSession {
                 Ok(built) => {
                     backoff.reset();
                     retry_at = None;
-                    self.offer(built);
+                    self.offer(built, trigger);
                 }
                 Err(BuildError::NotFound) => {
                     // The sandbox is being deleted; its session ends soon.

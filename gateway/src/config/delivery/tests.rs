@@ -31,10 +31,10 @@ fn revision(update: &ConfigUpdate) -> u64 {
 #[test]
 fn one_in_flight_and_the_newest_pending_wins() {
     let mut slots = Slots::default();
-    let first = sent(slots.offer(built(1)));
+    let first = sent(slots.offer(built(1), false));
     assert_eq!(first.update_id, 1);
-    assert!(matches!(slots.offer(built(2)), Offer::Pending));
-    assert!(matches!(slots.offer(built(3)), Offer::Pending));
+    assert!(matches!(slots.offer(built(2), false), Offer::Pending));
+    assert!(matches!(slots.offer(built(3), false), Offer::Pending));
     // 3 replaced 2: answering 1 sends 3 as update 2.
     let next = slots
         .answer(1, ConfigApplyOutcome::Applied)
@@ -55,44 +55,66 @@ fn one_in_flight_and_the_newest_pending_wins() {
 #[test]
 fn identical_updates_are_not_sent() {
     let mut slots = Slots::default();
-    sent(slots.offer(built(1)));
+    sent(slots.offer(built(1), false));
     // Identical to the one in flight.
-    assert!(matches!(slots.offer(built(1)), Offer::Unchanged));
+    assert!(matches!(slots.offer(built(1), false), Offer::Unchanged));
     slots.answer(1, ConfigApplyOutcome::Applied).unwrap();
     // Identical to the applied one.
-    assert!(matches!(slots.offer(built(1)), Offer::Unchanged));
+    assert!(matches!(slots.offer(built(1), false), Offer::Unchanged));
     // A change goes out with the next id.
-    assert_eq!(sent(slots.offer(built(2))).update_id, 2);
+    assert_eq!(sent(slots.offer(built(2), false)).update_id, 2);
     // A pending build equal to what was just applied is dropped.
-    assert!(matches!(slots.offer(built(3)), Offer::Pending));
-    assert!(matches!(slots.offer(built(2)), Offer::Pending));
+    assert!(matches!(slots.offer(built(3), false), Offer::Pending));
+    assert!(matches!(slots.offer(built(2), false), Offer::Pending));
     assert!(
         slots
             .answer(2, ConfigApplyOutcome::IgnoredDuplicate)
             .unwrap()
             .is_none()
     );
-    assert!(matches!(slots.offer(built(2)), Offer::Unchanged));
+    assert!(matches!(slots.offer(built(2), false), Offer::Unchanged));
 }
 
 #[test]
-fn rejected_updates_are_sent_again_by_the_next_build() {
+fn rejected_updates_are_sent_again_by_reconcile_not_by_a_mark() {
     let mut slots = Slots::default();
-    sent(slots.offer(built(1)));
+    sent(slots.offer(built(1), false));
     slots.answer(1, ConfigApplyOutcome::Applied).unwrap();
-    sent(slots.offer(built(2)));
+    sent(slots.offer(built(2), false));
     assert!(
         slots
             .answer(2, ConfigApplyOutcome::Rejected)
             .unwrap()
             .is_none()
     );
+    // A mark (another write, a repeated notification) that rebuilds the
+    // same content does not resend what was just refused.
+    assert!(matches!(slots.offer(built(2), false), Offer::Unchanged));
     // Reconcile rebuilds the same content: it goes out again.
-    let resent = sent(slots.offer(built(2)));
+    let resent = sent(slots.offer(built(2), true));
     assert_eq!((resent.update_id, revision(&resent)), (3, 2));
     // Back to the applied content is unchanged once answered.
     slots.answer(3, ConfigApplyOutcome::Rejected).unwrap();
-    assert!(matches!(slots.offer(built(1)), Offer::Unchanged));
+    assert!(matches!(slots.offer(built(1), false), Offer::Unchanged));
+    // New content clears the memory: the refused content, written again
+    // later, is sent on a mark.
+    sent(slots.offer(built(4), false));
+    slots.answer(4, ConfigApplyOutcome::Applied).unwrap();
+    assert_eq!(revision(&sent(slots.offer(built(2), false))), 2);
+}
+
+#[test]
+fn a_rejection_followed_by_newer_content_forgets_the_refused_one() {
+    let mut slots = Slots::default();
+    sent(slots.offer(built(1), false));
+    slots.answer(1, ConfigApplyOutcome::Applied).unwrap();
+    sent(slots.offer(built(2), false));
+    assert!(matches!(slots.offer(built(3), false), Offer::Pending));
+    // 2 refused; 3 goes out from the pending slot.
+    let next = slots.answer(2, ConfigApplyOutcome::Rejected).unwrap();
+    assert_eq!(revision(&next.expect("the pending build")), 3);
+    // Written back to 2 while 3 is in flight: 2 is what must end up there.
+    assert!(matches!(slots.offer(built(2), false), Offer::Pending));
 }
 
 #[test]
@@ -102,7 +124,7 @@ fn answers_must_match_the_update_in_flight() {
         slots.answer(1, ConfigApplyOutcome::Applied).unwrap_err(),
         ResultError::UnknownUpdate
     );
-    sent(slots.offer(built(1)));
+    sent(slots.offer(built(1), false));
     assert_eq!(
         slots.answer(2, ConfigApplyOutcome::Applied).unwrap_err(),
         ResultError::UnknownUpdate
