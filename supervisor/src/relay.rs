@@ -43,7 +43,7 @@ pub struct RelayContext {
     pub replica: Option<String>,
     pub token: BearerToken,
     /// The session's outbound side, for `relay_open_result`.
-    pub session: mpsc::Sender<SupervisorMessage>,
+    pub session: mpsc::Sender<Box<SupervisorMessage>>,
     /// Never sent on: held for the life of the relay task, so shutdown can
     /// wait until every clone is dropped.
     #[allow(dead_code)]
@@ -91,7 +91,7 @@ pub async fn report_failure(ctx: &RelayContext, channel_id: &str, error: String)
             },
         )),
     };
-    if ctx.session.send(message).await.is_err() {
+    if ctx.session.send(Box::new(message)).await.is_err() {
         debug!(channel_id, "session gone before relay_open_result");
     }
 }

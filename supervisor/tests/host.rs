@@ -431,6 +431,31 @@ async fn host_refuses_bad_arguments_clearly() {
         stderr.contains("the host token is invalid: it is empty"),
         "{stderr}"
     );
+
+    // A runtime needs a worker thread; the count is checked before the
+    // token is read.
+    let output = Command::new(env!("CARGO_BIN_EXE_openshell-supervisor"))
+        .args([
+            "host",
+            "--gateway",
+            "http://127.0.0.1:1",
+            "--host-id",
+            "h-1",
+        ])
+        .args(["--worker-threads", "0"])
+        .arg("--token-file")
+        .arg(&token_file)
+        .arg("--root")
+        .arg(dir.path())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--worker-threads") && stderr.contains("0 is not in 1..=256"),
+        "{stderr}"
+    );
 }
 
 /// Host pids of the host's sandbox inits (the sandboxes' PID 1s): the

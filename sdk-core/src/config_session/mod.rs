@@ -197,8 +197,9 @@ pub struct SessionHandle {
     /// The client the session runs on: relay claims use its channel, so
     /// they ride the same HTTP/2 connection.
     pub client: Client,
-    /// Sends `SupervisorMessage`s on this session (relay results, closes).
-    pub outbound: mpsc::Sender<SupervisorMessage>,
+    /// Sends `SupervisorMessage`s on this session (relay results, closes);
+    /// boxed, so an idle session's queue stays small.
+    pub outbound: mpsc::Sender<Box<SupervisorMessage>>,
     /// Whether the gateway pushes configuration on this session.
     pub config_push: bool,
 }
@@ -217,7 +218,7 @@ impl fmt::Debug for SessionHandle {
 #[derive(Debug)]
 pub enum SessionEvent {
     /// A session was accepted.
-    Accepted(SessionHandle),
+    Accepted(Box<SessionHandle>),
     /// A gateway message [`ConfigSession`] does not handle (`RelayOpen`,
     /// `RelayClose`), on the current session.
     Message(Box<GatewayMessage>),
@@ -238,6 +239,11 @@ pub(crate) trait Carrier: Send + Sync + 'static {
     fn open(&self, sandbox_id: String, hello: SupervisorMessage) -> BoxFuture<'_, CarriedSession>;
 }
 
+/// Sends one sandbox message through its carrier: false once the carrier's
+/// session is gone.
+pub(crate) type CarriedSend =
+    Box<dyn Fn(SupervisorMessage) -> BoxFuture<'static, bool> + Send + Sync>;
+
 /// One sandbox session inside a carrier's session. Dropping it ends the
 /// sandbox's session towards the gateway.
 pub(crate) struct CarriedSession {
@@ -250,8 +256,9 @@ pub(crate) struct CarriedSession {
     /// Boxed: a channel allocates room for 32 messages up front, and a
     /// host holds one per sandbox.
     pub inbound: mpsc::Receiver<Box<GatewayMessage>>,
-    /// Messages for the gateway (the carrier wraps them).
-    pub outbound: mpsc::Sender<SupervisorMessage>,
+    /// Sends a message for the gateway (the carrier wraps it); false once
+    /// the carrier's session is gone.
+    pub outbound: CarriedSend,
     /// Cancelled when the carrier's session ended.
     pub carrier_ended: CancellationToken,
     /// Whatever the carrier keeps while the sandbox's session is open.

@@ -208,7 +208,7 @@ impl Inner {
     /// allocates room for 32 messages up front.
     fn apply_worker(
         self: &Arc<Self>,
-        outbound: mpsc::Sender<SupervisorMessage>,
+        outbound: mpsc::Sender<Box<SupervisorMessage>>,
     ) -> (mpsc::UnboundedSender<Box<ConfigUpdate>>, AbortOnDrop) {
         let (updates, mut updates_rx) = mpsc::unbounded_channel::<Box<ConfigUpdate>>();
         let this = self.clone();
@@ -218,7 +218,7 @@ impl Inner {
                 let answer = SupervisorMessage {
                     payload: Some(supervisor_message::Payload::ConfigUpdateResult(result)),
                 };
-                if outbound.send(answer).await.is_err() {
+                if outbound.send(Box::new(answer)).await.is_err() {
                     return;
                 }
             }
@@ -236,7 +236,8 @@ impl Inner {
         backoff: &mut Backoff,
     ) -> AttemptEnd {
         // Everything towards the gateway goes through one queue.
-        let (outbound, outbound_rx) = mpsc::channel::<SupervisorMessage>(OUTBOUND_MESSAGES);
+        // Boxed: a channel allocates room for 32 messages up front.
+        let (outbound, outbound_rx) = mpsc::channel::<Box<SupervisorMessage>>(OUTBOUND_MESSAGES);
         let _stop_pump = AbortOnDrop(wire.spawn_pump(outbound_rx));
         // Config updates are applied one at a time, in order, beside the
         // receive loop (relay opens are never held up by an apply), by a
@@ -259,7 +260,7 @@ impl Inner {
                         payload: Some(supervisor_message::Payload::Heartbeat(SupervisorHeartbeat {})),
                     };
                     // A full queue already tells the gateway we are alive.
-                    let _ = outbound.try_send(beat);
+                    let _ = outbound.try_send(Box::new(beat));
                     continue;
                 }
             };
@@ -315,13 +316,13 @@ impl Inner {
                             None => tracing::warn!("push session accepted without a bootstrap"),
                         }
                     }
-                    self.emit(SessionEvent::Accepted(SessionHandle {
+                    self.emit(SessionEvent::Accepted(Box::new(SessionHandle {
                         session_id: accept.session_id,
                         served_by: served_by.clone(),
                         client: client.clone(),
                         outbound: outbound.clone(),
                         config_push: push,
-                    }))
+                    })))
                     .await;
                 }
                 gateway_message::Payload::SessionRejected(reject) => {
@@ -355,7 +356,7 @@ impl Inner {
                         })))
                         .await;
                     } else if let gateway_message::Payload::RelayOpen(open) = other {
-                        let _ = outbound.try_send(SupervisorMessage {
+                        let _ = outbound.try_send(Box::new(SupervisorMessage {
                             payload: Some(supervisor_message::Payload::RelayOpenResult(
                                 RelayOpenResult {
                                     channel_id: open.channel_id,
@@ -363,7 +364,7 @@ impl Inner {
                                     error: "this supervisor serves no relays".into(),
                                 },
                             )),
-                        });
+                        }));
                     }
                 }
             }
@@ -399,8 +400,8 @@ enum Wire {
 impl Wire {
     /// Moves queued messages onto the wire until the queue or the wire closes.
     fn spawn_pump(
-        &self,
-        mut queue: mpsc::Receiver<SupervisorMessage>,
+        &mut self,
+        mut queue: mpsc::Receiver<Box<SupervisorMessage>>,
     ) -> tokio::task::JoinHandle<()> {
         match self {
             Wire::Direct { sender, .. } => {
@@ -418,10 +419,14 @@ impl Wire {
                 })
             }
             Wire::Carried(carried) => {
-                let outbound = carried.outbound.clone();
+                // The pump owns the sender; the session keeps a stub.
+                let send = std::mem::replace(
+                    &mut carried.outbound,
+                    Box::new(|_| Box::pin(async { false })),
+                );
                 tokio::spawn(async move {
                     while let Some(message) = queue.recv().await {
-                        if outbound.send(message).await.is_err() {
+                        if !send(*message).await {
                             return;
                         }
                     }

@@ -57,7 +57,8 @@ use tokio_util::sync::CancellationToken;
 use crate::client::Client;
 use crate::config::ClientConfig;
 use crate::config_session::{
-    ApplyOutcome, CarriedSession, Carrier, ConfigSession, ConfigSessionBuilder, ConfigSnapshot,
+    ApplyOutcome, CarriedSend, CarriedSession, Carrier, ConfigSession, ConfigSessionBuilder,
+    ConfigSnapshot,
 };
 use crate::error::Error;
 
@@ -450,34 +451,15 @@ impl Carrier for HostInner {
                         .lock()
                         .unwrap()
                         .insert(sandbox_id.clone(), inbound_tx);
-                    let (outbound, mut queue) = mpsc::channel::<SupervisorMessage>(16);
-                    let wrap_to = link.outbound.clone();
+                    // The hello goes first; then each message is wrapped as
+                    // the session's pump sends it (no queue or task of its
+                    // own: a host holds one session per sandbox).
+                    let _ = link.outbound.send(envelope(&sandbox_id, hello)).await;
+                    let to = link.outbound.clone();
                     let wrapped_id = sandbox_id.clone();
-                    // Wraps this sandbox's messages into envelopes; the hello
-                    // goes first.
-                    tokio::spawn(async move {
-                        let mut next = Some(hello);
-                        loop {
-                            let message = match next.take() {
-                                Some(message) => message,
-                                None => match queue.recv().await {
-                                    Some(message) => message,
-                                    None => return,
-                                },
-                            };
-                            let envelope = HostMessage {
-                                payload: Some(host_message::Payload::Sandbox(
-                                    SandboxSupervisorMessage {
-                                        sandbox_id: wrapped_id.clone(),
-                                        message: Some(message),
-                                        end: false,
-                                    },
-                                )),
-                            };
-                            if wrap_to.send(envelope).await.is_err() {
-                                return;
-                            }
-                        }
+                    let outbound: CarriedSend = Box::new(move |message| {
+                        let (to, envelope) = (to.clone(), envelope(&wrapped_id, message));
+                        Box::pin(async move { to.send(envelope).await.is_ok() })
                     });
                     return CarriedSession {
                         client: link.client.clone(),
@@ -498,5 +480,16 @@ impl Carrier for HostInner {
                 }
             }
         })
+    }
+}
+
+/// A sandbox's message inside the host's session.
+fn envelope(sandbox_id: &str, message: SupervisorMessage) -> HostMessage {
+    HostMessage {
+        payload: Some(host_message::Payload::Sandbox(SandboxSupervisorMessage {
+            sandbox_id: sandbox_id.to_owned(),
+            message: Some(message),
+            end: false,
+        })),
     }
 }

@@ -28,7 +28,8 @@
 //! one thread started ([`crate::isolation::spawner`]); once a sandbox is set
 //! up its PID 1 execs the tiny reaper program (`reaper/reaper.rs`), a few
 //! KiB each; an SSH server configuration is built per connection from the
-//! sandbox's key; one malloc arena serves every thread.
+//! sandbox's key; one malloc arena serves every thread; two runtime
+//! threads by default (`--worker-threads`), however many cores.
 
 pub mod pool;
 pub mod runtime;
@@ -104,6 +105,12 @@ struct HostCli {
     /// only; default: system roots).
     #[arg(long, value_name = "PEM")]
     ca_file: Option<PathBuf>,
+    /// Runtime worker threads. A host waits on sockets and timers far more
+    /// than it computes, and each thread costs memory of its own, so the
+    /// default is 2, not one per core.
+    #[arg(long, value_name = "N", default_value_t = 2,
+          value_parser = clap::value_parser!(u16).range(1..=256))]
+    worker_threads: u16,
 }
 
 /// Runs host mode; `args` are the arguments after the program name, the
@@ -111,7 +118,15 @@ struct HostCli {
 pub fn main(args: &[OsString]) -> ExitCode {
     let cli = HostCli::parse_from(args);
     crate::init_logging();
-    match prepare(&cli).and_then(|(secret, spawner)| run(cli, secret, spawner)) {
+    let started = prepare(&cli).and_then(|(secret, spawner)| {
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(usize::from(cli.worker_threads))
+            .enable_all()
+            .build()
+            .context("starting the runtime")?;
+        runtime.block_on(run(cli, secret, spawner))
+    });
+    match started {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             error!("{err:#}");
@@ -159,7 +174,6 @@ fn prepare(cli: &HostCli) -> anyhow::Result<(String, Option<Spawner>)> {
     Ok((secret, spawner))
 }
 
-#[tokio::main]
 async fn run(cli: HostCli, secret: String, spawner: Option<Spawner>) -> anyhow::Result<()> {
     let token = BearerToken::new(&secret).context("the host token is invalid")?;
     let root =
