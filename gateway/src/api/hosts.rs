@@ -54,12 +54,13 @@ const ASSIGNMENT_EVERY: Duration = Duration::from_secs(1);
 const HOST_QUEUE: usize = 256;
 /// Room for one sandbox session's messages on their way in.
 const SANDBOX_INBOUND_QUEUE: usize = 64;
-/// How long a message for one sandbox session may wait for room before
-/// that session is ended (its session task stopped reading).
-const SANDBOX_SEND_TIMEOUT: Duration = Duration::from_secs(5);
 /// How long a message may wait for room on the host's stream before the
-/// host session is closed (its host stopped reading).
-const HOST_SEND_TIMEOUT: Duration = Duration::from_secs(30);
+/// host session is closed (its host stopped reading). The host's task waits
+/// this long at most between two renewals of its seat, so it is well under
+/// the seat's TTL: a slow host loses its session, never its seat to a
+/// session that still runs.
+const HOST_SEND_TIMEOUT: Duration = Duration::from_secs(10);
+const _: () = assert!(HOST_SEND_TIMEOUT.as_secs() * 2 <= HOST_TTL.as_secs());
 /// Longest host id a hello may carry.
 const MAX_HOST_ID: usize = 128;
 
@@ -406,10 +407,16 @@ impl HostTask {
         if let Some(tx) = existing {
             let hello = matches!(message.payload, Some(supervisor_message::Payload::Hello(_)));
             if !hello {
-                match tokio::time::timeout(SANDBOX_SEND_TIMEOUT, tx.send(Ok(message))).await {
-                    Ok(Ok(())) => {}
-                    _ => {
-                        tracing::warn!(sandbox_id, "sandbox session inside a host not reading");
+                // Never waited for: the host's other sandboxes (and its
+                // seat) must not wait on one session. A full queue is a
+                // session task that stopped reading: it ends, and the
+                // host's sandbox session opens again.
+                match tx.try_send(Ok(message)) {
+                    Ok(()) => {}
+                    Err(full_or_closed) => {
+                        if let mpsc::error::TrySendError::Full(_) = full_or_closed {
+                            tracing::warn!(sandbox_id, "sandbox session inside a host not reading");
+                        }
                         self.sandboxes.lock().unwrap().remove(&sandbox_id);
                     }
                 }
