@@ -453,7 +453,7 @@ fn chdir(path: &Path) -> Result<(), String> {
 /// Argument of the standalone init that makes it a fork server.
 pub const ZYGOTE_FLAG: &str = "--zygote";
 /// Largest init request (arguments) a fork server takes.
-const REQUEST_MAX: usize = 64 * 1024;
+pub(crate) const REQUEST_MAX: usize = 64 * 1024;
 
 /// The fork server of a supervisor host (`openshell-sandbox-init
 /// --zygote`): fd 0 is a `SOCK_SEQPACKET` socket to the host, on which each
@@ -527,6 +527,7 @@ pub fn zygote_main() -> ExitCode {
 
 /// One message (into `buffer`'s capacity, replacing its contents) and at
 /// most one descriptor from a `SOCK_SEQPACKET` socket; `None` at its end.
+/// A truncated message comes back empty and without its descriptor.
 fn receive(
     socket: libc::c_int,
     buffer: &mut Vec<u8>,
@@ -579,6 +580,18 @@ fn receive(
                 }
                 cmsg = libc::CMSG_NXTHDR(&message, cmsg);
             }
+        }
+        // A request cut short (bigger than the buffer, or a descriptor the
+        // kernel could not pass) is refused whole: a cut argument list could
+        // drop a path the sandbox must not see. Closing the descriptor tells
+        // the host that this start failed.
+        if message.msg_flags & (libc::MSG_TRUNC | libc::MSG_CTRUNC) != 0 {
+            if let Some(fd) = fd {
+                // SAFETY: closing the descriptor we just received.
+                unsafe { libc::close(fd) };
+            }
+            buffer.clear();
+            return Ok(Some((0, None)));
         }
         return Ok(Some((n as usize, fd)));
     }
@@ -641,5 +654,99 @@ pub(crate) fn close_from(first: libc::c_uint) {
     // SAFETY: close_range only closes descriptors.
     unsafe {
         libc::syscall(libc::SYS_close_range, first, libc::c_uint::MAX, 0);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Sends `data` and `fd` as one message on a `SOCK_SEQPACKET` socket.
+    fn send_with_fd(socket: libc::c_int, data: &[u8], fd: libc::c_int) {
+        let mut control = [0_u64; 8];
+        let mut iov = libc::iovec {
+            iov_base: data.as_ptr() as *mut libc::c_void,
+            iov_len: data.len(),
+        };
+        // SAFETY: plain data, filled below with the libc cmsg macros; every
+        // pointer is valid for its length.
+        unsafe {
+            let mut message: libc::msghdr = std::mem::zeroed();
+            message.msg_iov = &mut iov;
+            message.msg_iovlen = 1;
+            message.msg_control = control.as_mut_ptr().cast();
+            message.msg_controllen = libc::CMSG_SPACE(4) as _;
+            let cmsg = libc::CMSG_FIRSTHDR(&message);
+            (*cmsg).cmsg_level = libc::SOL_SOCKET;
+            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+            (*cmsg).cmsg_len = libc::CMSG_LEN(4) as _;
+            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>(), fd);
+            assert_eq!(libc::sendmsg(socket, &message, 0), data.len() as isize);
+        }
+    }
+
+    fn pair(kind: libc::c_int) -> [libc::c_int; 2] {
+        let mut fds = [0; 2];
+        // SAFETY: socketpair writes two descriptors into the array.
+        assert_eq!(
+            unsafe {
+                libc::socketpair(
+                    libc::AF_UNIX,
+                    kind | libc::SOCK_CLOEXEC,
+                    0,
+                    fds.as_mut_ptr(),
+                )
+            },
+            0
+        );
+        fds
+    }
+
+    /// Whether `fd`'s peer has been closed everywhere (a read sees the end).
+    fn peer_closed(fd: libc::c_int) -> bool {
+        let mut byte = 0_u8;
+        // SAFETY: reads at most one byte into a valid buffer.
+        let n = unsafe { libc::recv(fd, (&mut byte as *mut u8).cast(), 1, libc::MSG_DONTWAIT) };
+        n == 0
+    }
+
+    #[test]
+    fn a_request_that_fits_comes_with_its_descriptor() {
+        let [server, host] = pair(libc::SOCK_SEQPACKET);
+        let [init_end, host_end] = pair(libc::SOCK_STREAM);
+        send_with_fd(host, b"run\0--hide\0/secret\0", init_end);
+        let mut buffer = Vec::with_capacity(64);
+        let (len, fd) = receive(server, &mut buffer).unwrap().unwrap();
+        assert_eq!((len, &buffer[..]), (19, &b"run\0--hide\0/secret\0"[..]));
+        let fd = fd.expect("the descriptor");
+        // SAFETY: closing descriptors this test owns.
+        unsafe {
+            libc::close(fd);
+            libc::close(init_end);
+        }
+        assert!(peer_closed(host_end));
+        for fd in [server, host, host_end] {
+            // SAFETY: as above.
+            unsafe { libc::close(fd) };
+        }
+    }
+
+    #[test]
+    fn a_truncated_request_is_refused_and_its_descriptor_closed() {
+        let [server, host] = pair(libc::SOCK_SEQPACKET);
+        let [init_end, host_end] = pair(libc::SOCK_STREAM);
+        let long = vec![b'x'; 200];
+        send_with_fd(host, &long, init_end);
+        // SAFETY: the kernel holds its own reference while in flight.
+        unsafe { libc::close(init_end) };
+        let mut buffer = Vec::with_capacity(16);
+        assert_eq!(receive(server, &mut buffer).unwrap(), Some((0, None)));
+        assert!(buffer.is_empty());
+        // The only copy of the init's end was closed: the host sees the end.
+        assert!(peer_closed(host_end));
+        for fd in [server, host, host_end] {
+            // SAFETY: closing descriptors this test owns.
+            unsafe { libc::close(fd) };
+        }
     }
 }

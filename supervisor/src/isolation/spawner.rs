@@ -200,6 +200,17 @@ impl ForkServer {
             payload.extend_from_slice(OsStr::as_bytes(arg));
             payload.push(0);
         }
+        if payload.len() > super::init::REQUEST_MAX {
+            // The server would refuse it cut short; say why here.
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!(
+                    "the sandbox init's arguments take {} bytes, more than the {} a fork server takes (too many or too long --hide paths?)",
+                    payload.len(),
+                    super::init::REQUEST_MAX
+                ),
+            ));
+        }
         let mut iov = libc::iovec {
             iov_base: payload.as_mut_ptr().cast(),
             iov_len: payload.len(),
