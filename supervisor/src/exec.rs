@@ -65,9 +65,9 @@ pub struct ExecSettings {
     pub lang: Option<OsString>,
     /// The applied provider environment (see `config_apply`).
     pub provider_env: ProviderEnv,
-    /// Host pid of the sandbox's init under `--isolation namespaces`:
+    /// A pidfd of the sandbox's PID 1 under `--isolation namespaces`:
     /// processes start inside its namespaces. `None`: they start here.
-    pub sandbox_init: Option<i32>,
+    pub sandbox_init: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
 }
 
 /// The provider environment in force: secrets, so `Debug` shows keys only.

@@ -44,6 +44,7 @@ use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 
 use anyhow::{Context, bail};
 
@@ -94,6 +95,10 @@ pub fn host_id(sandbox_id: &str) -> u32 {
 pub struct Sandbox {
     /// Host pid of the sandbox's PID 1.
     init_pid: i32,
+    /// A pidfd of PID 1: the exec helper enters the sandbox through it, so
+    /// a pid reused after PID 1 died can never lead into another process's
+    /// namespaces (`setns` on the pidfd of a dead process fails).
+    init_pidfd: Option<Arc<OwnedFd>>,
     /// The init's parent, which created the namespaces.
     outer: Outer,
 }
@@ -129,9 +134,15 @@ impl Sandbox {
         crate::sandbox_processes::track(outer.id() as i32);
         let mut sandbox = Self {
             init_pid: 0,
+            init_pidfd: None,
             outer: Outer::Child(outer),
         };
         sandbox.handshake(ours, id)?;
+        // PID 1 is the init's child, alive until the init reaps it: its pid
+        // is its own here.
+        sandbox.init_pidfd = Some(Arc::new(
+            pidfd_open(sandbox.init_pid).context("pidfd of the sandbox's PID 1")?,
+        ));
         Ok(sandbox)
     }
 
@@ -158,6 +169,7 @@ impl Sandbox {
         let pidfd = pidfd_open(pid).context("pidfd of the sandbox init")?;
         let mut sandbox = Self {
             init_pid: 0,
+            init_pidfd: None,
             outer: Outer::Forked { pid, pidfd },
         };
         let mut writer = ours;
@@ -166,6 +178,9 @@ impl Sandbox {
         // kernel) waits for `watching` before anything can end it, so its
         // pid is still its own here.
         let pidfd = pidfd_open(sandbox.init_pid).context("pidfd of the sandbox's PID 1")?;
+        sandbox.init_pidfd = Some(Arc::new(
+            pidfd_open(sandbox.init_pid).context("pidfd of the sandbox's PID 1")?,
+        ));
         writer.write_all(b"watching\n").context("sandbox init")?;
         sandbox.outer = Outer::Forked {
             pid: sandbox.init_pid,
@@ -206,6 +221,14 @@ impl Sandbox {
 
     pub fn init_pid(&self) -> i32 {
         self.init_pid
+    }
+
+    /// The pidfd of PID 1 (set once the sandbox started) that execs enter
+    /// the sandbox through.
+    pub fn init_pidfd(&self) -> Arc<OwnedFd> {
+        self.init_pidfd
+            .clone()
+            .expect("a started sandbox has its PID 1's pidfd")
     }
 
     /// Resolves once the sandbox has ended: the init's parent exited (per
@@ -358,7 +381,7 @@ pub async fn ended(outer_pid: Option<i32>) {
 /// its stdin (a pty slave) its controlling terminal. The caller sets
 /// environment and stdio.
 pub fn enter_command(
-    init_pid: i32,
+    init: &Arc<OwnedFd>,
     argv: &[String],
     cwd: &Path,
     tty: bool,
@@ -369,8 +392,9 @@ pub fn enter_command(
     if tty {
         command.arg(enter::TTY_FLAG);
     }
+    let init = pass_init(&mut command, init);
     command
-        .arg(init_pid.to_string())
+        .arg(init)
         .arg(cwd)
         .args(argv)
         // The helper chdirs inside the sandbox; on the host it starts in a
@@ -382,17 +406,40 @@ pub fn enter_command(
 /// A command that runs the built-in SFTP server inside the sandbox whose
 /// init is `init_pid`, in `cwd`, as the sandbox's uid: the exec helper with
 /// `--sftp`, which serves SFTP itself where it would exec a program.
-pub fn enter_sftp_command(init_pid: i32, cwd: &Path) -> std::io::Result<tokio::process::Command> {
+pub fn enter_sftp_command(
+    init: &Arc<OwnedFd>,
+    cwd: &Path,
+) -> std::io::Result<tokio::process::Command> {
     let exe = std::env::current_exe()?;
     let mut command = tokio::process::Command::new(exe);
+    let init = pass_init(&mut command, init);
     command
         .arg(ENTER_COMMAND)
         .arg(enter::SFTP_FLAG)
-        .arg(init_pid.to_string())
+        .arg(init)
         .arg(cwd)
         .arg("sftp-server")
         .current_dir("/");
     Ok(command)
+}
+
+/// Hands the exec helper PID 1's pidfd: the child keeps it open across exec
+/// (same number; nothing else moves, so it cannot clobber a descriptor
+/// the spawn itself uses). Returns the number, for the helper's arguments.
+fn pass_init(command: &mut tokio::process::Command, init: &Arc<OwnedFd>) -> String {
+    let init = init.clone();
+    let fd = init.as_raw_fd();
+    // SAFETY: the hook only makes an async-signal-safe call (fcntl) on a
+    // descriptor the closure keeps open.
+    unsafe {
+        command.pre_exec(move || {
+            if libc::fcntl(init.as_raw_fd(), libc::F_SETFD, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    fd.to_string()
 }
 
 /// Reads one `key value` line from the init; `error ...` lines fail.

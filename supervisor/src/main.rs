@@ -264,7 +264,7 @@ async fn run(
     };
     let serving = SandboxServing {
         exec: Arc::new(ExecSettings {
-            sandbox_init: sandbox.as_ref().map(isolation::Sandbox::init_pid),
+            sandbox_init: sandbox.as_ref().map(isolation::Sandbox::init_pidfd),
             ..ExecSettings::new(cli.sandbox_id.clone(), workdir)
         }),
         ssh_host_key,

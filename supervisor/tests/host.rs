@@ -645,3 +645,37 @@ async fn a_host_costs_under_a_tenth_of_per_sandbox_supervisors() {
         wait_gone(pid).await;
     }
 }
+
+/// The exec helper enters a sandbox through a pidfd of its PID 1: once that
+/// process is gone the exec fails (exit 127, saying why) instead of entering
+/// whatever process a reused pid now names.
+#[tokio::test]
+async fn the_exec_helper_never_enters_through_a_dead_pid_one() {
+    let mut gone = std::process::Command::new("true").spawn().unwrap();
+    // SAFETY: pidfd_open takes plain integers; the child is not reaped yet.
+    let pidfd = unsafe { libc::syscall(libc::SYS_pidfd_open, gone.id() as i32, 0) } as i32;
+    assert!(pidfd >= 0, "{}", std::io::Error::last_os_error());
+    gone.wait().unwrap();
+    let mut helper = Command::new(env!("CARGO_BIN_EXE_openshell-supervisor"));
+    helper
+        .args(["__sandbox-enter", &pidfd.to_string(), "/", "true"])
+        .stdin(std::process::Stdio::null());
+    // SAFETY: the hook only clears the descriptor's close-on-exec flag.
+    unsafe {
+        helper.pre_exec(move || {
+            if libc::fcntl(pidfd, libc::F_SETFD, 0) < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let output = helper.output().await.unwrap();
+    // SAFETY: closing the descriptor this test opened.
+    unsafe { libc::close(pidfd) };
+    assert_eq!(output.status.code(), Some(127));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("cannot enter the sandbox") && stderr.contains("No such process"),
+        "{stderr}"
+    );
+}

@@ -103,15 +103,15 @@ pub(super) fn start(
         return Err(SpawnFailure::new("", "empty command", 127));
     };
     let cwd = resolve_workdir(&settings.workdir, &request.workdir);
-    let mut command = match settings.sandbox_init {
+    let mut command = match &settings.sandbox_init {
         // Inside the sandbox the helper checks the directory, as the sandbox
         // sees it: the host's view is none of the sandbox's business.
-        Some(init_pid) => {
+        Some(init) => {
             let built = match program {
                 Program::Command => {
-                    crate::isolation::enter_command(init_pid, &request.command, &cwd, request.tty)
+                    crate::isolation::enter_command(init, &request.command, &cwd, request.tty)
                 }
-                Program::Sftp => crate::isolation::enter_sftp_command(init_pid, &cwd),
+                Program::Sftp => crate::isolation::enter_sftp_command(init, &cwd),
             };
             built.map_err(|err| SpawnFailure::from_io(argv0, None, &err))?
         }

@@ -200,7 +200,7 @@ impl Life {
         };
         let serving = SandboxServing {
             exec: Arc::new(ExecSettings {
-                sandbox_init: isolated.as_ref().map(isolation::Sandbox::init_pid),
+                sandbox_init: isolated.as_ref().map(isolation::Sandbox::init_pidfd),
                 ..ExecSettings::new(sandbox_id.to_owned(), workdir)
             }),
             ssh_host_key,

@@ -1,8 +1,11 @@
-//! The exec helper (`openshell-supervisor __sandbox-enter INIT_PID CWD ARGV...`).
+//! The exec helper (`openshell-supervisor __sandbox-enter INIT_FD CWD ARGV...`).
 //!
 //! Started by the supervisor like any exec (its environment, stdio, process
 //! group or pty session are already the program's), it joins the user,
-//! mount and PID namespaces of the sandbox's init, forks, and the child
+//! mount and PID namespaces of the sandbox's PID 1 through the pidfd it
+//! inherits as descriptor `INIT_FD` (a pid could have been reused since
+//! PID 1 died, a pidfd cannot: a dead PID 1 fails the exec), forks, and
+//! the child
 //! becomes the program: working directory, sandbox uid and gid, no
 //! supplementary groups, no capabilities, `no_new_privs`, then exec. The
 //! helper itself stays outside the sandbox's PID namespace (so the sandbox
@@ -37,14 +40,14 @@ pub fn main(args: &[OsString]) -> ExitCode {
         Some(SFTP_FLAG) => (false, true, &args[1..]),
         _ => (false, false, args),
     };
-    let (Some(init_pid), Some(cwd), Some(argv0)) = (args.first(), args.get(1), args.get(2)) else {
-        return fail("", "usage: __sandbox-enter INIT_PID CWD ARGV...", 127);
+    let (Some(init_fd), Some(cwd), Some(argv0)) = (args.first(), args.get(1), args.get(2)) else {
+        return fail("", "usage: __sandbox-enter INIT_FD CWD ARGV...", 127);
     };
     let argv0_text = String::from_utf8_lossy(argv0.as_bytes()).into_owned();
-    let Some(init_pid) = init_pid.to_str().and_then(|p| p.parse::<i32>().ok()) else {
-        return fail(&argv0_text, "bad init pid", 127);
+    let Some(init_fd) = init_fd.to_str().and_then(|p| p.parse::<libc::c_int>().ok()) else {
+        return fail(&argv0_text, "bad init descriptor", 127);
     };
-    if let Err(err) = join_namespaces(init_pid) {
+    if let Err(err) = join_namespaces(init_fd) {
         return fail(
             &argv0_text,
             format!("cannot enter the sandbox: {}", text(&err)),
@@ -75,21 +78,24 @@ pub fn main(args: &[OsString]) -> ExitCode {
     }
 }
 
-fn join_namespaces(init_pid: i32) -> io::Result<()> {
-    // Opened first: once in the sandbox's mount namespace, /proc is its own.
-    let open = |ns: &str| std::fs::File::open(format!("/proc/{init_pid}/ns/{ns}"));
-    let namespaces = [
-        (open("user")?, libc::CLONE_NEWUSER),
-        (open("mnt")?, libc::CLONE_NEWNS),
-        (open("pid")?, libc::CLONE_NEWPID),
-    ];
-    for (file, kind) in &namespaces {
-        // SAFETY: setns on an open namespace descriptor.
-        if unsafe { libc::setns(std::os::fd::AsRawFd::as_raw_fd(file), *kind) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
-    }
-    Ok(())
+fn join_namespaces(init_fd: libc::c_int) -> io::Result<()> {
+    // One call joins all three at once; it fails (ESRCH) if PID 1 is gone.
+    // SAFETY: setns on a descriptor; the kernel checks that it is a pidfd.
+    let joined = unsafe {
+        libc::setns(
+            init_fd,
+            libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWPID,
+        )
+    };
+    let result = if joined == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    };
+    // The program must not inherit PID 1's pidfd.
+    // SAFETY: closing a descriptor this process owns.
+    unsafe { libc::close(init_fd) };
+    result
 }
 
 /// The child: PID namespace member from birth. Never returns.
