@@ -7,7 +7,8 @@
 //! that is stopping and assigned again starts once the stop is complete, so
 //! two lives of one sandbox never share its directory. The first assignment
 //! after a start also removes the directories of sandboxes deleted while the
-//! host was down.
+//! host was down; every sandbox starts once that is done, so a sandbox
+//! assigned meanwhile never loses its fresh directory to it.
 
 use std::collections::{BTreeSet, HashMap};
 use std::path::Path;
@@ -27,9 +28,12 @@ struct Running {
 /// The running sandboxes of one host.
 pub struct Pool {
     settings: Arc<HostSettings>,
-    /// Whether directories left by a previous life of the host were
-    /// removed (on the first assignment).
-    swept: bool,
+    /// Whether the removal of directories left by a previous life of the
+    /// host was started (on the first assignment).
+    sweeping: bool,
+    /// True once that removal is done: every sandbox starts after it, so
+    /// it never removes the directory of a sandbox assigned meanwhile.
+    swept: watch::Sender<bool>,
     running: HashMap<String, Running>,
     /// Stopped on unassignment, possibly still winding down.
     stopping: HashMap<String, JoinHandle<()>>,
@@ -39,7 +43,8 @@ impl Pool {
     pub fn new(settings: Arc<HostSettings>) -> Self {
         Self {
             settings,
-            swept: false,
+            sweeping: false,
+            swept: watch::channel(false).0,
             running: HashMap::new(),
             stopping: HashMap::new(),
         }
@@ -84,11 +89,15 @@ impl Pool {
             running.stop.send_replace(Some(Stop::Unassigned));
             self.stopping.insert(id, running.task);
         }
-        if !self.swept {
-            self.swept = true;
+        if !self.sweeping {
+            self.sweeping = true;
             let (root, keep) = (self.settings.root.clone(), wanted.clone());
-            // Not awaited: new sandboxes have their own directories.
-            tokio::task::spawn_blocking(move || sweep(&root, &keep));
+            // Done, even if the sweep panicked: sandboxes must start.
+            let done = Done(self.swept.clone());
+            tokio::task::spawn_blocking(move || {
+                let _done = done;
+                sweep(&root, &keep);
+            });
         }
         for id in wanted {
             if self.running.contains_key(&id) {
@@ -99,7 +108,11 @@ impl Pool {
             let previous = self.stopping.remove(&id);
             let settings = self.settings.clone();
             let sandbox_id = id.clone();
+            let mut swept = self.swept.subscribe();
             let task = tokio::spawn(async move {
+                // A sandbox assigned after the first assignment may not be
+                // in the sweep's list: its directory comes after the sweep.
+                let _ = swept.wait_for(|done| *done).await;
                 if let Some(previous) = previous {
                     let _ = previous.await;
                 }
@@ -120,6 +133,15 @@ impl Pool {
         for task in tasks {
             let _ = task.await;
         }
+    }
+}
+
+/// Marks the sweep done when dropped.
+struct Done(watch::Sender<bool>);
+
+impl Drop for Done {
+    fn drop(&mut self) {
+        self.0.send_replace(true);
     }
 }
 
