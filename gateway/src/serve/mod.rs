@@ -435,6 +435,9 @@ fn accept_nodelay(
     })
 }
 
+/// How long a stopping replica spends placing its hosts elsewhere.
+const HOST_HAND_OFF_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Ends every host session held here with a redirect, each placed like an
 /// arriving host on the ring without this replica (`ring`): first below the
 /// cap, each seated on its target in the store before the next is placed,
@@ -447,21 +450,33 @@ async fn hand_off_hosts(
     metrics: &Metrics,
 ) {
     let mut sent = 0u64;
+    // Placing goes through the store, one host after another: past the
+    // deadline the rest end without a redirect (they come back through the
+    // shared address), so a slow store cannot hold the shutdown up.
+    let deadline = tokio::time::Instant::now() + HOST_HAND_OFF_DEADLINE;
     for host_id in hosts.begin_shutdown() {
-        let target = store
-            .place_host(&host_id, HOST_TTL, |seats| {
+        let placed = tokio::time::timeout_at(
+            deadline,
+            store.place_host(&host_id, HOST_TTL, |seats| {
                 crate::cluster::placement::place(ring, &host_id, seats)
-            })
-            .await;
-        let redirect = match target {
-            Ok(Some(target)) => cluster
-                .endpoint_of(&target)
-                .map(|peer_endpoint| HostRedirect {
-                    peer_endpoint,
-                    replica_id: target,
-                }),
-            Ok(None) => None,
-            Err(err) => {
+            }),
+        )
+        .await;
+        let redirect = match placed {
+            Err(_) => {
+                tracing::warn!(host_id, "no time left to place this host on shutdown");
+                None
+            }
+            Ok(Ok(Some(target))) => {
+                cluster
+                    .endpoint_of(&target)
+                    .map(|peer_endpoint| HostRedirect {
+                        peer_endpoint,
+                        replica_id: target,
+                    })
+            }
+            Ok(Ok(None)) => None,
+            Ok(Err(err)) => {
                 tracing::warn!(host_id, %err, "placing a host on shutdown");
                 None
             }
