@@ -363,24 +363,38 @@ async fn isolated_sandboxes_get_inits_of_their_own_and_lose_them_when_deleted() 
     }
 }
 
-#[tokio::test]
-async fn host_refuses_bad_arguments_clearly() {
-    let dir = tempfile::tempdir().unwrap();
+/// Runs `openshell-supervisor host` against an unreachable gateway with
+/// `--root root` and `extra`; returns its exit code and stderr.
+async fn host_refusal(
+    root: &Path,
+    host_id: &str,
+    extra: &[&std::ffi::OsStr],
+) -> (Option<i32>, String) {
     let output = Command::new(env!("CARGO_BIN_EXE_openshell-supervisor"))
         .args([
             "host",
             "--gateway",
             "http://127.0.0.1:1",
             "--host-id",
-            "h-1",
+            host_id,
         ])
+        .args(extra)
         .arg("--root")
-        .arg(dir.path())
+        .arg(root)
         .output()
         .await
         .unwrap();
     assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    (
+        output.status.code(),
+        String::from_utf8_lossy(&output.stderr).into_owned(),
+    )
+}
+
+#[tokio::test]
+async fn host_refuses_bad_arguments_clearly() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_, stderr) = host_refusal(dir.path(), "h-1", &[]).await;
     assert!(stderr.contains("the host token is required"), "{stderr}");
 
     // A token file others may read is refused, naming the file, not the
@@ -392,23 +406,8 @@ async fn host_refuses_bad_arguments_clearly() {
         std::os::unix::fs::PermissionsExt::from_mode(0o640),
     )
     .unwrap();
-    let output = Command::new(env!("CARGO_BIN_EXE_openshell-supervisor"))
-        .args([
-            "host",
-            "--gateway",
-            "http://127.0.0.1:1",
-            "--host-id",
-            "h-1",
-        ])
-        .arg("--token-file")
-        .arg(&token_file)
-        .arg("--root")
-        .arg(dir.path())
-        .output()
-        .await
-        .unwrap();
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let with_token = ["--token-file".as_ref(), token_file.as_os_str()];
+    let (_, stderr) = host_refusal(dir.path(), "h-1", &with_token).await;
     assert!(
         stderr.contains("may be read by group or others"),
         "{stderr}"
@@ -416,17 +415,7 @@ async fn host_refuses_bad_arguments_clearly() {
     assert!(!stderr.contains(TOKEN), "{stderr}");
 
     write_private(&token_file, "");
-    let output = Command::new(env!("CARGO_BIN_EXE_openshell-supervisor"))
-        .args(["host", "--gateway", "http://127.0.0.1:1", "--host-id", ""])
-        .arg("--token-file")
-        .arg(&token_file)
-        .arg("--root")
-        .arg(dir.path())
-        .output()
-        .await
-        .unwrap();
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let (_, stderr) = host_refusal(dir.path(), "", &with_token).await;
     assert!(
         stderr.contains("the host token is invalid: it is empty"),
         "{stderr}"
@@ -434,24 +423,14 @@ async fn host_refuses_bad_arguments_clearly() {
 
     // A runtime needs a worker thread; the count is checked before the
     // token is read.
-    let output = Command::new(env!("CARGO_BIN_EXE_openshell-supervisor"))
-        .args([
-            "host",
-            "--gateway",
-            "http://127.0.0.1:1",
-            "--host-id",
-            "h-1",
-        ])
-        .args(["--worker-threads", "0"])
-        .arg("--token-file")
-        .arg(&token_file)
-        .arg("--root")
-        .arg(dir.path())
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(output.status.code(), Some(2));
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let zero_workers = [
+        "--worker-threads".as_ref(),
+        "0".as_ref(),
+        "--token-file".as_ref(),
+        token_file.as_os_str(),
+    ];
+    let (code, stderr) = host_refusal(dir.path(), "h-1", &zero_workers).await;
+    assert_eq!(code, Some(2));
     assert!(
         stderr.contains("--worker-threads") && stderr.contains("0 is not in 1..=256"),
         "{stderr}"

@@ -16,6 +16,7 @@ use std::sync::Arc;
 
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::runtime::{self, HostSettings, Stop};
@@ -31,9 +32,9 @@ pub struct Pool {
     /// Whether the removal of directories left by a previous life of the
     /// host was started (on the first assignment).
     sweeping: bool,
-    /// True once that removal is done: every sandbox starts after it, so
-    /// it never removes the directory of a sandbox assigned meanwhile.
-    swept: watch::Sender<bool>,
+    /// Cancelled once that removal is done: every sandbox starts after it,
+    /// so it never removes the directory of a sandbox assigned meanwhile.
+    swept: CancellationToken,
     running: HashMap<String, Running>,
     /// Stopped on unassignment, possibly still winding down.
     stopping: HashMap<String, JoinHandle<()>>,
@@ -44,7 +45,7 @@ impl Pool {
         Self {
             settings,
             sweeping: false,
-            swept: watch::channel(false).0,
+            swept: CancellationToken::new(),
             running: HashMap::new(),
             stopping: HashMap::new(),
         }
@@ -93,7 +94,7 @@ impl Pool {
             self.sweeping = true;
             let (root, keep) = (self.settings.root.clone(), wanted.clone());
             // Done, even if the sweep panicked: sandboxes must start.
-            let done = Done(self.swept.clone());
+            let done = self.swept.clone().drop_guard();
             tokio::task::spawn_blocking(move || {
                 let _done = done;
                 sweep(&root, &keep);
@@ -108,11 +109,11 @@ impl Pool {
             let previous = self.stopping.remove(&id);
             let settings = self.settings.clone();
             let sandbox_id = id.clone();
-            let mut swept = self.swept.subscribe();
+            let swept = self.swept.clone();
             let task = tokio::spawn(async move {
                 // A sandbox assigned after the first assignment may not be
                 // in the sweep's list: its directory comes after the sweep.
-                let _ = swept.wait_for(|done| *done).await;
+                swept.cancelled().await;
                 if let Some(previous) = previous {
                     let _ = previous.await;
                 }
@@ -133,15 +134,6 @@ impl Pool {
         for task in tasks {
             let _ = task.await;
         }
-    }
-}
-
-/// Marks the sweep done when dropped.
-struct Done(watch::Sender<bool>);
-
-impl Drop for Done {
-    fn drop(&mut self) {
-        self.0.send_replace(true);
     }
 }
 
