@@ -525,6 +525,36 @@ pub fn zygote_main() -> ExitCode {
     }
 }
 
+/// Sends one request: `payload` and the descriptor `fd`, as one message on
+/// a `SOCK_SEQPACKET` socket (what [`receive`] reads).
+pub(crate) fn send_request(socket: libc::c_int, payload: &[u8], fd: libc::c_int) -> io::Result<()> {
+    let mut iov = libc::iovec {
+        iov_base: payload.as_ptr() as *mut libc::c_void,
+        iov_len: payload.len(),
+    };
+    // Room for one descriptor, aligned for cmsghdr.
+    let mut control = [0_u64; 8];
+    // SAFETY: msghdr is plain data; the pointers set below are valid for
+    // their lengths (the kernel only reads the payload), and the cmsg
+    // macros stay inside `control`.
+    unsafe {
+        let mut message: libc::msghdr = std::mem::zeroed();
+        message.msg_iov = &mut iov;
+        message.msg_iovlen = 1;
+        message.msg_control = control.as_mut_ptr().cast();
+        message.msg_controllen = libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) as _;
+        let cmsg = libc::CMSG_FIRSTHDR(&message);
+        (*cmsg).cmsg_level = libc::SOL_SOCKET;
+        (*cmsg).cmsg_type = libc::SCM_RIGHTS;
+        (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) as _;
+        std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>(), fd);
+        if libc::sendmsg(socket, &message, libc::MSG_NOSIGNAL) < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
 /// One message (into `buffer`'s capacity, replacing its contents) and at
 /// most one descriptor from a `SOCK_SEQPACKET` socket; `None` at its end.
 /// A truncated message comes back empty and without its descriptor.
@@ -661,30 +691,6 @@ pub(crate) fn close_from(first: libc::c_uint) {
 mod tests {
     use super::*;
 
-    /// Sends `data` and `fd` as one message on a `SOCK_SEQPACKET` socket.
-    fn send_with_fd(socket: libc::c_int, data: &[u8], fd: libc::c_int) {
-        let mut control = [0_u64; 8];
-        let mut iov = libc::iovec {
-            iov_base: data.as_ptr() as *mut libc::c_void,
-            iov_len: data.len(),
-        };
-        // SAFETY: plain data, filled below with the libc cmsg macros; every
-        // pointer is valid for its length.
-        unsafe {
-            let mut message: libc::msghdr = std::mem::zeroed();
-            message.msg_iov = &mut iov;
-            message.msg_iovlen = 1;
-            message.msg_control = control.as_mut_ptr().cast();
-            message.msg_controllen = libc::CMSG_SPACE(4) as _;
-            let cmsg = libc::CMSG_FIRSTHDR(&message);
-            (*cmsg).cmsg_level = libc::SOL_SOCKET;
-            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-            (*cmsg).cmsg_len = libc::CMSG_LEN(4) as _;
-            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>(), fd);
-            assert_eq!(libc::sendmsg(socket, &message, 0), data.len() as isize);
-        }
-    }
-
     fn pair(kind: libc::c_int) -> [libc::c_int; 2] {
         let mut fds = [0; 2];
         // SAFETY: socketpair writes two descriptors into the array.
@@ -714,7 +720,7 @@ mod tests {
     fn a_request_that_fits_comes_with_its_descriptor() {
         let [server, host] = pair(libc::SOCK_SEQPACKET);
         let [init_end, host_end] = pair(libc::SOCK_STREAM);
-        send_with_fd(host, b"run\0--hide\0/secret\0", init_end);
+        send_request(host, b"run\0--hide\0/secret\0", init_end).unwrap();
         let mut buffer = Vec::with_capacity(64);
         let (len, fd) = receive(server, &mut buffer).unwrap().unwrap();
         assert_eq!((len, &buffer[..]), (19, &b"run\0--hide\0/secret\0"[..]));
@@ -736,7 +742,7 @@ mod tests {
         let [server, host] = pair(libc::SOCK_SEQPACKET);
         let [init_end, host_end] = pair(libc::SOCK_STREAM);
         let long = vec![b'x'; 200];
-        send_with_fd(host, &long, init_end);
+        send_request(host, &long, init_end).unwrap();
         // SAFETY: the kernel holds its own reference while in flight.
         unsafe { libc::close(init_end) };
         let mut buffer = Vec::with_capacity(16);

@@ -211,30 +211,6 @@ impl ForkServer {
                 ),
             ));
         }
-        let mut iov = libc::iovec {
-            iov_base: payload.as_mut_ptr().cast(),
-            iov_len: payload.len(),
-        };
-        // Room for one descriptor, aligned for cmsghdr.
-        let mut control = [0_u64; 8];
-        // SAFETY: msghdr is plain data; the pointers set below are valid
-        // for their lengths, and the cmsg macros stay inside `control`.
-        unsafe {
-            let mut message: libc::msghdr = std::mem::zeroed();
-            message.msg_iov = &mut iov;
-            message.msg_iovlen = 1;
-            message.msg_control = control.as_mut_ptr().cast();
-            message.msg_controllen =
-                libc::CMSG_SPACE(std::mem::size_of::<libc::c_int>() as u32) as _;
-            let cmsg = libc::CMSG_FIRSTHDR(&message);
-            (*cmsg).cmsg_level = libc::SOL_SOCKET;
-            (*cmsg).cmsg_type = libc::SCM_RIGHTS;
-            (*cmsg).cmsg_len = libc::CMSG_LEN(std::mem::size_of::<libc::c_int>() as u32) as _;
-            std::ptr::write_unaligned(libc::CMSG_DATA(cmsg).cast::<libc::c_int>(), fd.as_raw_fd());
-            if libc::sendmsg(self.control.as_raw_fd(), &message, libc::MSG_NOSIGNAL) < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-        }
-        Ok(())
+        super::init::send_request(self.control.as_raw_fd(), &payload, fd.as_raw_fd())
     }
 }
