@@ -35,7 +35,6 @@ use std::sync::Arc;
 use openshell_proto::{RelayOpen, gateway_message, relay_open};
 use openshell_sdk::{ConfigSessionBuilder, SessionEvent};
 use tokio::sync::{mpsc, oneshot, watch};
-use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::{Instrument, debug, info_span, warn};
 
@@ -152,16 +151,14 @@ pub async fn run(
     Ok(())
 }
 
-struct RunningRelay {
-    /// Sending, or dropping, cancels the relay.
-    cancel: oneshot::Sender<()>,
-    task: JoinHandle<()>,
-}
-
-/// The relays of one session, by channel id.
+/// The relays of one session, by channel id: for each, the sender that
+/// cancels it when used or dropped. A relay's task is detached, so its
+/// memory (several KiB of future) is freed as soon as it ends, not when the
+/// next relay opens; its receiver goes with it, which is how a finished
+/// relay is told from a running one.
 #[derive(Default)]
 struct Relays {
-    running: HashMap<String, RunningRelay>,
+    running: HashMap<String, oneshot::Sender<()>>,
 }
 
 impl Relays {
@@ -172,7 +169,7 @@ impl Relays {
         exec: Arc<ExecSettings>,
         ssh: Option<HostKey>,
     ) {
-        self.running.retain(|_, relay| !relay.task.is_finished());
+        self.running.retain(|_, cancel| !cancel.is_closed());
         let channel_id = open.channel_id.clone();
         if self.running.contains_key(&channel_id) {
             warn!(
@@ -184,7 +181,11 @@ impl Relays {
         debug!(channel_id, "relay opened");
         let (cancel, cancelled) = oneshot::channel::<()>();
         let span = info_span!("relay", channel_id);
-        let task = tokio::spawn(
+        // Boxed before it is spawned: the relay's future (several KiB) is
+        // moved into place once, not copied down the spawn calls' frames,
+        // which would leave every runtime thread with that much more stack
+        // touched for good.
+        tokio::spawn(Box::pin(
             async move {
                 let cancelled = async {
                     let _ = cancelled.await;
@@ -193,14 +194,13 @@ impl Relays {
                 debug!("relay finished");
             }
             .instrument(span),
-        );
-        self.running
-            .insert(channel_id, RunningRelay { cancel, task });
+        ));
+        self.running.insert(channel_id, cancel);
     }
 
     fn close(&mut self, channel_id: &str) {
-        if let Some(relay) = self.running.remove(channel_id) {
-            let _ = relay.cancel.send(());
+        if let Some(cancel) = self.running.remove(channel_id) {
+            let _ = cancel.send(());
         }
     }
 }

@@ -135,7 +135,16 @@ async fn host_serves_its_sandboxes_across_a_lost_session_and_stops_them() {
         &gw.store_dir(),
         dir.path(),
         &root,
-        &["--capacity", "2", "--isolation", "none"],
+        // A multi-threaded host here; the other tests run the default,
+        // the whole host on one thread.
+        &[
+            "--capacity",
+            "2",
+            "--isolation",
+            "none",
+            "--worker-threads",
+            "2",
+        ],
     );
     wait_held(&gw, &host).await;
     let client = client(&gw.url).await;

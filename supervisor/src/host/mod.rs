@@ -28,9 +28,12 @@
 //! one thread started ([`crate::isolation::spawner`]); once a sandbox is set
 //! up its PID 1 execs the tiny reaper program (`reaper/reaper.rs`), a few
 //! KiB each; an SSH server configuration is built per connection from the
-//! sandbox's key; one malloc arena serves every thread; two runtime
-//! threads by default (`--worker-threads`), however many cores.
+//! sandbox's key; one malloc arena serves every thread, and freed heap
+//! pages go back to the kernel once enough are free ([`heap`]); the whole
+//! host runs on one runtime thread by default (`--worker-threads`), however
+//! many cores.
 
+mod heap;
 pub mod pool;
 pub mod runtime;
 
@@ -105,10 +108,12 @@ struct HostCli {
     /// only; default: system roots).
     #[arg(long, value_name = "PEM")]
     ca_file: Option<PathBuf>,
-    /// Runtime worker threads. A host waits on sockets and timers far more
-    /// than it computes, and each thread costs memory of its own, so the
-    /// default is 2, not one per core.
-    #[arg(long, value_name = "N", default_value_t = 2,
+    /// Threads that run the host's relays and sessions. 1 (the default):
+    /// everything on one thread; a host waits on sockets and timers far
+    /// more than it computes, and every thread holds stack and allocator
+    /// caches of its own. Raise it for a host whose sandboxes move much
+    /// data through forwards at once on a machine with cores to spare.
+    #[arg(long, value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u16).range(1..=256))]
     worker_threads: u16,
 }
@@ -119,8 +124,7 @@ pub fn main(args: &[OsString]) -> ExitCode {
     let cli = HostCli::parse_from(args);
     crate::init_logging();
     let started = prepare(&cli).and_then(|(secret, spawner)| {
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(usize::from(cli.worker_threads))
+        let runtime = runtime_builder(cli.worker_threads)
             .enable_all()
             .build()
             .context("starting the runtime")?;
@@ -133,6 +137,17 @@ pub fn main(args: &[OsString]) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// One thread (the default) runs everything on the main thread; more run
+/// that many worker threads beside it.
+fn runtime_builder(threads: u16) -> tokio::runtime::Builder {
+    if threads <= 1 {
+        return tokio::runtime::Builder::new_current_thread();
+    }
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    builder.worker_threads(usize::from(threads));
+    builder
 }
 
 /// Reads the token and, isolated, checks namespaces and starts the init
@@ -217,6 +232,7 @@ async fn run(cli: HostCli, secret: String, spawner: Option<Spawner>) -> anyhow::
         warn!(error = %err, "cannot become a child subreaper; orphaned sandbox processes may outlive their sandbox");
     }
     tokio::spawn(sandbox_processes::reap_loop());
+    tokio::spawn(heap::release_loop());
     let mut sigterm = signal(SignalKind::terminate()).context("install SIGTERM handler")?;
     let mut sigint = signal(SignalKind::interrupt()).context("install SIGINT handler")?;
 

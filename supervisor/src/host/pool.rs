@@ -110,7 +110,8 @@ impl Pool {
             let settings = self.settings.clone();
             let sandbox_id = id.clone();
             let swept = self.swept.clone();
-            let task = tokio::spawn(async move {
+            // Boxed first, as relays are (`session::Relays::open`).
+            let task = tokio::spawn(Box::pin(async move {
                 // A sandbox assigned after the first assignment may not be
                 // in the sweep's list: its directory comes after the sweep.
                 swept.cancelled().await;
@@ -118,7 +119,7 @@ impl Pool {
                     let _ = previous.await;
                 }
                 runtime::run(settings, sandbox_id, stopped).await;
-            });
+            }));
             self.running.insert(id, Running { stop, task });
         }
     }
