@@ -18,9 +18,16 @@
 //! shared hosts is under a tenth. N: `OPENSHELL_BENCH_HOSTS_SANDBOXES`
 //! (default 100); H: `OPENSHELL_BENCH_HOSTS` (default 4). Needs root (the
 //! namespaces).
+//!
+//! Then a host's runtime threads: two one-host clusters side by side, one
+//! with `up --host-threads 1` (the default) and one with 2, N/H sandboxes
+//! each: each host's PSS, and iperf3 through the SDK's forward into one
+//! sandbox of each (one stream and four), in `OPENSHELL_BENCH_ROUNDS`
+//! (default 5) interleaved rounds of `OPENSHELL_BENCH_FORWARD_SECONDS`
+//! (default 3): medians and their ratio. Needs iperf3 too (`make bench`
+//! installs it).
 
 use std::collections::HashMap;
-use std::net::TcpListener;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
@@ -70,6 +77,7 @@ pub async fn run() {
         (shared.sandbox_side_kib + shared.gateway_kib)
             / (per_sandbox.sandbox_side_kib + per_sandbox.gateway_kib)
     );
+    threads_comparison(sandboxes.div_ceil(hosts)).await;
 }
 
 fn report(label: &str, bill: &Bill, sandboxes: usize) {
@@ -90,32 +98,53 @@ fn report(label: &str, bill: &Bill, sandboxes: usize) {
     }
 }
 
-/// Starts a cluster, fills it, measures it, stops it.
-async fn measure(sandboxes: usize, hosts: Option<usize>) -> Bill {
-    let dir = tempfile::tempdir().expect("temporary directory");
-    let port = free_port();
-    let mut up = Command::new(bin("openshell-gateway"));
-    up.args(["up", "--replicas", "1", "--isolation", "namespaces"])
-        .arg("--listen")
-        .arg(format!("127.0.0.1:{port}"))
-        .arg("--data-dir")
-        .arg(dir.path().join("data"));
-    if let Some(hosts) = hosts {
-        up.arg("--hosts").arg(hosts.to_string());
+/// One `openshell-gateway up` cluster filled with idle sandboxes
+/// (`mem-0`, `mem-1`, ...), each ready with one `true` exec proven in it.
+struct Cluster {
+    up: UpProcess,
+    client: Client,
+    _dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    async fn start(sandboxes: usize, hosts: Option<usize>, host_threads: Option<u16>) -> Self {
+        let dir = tempfile::tempdir().expect("temporary directory");
+        let port = crate::iperf::free_port();
+        let mut up = Command::new(bin("openshell-gateway"));
+        up.args(["up", "--replicas", "1", "--isolation", "namespaces"])
+            .arg("--listen")
+            .arg(format!("127.0.0.1:{port}"))
+            .arg("--data-dir")
+            .arg(dir.path().join("data"));
+        if let Some(hosts) = hosts {
+            up.arg("--hosts").arg(hosts.to_string());
+        }
+        if let Some(threads) = host_threads {
+            up.arg("--host-threads").arg(threads.to_string());
+        }
+        let log = std::fs::File::create(dir.path().join("up.log")).expect("up log");
+        let mut up = UpProcess(
+            up.stdin(Stdio::null())
+                .stdout(log.try_clone().expect("up log"))
+                .stderr(log)
+                .spawn()
+                .expect("starting openshell-gateway up"),
+        );
+        let url = format!("http://127.0.0.1:{port}");
+        let client = connect(&url, &mut up.0, dir.path()).await;
+        if hosts.is_some() {
+            wait_for_hosts(&client).await;
+        }
+        fill(&client, sandboxes).await;
+        Self {
+            up,
+            client,
+            _dir: dir,
+        }
     }
-    let log = std::fs::File::create(dir.path().join("up.log")).expect("up log");
-    let mut up = UpProcess(
-        up.stdin(Stdio::null())
-            .stdout(log.try_clone().expect("up log"))
-            .stderr(log)
-            .spawn()
-            .expect("starting openshell-gateway up"),
-    );
-    let url = format!("http://127.0.0.1:{port}");
-    let client = connect(&url, &mut up.0, dir.path()).await;
-    if hosts.is_some() {
-        wait_for_hosts(&client).await;
-    }
+}
+
+async fn fill(client: &Client, sandboxes: usize) {
     let permits = Arc::new(tokio::sync::Semaphore::new(8));
     let mut work = Vec::new();
     for i in 0..sandboxes {
@@ -143,13 +172,91 @@ async fn measure(sandboxes: usize, hosts: Option<usize>) -> Bill {
     for task in work {
         task.await.expect("sandbox task");
     }
-    // Idle: start-up work done, and tokio's blocking threads (config
-    // applies) gone after their 10 s keep-alive.
-    tokio::time::sleep(Duration::from_secs(12)).await;
-    let bill = bill(up.0.id() as i32);
-    drop(client);
-    up.stop();
+}
+
+/// Idle: start-up work done, tokio's blocking threads (config applies) gone
+/// after their 10 s keep-alive, and freed heap pages given back.
+const SETTLE: Duration = Duration::from_secs(12);
+
+/// Starts a cluster, fills it, measures it, stops it.
+async fn measure(sandboxes: usize, hosts: Option<usize>) -> Bill {
+    let mut cluster = Cluster::start(sandboxes, hosts, None).await;
+    tokio::time::sleep(SETTLE).await;
+    let bill = bill(cluster.up.0.id() as i32);
+    cluster.up.stop();
     bill
+}
+
+/// A host's runtime threads: one (the default) against two workers. Two
+/// one-host clusters run side by side with the same sandboxes; each host's
+/// PSS, then forwards into one sandbox of each (the SDK's `forward` to an
+/// `iperf3 -s`, one stream and four), in interleaved rounds.
+async fn threads_comparison(sandboxes: usize) {
+    const ARMS: [u16; 2] = [1, 2];
+    let rounds = env_count("OPENSHELL_BENCH_ROUNDS", 5);
+    let seconds = env_count("OPENSHELL_BENCH_FORWARD_SECONDS", 3) as u64;
+    println!(
+        "host runtime threads: two clusters side by side, one host each ({} and {} threads), {sandboxes} sandboxes each; forward: iperf3 through the SDK's forward (edge, replica, host), {rounds} rounds of {seconds} s, arms in random order",
+        ARMS[0], ARMS[1]
+    );
+    let mut clusters = Vec::new();
+    for threads in ARMS {
+        clusters.push(Cluster::start(sandboxes, Some(1), Some(threads)).await);
+    }
+    tokio::time::sleep(SETTLE).await;
+    for (cluster, threads) in clusters.iter().zip(ARMS) {
+        let host = bill(cluster.up.0.id() as i32)
+            .kinds
+            .get("openshell-supervisor host")
+            .map(|(_, kib, threads)| (*kib, *threads))
+            .unwrap_or_default();
+        println!(
+            "  --worker-threads {threads}: host {:.0} KiB PSS in {} threads",
+            host.0, host.1
+        );
+    }
+    let iperf_port = crate::iperf::free_port();
+    let _iperf = crate::iperf::iperf3_server(iperf_port);
+    let mut forwards = Vec::new();
+    for cluster in &clusters {
+        forwards.push(
+            cluster
+                .client
+                .forward("mem-0", iperf_port, "127.0.0.1:0", CallOptions::new())
+                .await
+                .expect("forward into mem-0"),
+        );
+    }
+    let mut figures = vec![[Vec::new(), Vec::new()]; ARMS.len()];
+    for arm in crate::measure::interleaved(ARMS.len(), rounds) {
+        let port = forwards[arm].local_addr().port();
+        for (figure, streams) in figures[arm].iter_mut().zip([1, 4]) {
+            let gbit = crate::iperf::iperf3_gbit_s_streams(port, seconds, streams)
+                .unwrap_or_else(|e| panic!("forward through the {}-thread host: {e}", ARMS[arm]));
+            figure.push(gbit);
+        }
+    }
+    let median = |values: &[f64]| crate::contract::median(values).unwrap_or(f64::NAN);
+    let medians: Vec<[f64; 2]> = figures
+        .iter()
+        .map(|[one, four]| [median(one), median(four)])
+        .collect();
+    for (threads, [one, four]) in ARMS.iter().zip(&medians) {
+        println!(
+            "  --worker-threads {threads}: forward {one:.2} Gbit/s (1 stream), {four:.2} Gbit/s (4 streams), medians"
+        );
+    }
+    println!(
+        "  ratio 1 thread / 2 workers: forward {:.2} (1 stream), {:.2} (4 streams)",
+        medians[0][0] / medians[1][0],
+        medians[0][1] / medians[1][1]
+    );
+    for forward in forwards {
+        forward.close();
+    }
+    for mut cluster in clusters {
+        cluster.up.stop();
+    }
 }
 
 /// The edge's client once the cluster answers (at most 60 s).
@@ -274,13 +381,6 @@ fn parent_of(pid: i32) -> Option<i32> {
     // last `)`.
     let rest = &stat[stat.rfind(')')? + 2..];
     rest.split_whitespace().nth(1)?.parse().ok()
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free loopback port")
 }
 
 /// `up`, stopped by its PID (SIGTERM, then SIGKILL after 30 s) whatever

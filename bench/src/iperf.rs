@@ -107,11 +107,18 @@ pub fn iperf3_server(port: u16) -> Process {
 /// One `iperf3 -c` run of `seconds` (one stream) to 127.0.0.1:`port`:
 /// the receiver's Gbit/s (10^9 bits per second).
 pub fn iperf3_gbit_s(port: u16, seconds: u64) -> Result<f64, String> {
+    iperf3_gbit_s_streams(port, seconds, 1)
+}
+
+/// As [`iperf3_gbit_s`], with `streams` parallel streams (`-P`): their sum.
+pub fn iperf3_gbit_s_streams(port: u16, seconds: u64, streams: usize) -> Result<f64, String> {
     let output = Command::new("iperf3")
         .args(["-c", "127.0.0.1", "-J", "-p"])
         .arg(port.to_string())
         .arg("-t")
         .arg(seconds.to_string())
+        .arg("-P")
+        .arg(streams.to_string())
         .stdin(Stdio::null())
         .output()
         .map_err(|e| format!("running iperf3 -c: {e}"))?;

@@ -39,7 +39,8 @@
 //!   the CPU time each process on the path spends per GB.
 //! - `openshell-bench hosts` (`hosts.rs`): the memory of 100 sandboxes on
 //!   the supervisor side, one supervisor per sandbox against 4 shared
-//!   supervisor hosts (PSS of every process, namespace isolation on).
+//!   supervisor hosts (PSS of every process, namespace isolation on), and
+//!   a host on one runtime thread against two workers (PSS and forward).
 //! - `openshell-bench all`: every one of them but `languages`, `scale` and
 //!   `hosts`.
 //!

@@ -59,6 +59,11 @@ pub struct UpArgs {
     /// the cluster's sandboxes.
     #[arg(long, default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=64))]
     hosts: u64,
+    /// With --hosts: the runtime threads of every host (its
+    /// `--worker-threads`; default: the host's own, one).
+    #[arg(long, value_name = "N", requires = "hosts",
+          value_parser = clap::value_parser!(u16).range(1..=256))]
+    host_threads: Option<u16>,
 }
 
 struct Running {
@@ -220,6 +225,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
                 &data_dir,
                 &edge_url,
                 host_isolation,
+                args.host_threads,
             )
             .await?;
             // Announced once every host holds its session: a sandbox created
@@ -280,6 +286,7 @@ async fn start_hosts(
     data_dir: &Path,
     edge_url: &str,
     isolation: &str,
+    threads: Option<u16>,
 ) -> anyhow::Result<()> {
     if !supervisor_bin.exists() {
         bail!(
@@ -320,6 +327,9 @@ async fn start_hosts(
             .arg("--root")
             .arg(&root)
             .args(["--isolation", isolation]);
+        if let Some(threads) = threads {
+            host.arg("--worker-threads").arg(threads.to_string());
+        }
         if isolation == "namespaces" {
             // The store and the host tokens stay out of every sandbox's view.
             host.arg("--hide")

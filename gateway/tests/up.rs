@@ -162,6 +162,8 @@ async fn up_with_hosts_runs_sandboxes_on_shared_hosts() {
             "2",
             "--hosts",
             "2",
+            "--host-threads",
+            "2",
             "--isolation",
             "none",
         ])
@@ -200,6 +202,17 @@ async fn up_with_hosts_runs_sandboxes_on_shared_hosts() {
         .collect();
     assert_eq!(hosts.len(), 2, "{banner:?}");
     assert!(hosts.iter().all(|p| is_running(*p)));
+    // --host-threads 2 reached the hosts: two workers beside the main
+    // thread (a default host runs on its main thread alone).
+    for pid in &hosts {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let threads: usize = status
+            .lines()
+            .find_map(|l| l.strip_prefix("Threads:"))
+            .and_then(|n| n.trim().parse().ok())
+            .unwrap();
+        assert!(threads >= 3, "host {pid} runs {threads} threads");
+    }
     // The host tokens: files only the owner reads, never printed.
     for id in ["h-0", "h-1"] {
         let path = dir.path().join("up").join(format!("{id}.token"));
@@ -263,4 +276,33 @@ async fn up_with_hosts_runs_sandboxes_on_shared_hosts() {
         .await,
         "hosts left running"
     );
+}
+
+/// `--host-threads` needs `--hosts` and a count the host accepts; a refused
+/// command line starts nothing and says which flag is wrong.
+#[test]
+fn up_refuses_bad_host_threads_before_starting_anything() {
+    let dir = tempfile::tempdir().unwrap();
+    let cases: [(&[&str], &str); 2] = [
+        (&["--host-threads", "2"], "--hosts"),
+        (
+            &["--hosts", "1", "--host-threads", "0"],
+            "0 is not in 1..=256",
+        ),
+    ];
+    for (args, says) in cases {
+        let out = Command::new(bin("openshell-gateway"))
+            .arg("up")
+            .args(args)
+            .arg("--data-dir")
+            .arg(dir.path())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        assert!(stderr.contains("--host-threads"), "{args:?}: {stderr}");
+    }
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
 }
