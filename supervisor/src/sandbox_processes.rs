@@ -88,12 +88,29 @@ pub fn reap_orphans() {
     }
 }
 
-/// Periodically reaps adopted orphans.
+/// Least time between two reaping passes.
+const REAP_EVERY: Duration = Duration::from_secs(2);
+
+/// Reaps adopted orphans after a child ended: at most one pass per
+/// [`REAP_EVERY`], none while no child ends. A pass reads every process's
+/// `stat` (the kernel lists no children here), so an idle supervisor or
+/// host, whose runtime may have one thread, never pays for it. `SIGCHLD`s
+/// that arrive during a pass or the pause are coalesced into the next
+/// pass, so no zombie is missed.
 pub async fn reap_loop() {
-    let mut tick = tokio::time::interval(Duration::from_secs(2));
+    let mut ended = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::child()) {
+        Ok(ended) => Some(ended),
+        Err(err) => {
+            tracing::warn!(error = %err, "no SIGCHLD handler; reaping orphans every 2 s");
+            None
+        }
+    };
     loop {
-        tick.tick().await;
+        if let Some(ended) = ended.as_mut() {
+            ended.recv().await;
+        }
         reap_orphans();
+        tokio::time::sleep(REAP_EVERY).await;
     }
 }
 

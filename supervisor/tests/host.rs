@@ -189,6 +189,16 @@ async fn host_serves_its_sandboxes_across_a_lost_session_and_stops_them() {
     )
     .await;
     let in_b = background(&client, "b", "sleep 1000 </dev/null >/dev/null 2>&1 &").await;
+    // An orphan (its exec is gone) is the host's child now; once it ends
+    // it is reaped, not left a zombie.
+    let orphan = background(&client, "a", "sleep 2 </dev/null >/dev/null 2>&1 &").await;
+    assert_eq!(orphan.len(), 1, "{orphan:?}");
+    assert_eq!(parent(orphan[0]), Some(host.pid()), "the orphan's parent");
+    let reaped = eventually(Duration::from_secs(15), || {
+        !Path::new(&format!("/proc/{}", orphan[0])).exists()
+    })
+    .await;
+    assert!(reaped, "the orphan {} was not reaped", orphan[0]);
 
     // The host's session is lost (the gateway restarts): the host dials
     // again, its sandboxes come back, and their processes went on.
