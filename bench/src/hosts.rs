@@ -16,8 +16,10 @@
 //! one side, everything else (supervisors or hosts, sandbox inits, sandbox
 //! PID 1s) on the other. Prints both totals and their ratio; the target of
 //! shared hosts is under a tenth. N: `OPENSHELL_BENCH_HOSTS_SANDBOXES`
-//! (default 100); H: `OPENSHELL_BENCH_HOSTS` (default 4). Needs root (the
-//! namespaces).
+//! (default 100); H: `OPENSHELL_BENCH_HOSTS` (default 4);
+//! `OPENSHELL_BENCH_HOST_THREADS` gives those hosts that many runtime
+//! threads (`up --host-threads`; default: the host's own, one). Needs root
+//! (the namespaces).
 //!
 //! Then a host's runtime threads: two one-host clusters side by side, one
 //! with `up --host-threads 1` (the default) and one with 2, N/H sandboxes
@@ -180,7 +182,13 @@ const SETTLE: Duration = Duration::from_secs(12);
 
 /// Starts a cluster, fills it, measures it, stops it.
 async fn measure(sandboxes: usize, hosts: Option<usize>) -> Bill {
-    let mut cluster = Cluster::start(sandboxes, hosts, None).await;
+    let threads = hosts.and_then(|_| {
+        std::env::var("OPENSHELL_BENCH_HOST_THREADS")
+            .ok()?
+            .parse()
+            .ok()
+    });
+    let mut cluster = Cluster::start(sandboxes, hosts, threads).await;
     tokio::time::sleep(SETTLE).await;
     let bill = bill(cluster.up.0.id() as i32);
     cluster.up.stop();
