@@ -7,9 +7,9 @@
 //! (`mallinfo2`, a walk of the allocator's bins) and, once at least
 //! [`RELEASE_AT`] more is free than after the last release, asks glibc to
 //! release every whole free page (`malloc_trim(0)`). A host that is idle or
-//! steady does nothing but the check; the trim runs on the runtime thread
-//! (microseconds to a millisecond for a host's heap), so it keeps no
-//! blocking thread alive.
+//! steady does nothing but the check. Check and trim run on the runtime
+//! thread, so they keep no blocking thread alive; both walk the free chunks
+//! of one arena (`M_ARENA_MAX` is 1) of a heap of a few MiB.
 
 use std::time::Duration;
 
