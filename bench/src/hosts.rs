@@ -37,7 +37,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use openshell_sdk::{CallOptions, Client, ClientConfig, CreateSandbox, ExecRequest};
-use openshell_testkit::bin;
+use openshell_testkit::{bin, threads};
 
 use crate::scale::memory;
 
@@ -369,18 +369,6 @@ fn bill(root: i32) -> Bill {
         }
     }
     bill
-}
-
-fn threads(pid: i32) -> usize {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|status| {
-            status
-                .lines()
-                .find_map(|l| l.strip_prefix("Threads:"))
-                .and_then(|n| n.trim().parse().ok())
-        })
-        .unwrap_or(0)
 }
 
 fn parent_of(pid: i32) -> Option<i32> {

@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use openshell_proto::open_shell_client::OpenShellClient;
-use openshell_testkit::{bin, eventually, is_running, signal};
+use openshell_testkit::{bin, eventually, is_running, signal, threads};
 use tonic::transport::Channel;
 
 /// Stops `up` (and through it everything it started) even when the test
@@ -205,12 +205,7 @@ async fn up_with_hosts_runs_sandboxes_on_shared_hosts() {
     // --host-threads 2 reached the hosts: two workers beside the main
     // thread (a default host runs on its main thread alone).
     for pid in &hosts {
-        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
-        let threads: usize = status
-            .lines()
-            .find_map(|l| l.strip_prefix("Threads:"))
-            .and_then(|n| n.trim().parse().ok())
-            .unwrap();
+        let threads = threads(*pid);
         assert!(threads >= 3, "host {pid} runs {threads} threads");
     }
     // The host tokens: files only the owner reads, never printed.

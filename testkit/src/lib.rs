@@ -363,6 +363,20 @@ pub fn signal(pid: i32, sig: libc::c_int) {
     }
 }
 
+/// The threads of `pid` (`Threads:` of `/proc/PID/status`); 0 once it is
+/// gone.
+pub fn threads(pid: i32) -> usize {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|status| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix("Threads:"))
+                .and_then(|n| n.trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
 /// Alive and not a zombie.
 pub fn is_running(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
