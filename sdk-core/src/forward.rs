@@ -17,8 +17,9 @@
 //! stream closes the socket.
 //!
 //! Bytes are copied as little as the transport allows: a socket read lands
-//! behind a few bytes of headroom, where the frame's protobuf header is
-//! written, so the read buffer is the encoded frame; received frames are
+//! behind a few bytes of headroom, where the gRPC prefix and the frame's
+//! protobuf header are written, so the read buffer is the whole gRPC
+//! message and goes to HTTP/2 as it is; received frames are
 //! decoded as slices of the buffer they arrived in, and the frames that are
 //! ready together go to the socket in one vectored write.
 
@@ -43,14 +44,14 @@ use crate::client::{CallOptions, Client, DeadlineKind, Resolved};
 use crate::error::Error;
 use crate::metadata::Metadata;
 use crate::paths;
-use crate::raw::{CallContext, RawSender, decode};
+use crate::raw::{CallContext, PREFIX_LEN, RawSender, decode, write_prefix};
 
 /// Largest payload of one `data` frame: the chunk size of the public
 /// protocol, which every gateway accepts.
 pub const MAX_FRAME: usize = 64 * 1024;
-/// Room in front of a read for the `data` field's tag (1 byte) and length
-/// (a varint: 3 bytes up to 2 MiB).
-const HEADER_ROOM: usize = 4;
+/// Room in front of a read for the gRPC prefix (5 bytes), the `data`
+/// field's tag (1 byte) and its length (a varint: 3 bytes up to 2 MiB).
+const HEADER_ROOM: usize = PREFIX_LEN + 4;
 /// Frames from the gateway written to the socket in one vectored write, at
 /// most.
 const WRITE_BATCH: usize = 16;
@@ -323,9 +324,9 @@ fn init_frame(sandbox: &str, target: ForwardTarget, token: Option<&str>) -> Byte
 const DATA_TAG: u8 = 2 << 3 | 2;
 
 /// Reads at most `MAX_FRAME` bytes from `reader` into a fresh frame buffer
-/// and returns them encoded as a `TcpForwardFrame{data}`, without copying
-/// the payload: the header goes into the room left in front of it. `None`
-/// at EOF.
+/// and returns them as a gRPC message (prefix included) holding a
+/// `TcpForwardFrame{data}`, without copying the payload: the headers go
+/// into the room left in front of it. `None` at EOF.
 async fn read_data_frame<R: tokio::io::AsyncRead + Unpin>(
     reader: &mut R,
     buf: &mut BytesMut,
@@ -340,17 +341,19 @@ async fn read_data_frame<R: tokio::io::AsyncRead + Unpin>(
         return Ok(None);
     }
     let header = data_header(n);
-    let start = HEADER_ROOM - header.len();
-    buf[start..HEADER_ROOM].copy_from_slice(&header);
+    let message = HEADER_ROOM - header.len();
+    buf[message..HEADER_ROOM].copy_from_slice(&header);
+    let start = message - PREFIX_LEN;
+    write_prefix(&mut buf[start..message], header.len() + n);
     Ok(Some((buf.split().freeze().slice(start..), n)))
 }
 
 /// The tag and length varint of a `data` field of `len` bytes.
 fn data_header(len: usize) -> Vec<u8> {
-    let mut header = Vec::with_capacity(HEADER_ROOM);
+    let mut header = Vec::with_capacity(HEADER_ROOM - PREFIX_LEN);
     header.push(DATA_TAG);
     prost::encoding::encode_varint(len as u64, &mut header);
-    debug_assert!(header.len() <= HEADER_ROOM);
+    debug_assert!(header.len() <= HEADER_ROOM - PREFIX_LEN);
     header
 }
 
@@ -507,7 +510,7 @@ where
                 sender.close();
                 return Ok::<(), Error>(());
             };
-            sender.send(frame).await?;
+            sender.send_framed(frame).await?;
             counters.bytes_out.fetch_add(n as u64, Ordering::Relaxed);
         }
     };
@@ -594,6 +597,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::raw::Outbound;
     use prost::Message;
     use tokio::sync::mpsc;
 
@@ -613,7 +617,24 @@ mod tests {
         (client.unwrap(), accepted.unwrap().0)
     }
 
-    /// `data` encoded the way the pump does it: through a read.
+    /// The message of one gRPC-framed frame, after checking its prefix.
+    fn unframe(frame: Bytes) -> Bytes {
+        assert_eq!(frame[0], 0, "compressed flag");
+        let len = u32::from_be_bytes(frame[1..PREFIX_LEN].try_into().unwrap()) as usize;
+        assert_eq!(len, frame.len() - PREFIX_LEN, "prefix length");
+        frame.slice(PREFIX_LEN..)
+    }
+
+    /// A request message as the pump sent it.
+    fn sent_message(outbound: Outbound) -> Bytes {
+        match outbound {
+            Outbound::Framed(frame) => unframe(frame),
+            Outbound::Message(message) => message,
+        }
+    }
+
+    /// `data` encoded the way the pump does it: through a read (the gRPC
+    /// prefix checked and taken off).
     fn encoded_data(payload: &[u8]) -> Bytes {
         let rt = tokio::runtime::Builder::new_current_thread()
             .build()
@@ -625,7 +646,7 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(n, payload.len());
-        frame
+        unframe(frame)
     }
 
     #[test]
@@ -650,7 +671,7 @@ mod tests {
         let mut total = 0;
         while let Some((frame, n)) = read_data_frame(&mut reader, &mut buf).await.unwrap() {
             assert!(n <= MAX_FRAME);
-            let decoded = pb::TcpForwardFrame::decode(frame).unwrap();
+            let decoded = pb::TcpForwardFrame::decode(unframe(frame)).unwrap();
             let Some(FramePayload::Data(data)) = decoded.payload else {
                 panic!("not data")
             };
@@ -711,7 +732,7 @@ mod tests {
     #[tokio::test]
     async fn pumps_both_ways_and_keeps_half_close() {
         let (mut local_client, accepted) = socket_pair().await;
-        let (up_tx, mut up_rx) = mpsc::channel::<Bytes>(16);
+        let (up_tx, mut up_rx) = mpsc::channel::<Outbound>(16);
         let sender = RawSender::detached(up_tx, CancellationToken::new());
         let (down_tx, down_rx) = mpsc::channel::<Result<Bytes, Error>>(16);
         let frames = tokio_stream::wrappers::ReceiverStream::new(down_rx).boxed();
@@ -722,7 +743,7 @@ mod tests {
 
         // Local -> gateway, then local EOF half-closes the request stream.
         local_client.write_all(b"hello").await.unwrap();
-        let sent = pb::TcpForwardFrame::decode(up_rx.recv().await.unwrap()).unwrap();
+        let sent = pb::TcpForwardFrame::decode(sent_message(up_rx.recv().await.unwrap())).unwrap();
         assert_eq!(
             sent.payload,
             Some(FramePayload::Data(Bytes::from_static(b"hello")))
@@ -757,7 +778,7 @@ mod tests {
     #[tokio::test]
     async fn a_stream_error_closes_the_local_socket() {
         let (mut local_client, accepted) = socket_pair().await;
-        let (up_tx, _up_rx) = mpsc::channel::<Bytes>(16);
+        let (up_tx, _up_rx) = mpsc::channel::<Outbound>(16);
         let sender = RawSender::detached(up_tx, CancellationToken::new());
         let frames = futures::stream::iter(vec![
             frame(FramePayload::Data(Bytes::from_static(b"partial"))),

@@ -13,11 +13,12 @@ use bytes::Bytes;
 use futures::StreamExt;
 use futures::stream::BoxStream;
 use tokio::sync::{Notify, mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
 use tonic::codec::Streaming;
 
 use super::CallContext;
 use super::call::record_replica;
-use super::codec::BytesCodec;
+use super::framed::{FramedBody, Outbound};
 use super::stream::{Delivery, Started, StreamShared};
 use crate::client::Client;
 use crate::error::Error;
@@ -32,7 +33,7 @@ pub(super) async fn drive_stream(
     client: Client,
     ctx: CallContext,
     first: Option<Bytes>,
-    mut rx: mpsc::Receiver<Bytes>,
+    mut rx: mpsc::Receiver<Outbound>,
     shared: Arc<StreamShared>,
     start_tx: oneshot::Sender<Started>,
 ) {
@@ -51,10 +52,10 @@ pub(super) async fn drive_stream(
         Some(first) => Some(first),
         None => tokio::select! {
             biased;
-            message = rx.recv() => message,
+            message = rx.recv() => message.map(Outbound::into_message),
             // Kicked by a receive: take a message already queued, if any
             // (a send that returned before the receive started).
-            _ = shared.kick.notified() => rx.try_recv().ok(),
+            _ = shared.kick.notified() => rx.try_recv().ok().map(Outbound::into_message),
             _ = shared.cancel.cancelled() => return,
             d = &mut deadline => {
                 shared.fail(Error::DeadlineExceeded { deadline: d });
@@ -138,8 +139,8 @@ async fn start_call(
     client: &Client,
     ctx: &CallContext,
     first: Option<Bytes>,
-    rx: mpsc::Receiver<Bytes>,
-) -> Result<(Metadata, Streaming<Bytes>, tonic::CancellationHandle), Error> {
+    rx: mpsc::Receiver<Outbound>,
+) -> Result<(Metadata, Streaming<Bytes>, CancellationToken), Error> {
     let single = ctx.single_request();
     // Shared by attempts: a retried stream continues with the same sender.
     let rx = (!single).then(|| Arc::new(tokio::sync::Mutex::new(rx)));
@@ -154,27 +155,25 @@ async fn start_call(
             .await;
         record_replica(&route);
         let gate = AttemptGate::new(route.is_hinted());
-        let body: BoxStream<'static, Bytes> = match (&first, rx.clone()) {
-            (Some(first), Some(rx)) => futures::stream::once(std::future::ready(first.clone()))
+        let first_message = first.clone().map(Outbound::Message);
+        let body: BoxStream<'static, Outbound> = match (first_message, rx.clone()) {
+            (Some(first), Some(rx)) => futures::stream::once(std::future::ready(first))
                 .chain(gate.clone().gated(rx))
                 .boxed(),
             (None, Some(rx)) => gate.clone().gated(rx).boxed(),
-            (Some(first), None) => futures::stream::once(std::future::ready(first.clone())).boxed(),
+            (Some(first), None) => futures::stream::once(std::future::ready(first)).boxed(),
             (None, None) => futures::stream::empty().boxed(),
         };
-        let mut request = client.build_request(ctx, token.as_ref(), &route, body)?;
-        let handle = request.cancellation_handle();
-        let mut grpc = client.grpc().await?;
-        match grpc.streaming(request, ctx.path.clone(), BytesCodec).await {
-            Ok(response) => {
+        let metadata = client.request_metadata(ctx, token.as_ref(), &route)?;
+        let handle = CancellationToken::new();
+        let body = FramedBody::new(body, handle.clone());
+        match client.start_framed(&ctx.path, metadata, body).await {
+            Ok((metadata, streaming)) => {
                 gate.open();
-                let (md, streaming, _) = response.into_parts();
-                let metadata = Metadata::from_tonic(&md);
                 client.inner.router.observe(&route, Ok(&metadata));
                 return Ok((metadata, streaming, handle));
             }
-            Err(status) => {
-                let err = Error::from_status(status);
+            Err(err) => {
                 gate.close();
                 let never_forwarded = client.inner.router.observe(&route, Err(&err));
                 // Never after the stream carried more than its first message.
@@ -257,8 +256,8 @@ impl AttemptGate {
     /// The caller's later messages, released by the gate.
     fn gated(
         self,
-        rx: Arc<tokio::sync::Mutex<mpsc::Receiver<Bytes>>>,
-    ) -> impl futures::Stream<Item = Bytes> + Send + 'static {
+        rx: Arc<tokio::sync::Mutex<mpsc::Receiver<Outbound>>>,
+    ) -> impl futures::Stream<Item = Outbound> + Send + 'static {
         futures::stream::unfold((self, rx), |(gate, rx)| async move {
             if let Some(state) = &gate.state
                 && !state.open.load(Ordering::SeqCst)

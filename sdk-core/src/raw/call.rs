@@ -142,6 +142,17 @@ impl Client {
         Ok(grpc)
     }
 
+    /// The metadata [`build_request`](Self::build_request) gives a request,
+    /// `grpc-timeout` included, for a request built without tonic.
+    pub(super) fn request_metadata(
+        &self,
+        ctx: &CallContext,
+        token: Option<&IssuedToken>,
+        route: &RouteDecision,
+    ) -> Result<MetadataMap, Error> {
+        Ok(self.build_request(ctx, token, route, ())?.into_parts().0)
+    }
+
     /// The one place request metadata is built.
     pub(super) fn build_request<S>(
         &self,

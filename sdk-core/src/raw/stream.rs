@@ -11,6 +11,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::CallContext;
 use super::attempt::drive_stream;
+use super::framed::Outbound;
 use crate::client::Client;
 use crate::error::Error;
 use crate::metadata::Metadata;
@@ -21,7 +22,7 @@ const SEND_QUEUE: usize = 16;
 impl Client {
     /// the call starts at once (curated streams know their first message).
     pub(crate) fn open_stream(&self, ctx: CallContext, first: Option<Bytes>) -> RawStream {
-        let (tx, rx) = mpsc::channel::<Bytes>(SEND_QUEUE);
+        let (tx, rx) = mpsc::channel::<Outbound>(SEND_QUEUE);
         let (start_tx, start_rx) = oneshot::channel();
         let shared = Arc::new(StreamShared {
             // A child: ending this stream must not cancel the operation it
@@ -143,7 +144,7 @@ impl RawStream {
 /// The sending half of a [`RawStream`].
 #[derive(Debug, Clone)]
 pub struct RawSender {
-    tx: Arc<Mutex<Option<mpsc::Sender<Bytes>>>>,
+    tx: Arc<Mutex<Option<mpsc::Sender<Outbound>>>>,
     shared: Arc<StreamShared>,
     single: bool,
 }
@@ -152,7 +153,7 @@ impl RawSender {
     /// A sender over a plain channel, not tied to a call (for tests of the
     /// code that drives senders).
     #[cfg(test)]
-    pub(crate) fn detached(tx: mpsc::Sender<Bytes>, cancel: CancellationToken) -> Self {
+    pub(crate) fn detached(tx: mpsc::Sender<Outbound>, cancel: CancellationToken) -> Self {
         Self {
             tx: Arc::new(Mutex::new(Some(tx))),
             shared: Arc::new(StreamShared {
@@ -166,6 +167,17 @@ impl RawSender {
 
     /// Sends one encoded message; waits while the send queue is full.
     pub async fn send(&self, message: Bytes) -> Result<(), Error> {
+        self.send_outbound(Outbound::Message(message)).await
+    }
+
+    /// Sends one complete gRPC message, its 5-byte prefix included
+    /// ([`write_prefix`](super::framed::write_prefix)): the bytes go to
+    /// HTTP/2 as they are. Only ever after the stream's first message.
+    pub(crate) async fn send_framed(&self, frame: Bytes) -> Result<(), Error> {
+        self.send_outbound(Outbound::Framed(frame)).await
+    }
+
+    async fn send_outbound(&self, message: Outbound) -> Result<(), Error> {
         if self.shared.cancel.is_cancelled() {
             return Err(self.shared.cancelled_error());
         }
