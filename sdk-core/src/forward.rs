@@ -44,7 +44,8 @@ use crate::client::{CallOptions, Client, DeadlineKind, Resolved};
 use crate::error::Error;
 use crate::metadata::Metadata;
 use crate::paths;
-use crate::raw::{CallContext, PREFIX_LEN, RawSender, decode, write_prefix};
+use crate::raw::{CallContext, RawSender, decode};
+use crate::wire::{PREFIX_LEN, write_prefix};
 
 /// Largest payload of one `data` frame: the chunk size of the public
 /// protocol, which every gateway accepts.
@@ -56,9 +57,65 @@ const HEADER_ROOM: usize = PREFIX_LEN + 4;
 /// most.
 const WRITE_BATCH: usize = 16;
 /// Reads are split off blocks of this size; a block is used again once the
-/// frames cut from it are sent, so reads do not allocate (and fault in)
-/// fresh memory each time.
+/// frames cut from it are sent ([`ReadBlocks`]), so reads do not allocate
+/// (and fault in) fresh memory each time.
 const READ_BLOCK: usize = 4 * (HEADER_ROOM + MAX_FRAME);
+/// Blocks a connection keeps while their frames are still on the way out,
+/// beside the one it reads into.
+const SPARE_BLOCKS: usize = 16;
+/// A read shorter than this means the local side is not streaming: the
+/// spare blocks go back to the allocator.
+const QUIET_READ: usize = MAX_FRAME / 4;
+
+/// A connection's read buffers. Frames cut from a block stay alive until
+/// HTTP/2 has written them, so a spent block cannot be reused at once; it
+/// waits among the spares until every frame of it is gone, then serves
+/// again. Without this, each block was freed while the next was
+/// allocated, and glibc handed the pages back to the kernel in between:
+/// every read faulted fresh pages in.
+#[derive(Default)]
+struct ReadBlocks {
+    /// The rest of the block being read into (empty before the first read).
+    current: BytesMut,
+    /// Whether `current` is part of a block (its capacity may be used up).
+    in_block: bool,
+    spares: Vec<BytesMut>,
+}
+
+impl ReadBlocks {
+    /// Makes room for one frame in `current`.
+    fn make_room(&mut self) {
+        if self.current.capacity() >= HEADER_ROOM + MAX_FRAME {
+            return;
+        }
+        let spent = std::mem::take(&mut self.current);
+        if self.in_block {
+            // Even with no capacity left it holds its block.
+            self.spares.push(spent);
+        }
+        self.in_block = true;
+        if let Some(i) = self
+            .spares
+            .iter_mut()
+            .position(|b| b.try_reclaim(READ_BLOCK))
+        {
+            self.current = self.spares.swap_remove(i);
+            return;
+        }
+        if self.spares.len() > SPARE_BLOCKS {
+            // Still in flight: let the oldest go when its frames are sent.
+            self.spares.remove(0);
+        }
+        self.current = BytesMut::with_capacity(READ_BLOCK);
+    }
+
+    /// After a read of `n` bytes: a quiet connection keeps one block only.
+    fn after_read(&mut self, n: usize) {
+        if n < QUIET_READ {
+            self.spares.clear();
+        }
+    }
+}
 
 /// What a forward reaches inside the sandbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -329,12 +386,11 @@ const DATA_TAG: u8 = 2 << 3 | 2;
 /// into the room left in front of it. `None` at EOF.
 async fn read_data_frame<R: tokio::io::AsyncRead + Unpin>(
     reader: &mut R,
-    buf: &mut BytesMut,
+    blocks: &mut ReadBlocks,
 ) -> std::io::Result<Option<(Bytes, usize)>> {
-    buf.clear();
-    if buf.capacity() < HEADER_ROOM + MAX_FRAME {
-        buf.reserve(READ_BLOCK);
-    }
+    blocks.current.clear();
+    blocks.make_room();
+    let buf = &mut blocks.current;
     buf.put_bytes(0, HEADER_ROOM);
     let n = reader.read_buf(&mut (&mut *buf).limit(MAX_FRAME)).await?;
     if n == 0 {
@@ -345,7 +401,9 @@ async fn read_data_frame<R: tokio::io::AsyncRead + Unpin>(
     buf[message..HEADER_ROOM].copy_from_slice(&header);
     let start = message - PREFIX_LEN;
     write_prefix(&mut buf[start..message], header.len() + n);
-    Ok(Some((buf.split().freeze().slice(start..), n)))
+    let frame = buf.split().freeze().slice(start..);
+    blocks.after_read(n);
+    Ok(Some((frame, n)))
 }
 
 /// The tag and length varint of a `data` field of `len` bytes.
@@ -500,9 +558,9 @@ where
     W: AsyncWrite + Unpin,
 {
     let upstream = async {
-        let mut buf = BytesMut::new();
+        let mut blocks = ReadBlocks::default();
         loop {
-            let read = read_data_frame(&mut local_read, &mut buf)
+            let read = read_data_frame(&mut local_read, &mut blocks)
                 .await
                 .map_err(|e| Error::io("reading from the local connection", &e))?;
             let Some((frame, n)) = read else {
@@ -597,7 +655,7 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::raw::Outbound;
+    use crate::wire::Outbound;
     use prost::Message;
     use tokio::sync::mpsc;
 
@@ -640,9 +698,9 @@ mod tests {
             .build()
             .unwrap();
         let mut reader = payload;
-        let mut buf = BytesMut::new();
+        let mut blocks = ReadBlocks::default();
         let (frame, n) = rt
-            .block_on(read_data_frame(&mut reader, &mut buf))
+            .block_on(read_data_frame(&mut reader, &mut blocks))
             .unwrap()
             .unwrap();
         assert_eq!(n, payload.len());
@@ -667,9 +725,9 @@ mod tests {
     async fn a_read_never_makes_a_frame_larger_than_max_frame() {
         let payload = vec![3u8; 3 * MAX_FRAME + 10];
         let mut reader = &payload[..];
-        let mut buf = BytesMut::new();
+        let mut blocks = ReadBlocks::default();
         let mut total = 0;
-        while let Some((frame, n)) = read_data_frame(&mut reader, &mut buf).await.unwrap() {
+        while let Some((frame, n)) = read_data_frame(&mut reader, &mut blocks).await.unwrap() {
             assert!(n <= MAX_FRAME);
             let decoded = pb::TcpForwardFrame::decode(unframe(frame)).unwrap();
             let Some(FramePayload::Data(data)) = decoded.payload else {
@@ -679,6 +737,50 @@ mod tests {
             total += n;
         }
         assert_eq!(total, payload.len());
+    }
+
+    #[tokio::test]
+    async fn a_block_serves_again_once_its_frames_are_gone_and_quiet_reads_drop_spares() {
+        let payload = vec![1u8; 64 * MAX_FRAME];
+        let mut reader = &payload[..];
+        let mut blocks = ReadBlocks::default();
+        // Frames dropped at once (sent): one block keeps serving, so the
+        // frames land at its four places over and over.
+        let mut places = std::collections::HashSet::new();
+        for _ in 0..32 {
+            let (frame, _) = read_data_frame(&mut reader, &mut blocks)
+                .await
+                .unwrap()
+                .unwrap();
+            places.insert(frame.as_ptr() as usize);
+        }
+        assert_eq!(
+            places.len(),
+            4,
+            "frames of 32 reads at {} places",
+            places.len()
+        );
+        assert!(blocks.spares.is_empty());
+        // Frames held (in flight): spares are kept, at most SPARE_BLOCKS + 1.
+        let mut held = Vec::new();
+        for _ in 0..24 {
+            held.push(
+                read_data_frame(&mut reader, &mut blocks)
+                    .await
+                    .unwrap()
+                    .unwrap(),
+            );
+        }
+        assert!(blocks.spares.len() <= SPARE_BLOCKS + 1);
+        assert!(!blocks.spares.is_empty());
+        // A short read: only the current block stays.
+        let mut short = &b"tiny"[..];
+        read_data_frame(&mut short, &mut blocks)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(blocks.spares.is_empty());
+        drop(held);
     }
 
     #[tokio::test]

@@ -121,6 +121,7 @@ pub mod routing;
 pub mod sandboxes;
 pub mod ssh;
 pub mod transport;
+pub mod wire;
 
 pub use auth::{AccessToken, TokenProvider};
 pub use client::{CallOptions, Client};

@@ -16,14 +16,19 @@
 use std::future::Future;
 use std::time::Duration;
 
+use futures::stream::BoxStream;
 use futures::{Stream, StreamExt};
-use openshell_proto::open_shell_client::OpenShellClient;
+use http::uri::PathAndQuery;
 use openshell_proto::{
     RelayFrame, RelayInit, RelayOpenResult, SupervisorMessage, relay_frame, supervisor_message,
 };
+use openshell_sdk::CancellationToken;
+use openshell_sdk::wire::{self, FramedBody, GrpcFrames, Outbound};
+use prost::Message as _;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::transport::Channel;
+use tower::{Service, ServiceExt};
 use tracing::debug;
 
 use crate::transport::BearerToken;
@@ -32,6 +37,9 @@ use crate::transport::BearerToken;
 const OUTBOUND_FRAMES: usize = 16;
 /// After our side finished, how long the gateway gets to end the stream.
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// Largest inbound frame (tonic's default limit; frames carry 64 KiB).
+const MAX_INBOUND_FRAME: usize = 4 << 20;
+const RELAY_STREAM: &str = "/openshell.v1.OpenShell/RelayStream";
 
 /// What a relay task needs from its session.
 #[derive(Clone)]
@@ -53,10 +61,16 @@ pub struct RelayContext {
 /// A claimed relay: outbound frames in, inbound frames out.
 pub struct Claimed {
     pub out: mpsc::Sender<RelayFrame>,
-    pub inbound: tonic::Streaming<RelayFrame>,
+    pub inbound: BoxStream<'static, Result<RelayFrame, tonic::Status>>,
 }
 
 /// Opens `RelayStream` for `channel_id` and sends `init` first.
+///
+/// The call is made with the suite's own gRPC framing
+/// ([`openshell_sdk::wire`]) instead of the generated client: inbound
+/// frames are decoded from the HTTP/2 chunks they arrive in, so their data
+/// is not copied into a receive buffer first (the bulk direction of a
+/// forward).
 pub async fn claim(ctx: &RelayContext, channel_id: &str) -> Result<Claimed, tonic::Status> {
     let (out, rx) = mpsc::channel(OUTBOUND_FRAMES);
     let init = RelayFrame {
@@ -66,18 +80,44 @@ pub async fn claim(ctx: &RelayContext, channel_id: &str) -> Result<Claimed, toni
     };
     out.try_send(init)
         .expect("a fresh channel has room for init");
-    let mut client = OpenShellClient::new(ctx.channel.clone());
-    let mut request = ctx.token.request(ReceiverStream::new(rx));
+    let mut metadata = ctx.token.request(()).into_parts().0;
     if let Some(replica) = ctx.replica.as_deref().and_then(|r| r.parse().ok()) {
-        request
-            .metadata_mut()
-            .insert("x-openshell-replica", replica);
+        metadata.insert("x-openshell-replica", replica);
     }
-    let response = client.relay_stream(request).await?;
-    Ok(Claimed {
-        out,
-        inbound: response.into_inner(),
-    })
+    let frames = ReceiverStream::new(rx)
+        .map(|frame| Outbound::Framed(wire::frame_message(&frame)))
+        .boxed();
+    // Never cancelled: the stream ends when `out` and `inbound` are dropped.
+    let body = FramedBody::new(frames, CancellationToken::new());
+    let request = wire::request(
+        &PathAndQuery::from_static(RELAY_STREAM),
+        metadata.into_headers(),
+        body,
+    );
+    let mut channel = ctx.channel.clone();
+    let response = channel
+        .ready()
+        .await
+        .map_err(|e| tonic::Status::from_error(Box::new(e)))?
+        .call(request)
+        .await
+        .map_err(|e| tonic::Status::from_error(Box::new(e)))?;
+    let (parts, body) = response.into_parts();
+    let inbound = if wire::check_response(parts.status, &parts.headers)? {
+        GrpcFrames::ended()
+    } else {
+        GrpcFrames::new(body, MAX_INBOUND_FRAME)
+    };
+    let inbound = inbound
+        .map(|message| {
+            message.and_then(|bytes| {
+                RelayFrame::decode(bytes).map_err(|e| {
+                    tonic::Status::internal(format!("a relay frame did not decode: {e}"))
+                })
+            })
+        })
+        .boxed();
+    Ok(Claimed { out, inbound })
 }
 
 /// Tells the gateway on the session that a relay could not be opened.

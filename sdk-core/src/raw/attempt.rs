@@ -18,11 +18,11 @@ use tonic::codec::Streaming;
 
 use super::CallContext;
 use super::call::record_replica;
-use super::framed::{FramedBody, Outbound};
 use super::stream::{Delivery, Started, StreamShared};
 use crate::client::Client;
 use crate::error::Error;
 use crate::metadata::Metadata;
+use crate::wire::{FramedBody, Outbound};
 
 /// Messages buffered between the driver and the receiver.
 const RECV_QUEUE: usize = 4;

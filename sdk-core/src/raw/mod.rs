@@ -14,7 +14,7 @@
 //! method table entry and the first request message) → build the request
 //! metadata (caller pairs, `authorization`, routing hints, `grpc-timeout`) →
 //! send over the client's one channel with [`BytesCodec`] (streams: their
-//! request body framed by `framed`) → map the outcome
+//! request body framed by [`crate::wire`]) → map the outcome
 //! to [`Error`] and report it to the router. An `UNAUTHENTICATED` answer to
 //! a call whose request can be replayed (unary and server-streaming calls)
 //! refreshes the token and retries exactly once.
@@ -31,8 +31,9 @@
 //! # Files
 //!
 //! - `codec`: [`BytesCodec`], encoded messages in and out of tonic as bytes;
-//! - `framed`: a stream's request body, gRPC-framed by the core so that a
-//!   message reaches HTTP/2 without a copy (responses stay tonic's);
+//! - `framed`: a stream's call with its request body gRPC-framed by the
+//!   core ([`crate::wire`]), so a message reaches HTTP/2 without a copy
+//!   (responses stay tonic's);
 //! - `proxy_answer`: the channel wrapper that turns a proxy's non-gRPC HTTP
 //!   answer (an HTML 502) into `UNAVAILABLE` naming the HTTP status;
 //! - `call`: the unary call path and the request builder every attempt uses,
@@ -59,9 +60,6 @@ mod proxy_answer;
 mod stream;
 
 pub use codec::{BytesCodec, BytesDecoder, BytesEncoder};
-#[cfg(test)]
-pub(crate) use framed::Outbound;
-pub(crate) use framed::{PREFIX_LEN, write_prefix};
 pub use stream::{RawReceiver, RawSender, RawStream};
 
 /// The answer to a unary call.

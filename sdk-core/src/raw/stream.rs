@@ -11,10 +11,10 @@ use tokio_util::sync::CancellationToken;
 
 use super::CallContext;
 use super::attempt::drive_stream;
-use super::framed::Outbound;
 use crate::client::Client;
 use crate::error::Error;
 use crate::metadata::Metadata;
+use crate::wire::Outbound;
 
 /// Requests queued on a stream before `send` waits for the network.
 const SEND_QUEUE: usize = 16;
@@ -171,7 +171,7 @@ impl RawSender {
     }
 
     /// Sends one complete gRPC message, its 5-byte prefix included
-    /// ([`write_prefix`](super::framed::write_prefix)): the bytes go to
+    /// ([`write_prefix`](crate::wire::write_prefix)): the bytes go to
     /// HTTP/2 as they are. Only ever after the stream's first message.
     pub(crate) async fn send_framed(&self, frame: Bytes) -> Result<(), Error> {
         self.send_outbound(Outbound::Framed(frame)).await
