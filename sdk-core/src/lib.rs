@@ -69,6 +69,7 @@
 //! | [`auth`] | bearer tokens, [`TokenProvider`], single-flight refresh |
 //! | [`config`] | [`ClientConfig`] builder and validation, [`RoutingConfig`](config::RoutingConfig) |
 //! | [`transport`] | the tonic channel: endpoint, TLS, keepalive |
+//! | [`wire`] | gRPC framing without copies: request bodies, response messages as slices of their chunks (the core's streams, the supervisor's relays) |
 //! | [`routing`] | owner lookup and cache, replica hints, the single unrouted retry, counters |
 //! | `client` | the [`Client`] handle, [`CallOptions`], per-operation deadlines |
 //! | [`raw`] | the bytes boundary and the one call path |
@@ -85,7 +86,7 @@
 //!
 //! | layer | module | may import |
 //! |---|---|---|
-//! | 0 | `metadata`, `paths` (method paths) | nothing of the crate |
+//! | 0 | `metadata`, `paths` (method paths), `wire` | nothing of the crate |
 //! | 1 | `error` | `metadata` |
 //! | 2 | `auth` | `error` |
 //! | 3 | `config` | `auth`, `error` |

@@ -14,6 +14,7 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[(&str, u8)] = &[
     ("metadata", 0),
     ("paths", 0),
+    ("wire", 0),
     ("error", 1),
     ("auth", 2),
     ("config", 3),
