@@ -234,6 +234,7 @@ pub struct GrpcFrames<B> {
     max_message_size: usize,
     /// Set once: after trailers with OK (`Ok`), or after a failure.
     end: Option<Result<(), ()>>,
+    trailers: Option<HeaderMap>,
 }
 
 impl<B> GrpcFrames<B> {
@@ -247,7 +248,13 @@ impl<B> GrpcFrames<B> {
             next_len: None,
             max_message_size,
             end: None,
+            trailers: None,
         }
+    }
+
+    /// The trailers of a stream that ended with OK (after the last `None`).
+    pub fn trailers(&self) -> Option<&HeaderMap> {
+        self.trailers.as_ref()
     }
 
     /// A stream over a body that holds no messages (trailers-only OK).
@@ -259,6 +266,7 @@ impl<B> GrpcFrames<B> {
             next_len: None,
             max_message_size: 0,
             end: Some(Ok(())),
+            trailers: None,
         }
     }
 
@@ -365,7 +373,7 @@ where
                     let status = if this.buffered > 0 || this.next_len.is_some() {
                         Status::internal("Unexpected EOF decoding stream.")
                     } else {
-                        Status::unknown("the stream ended without a gRPC status")
+                        Status::internal("the server closed the stream without sending trailers")
                     };
                     return this.fail(status);
                 }
@@ -388,11 +396,13 @@ where
                         Some(status) if status.code() == Code::Ok => {
                             this.body = None;
                             this.end = Some(Ok(()));
+                            this.trailers = Some(trailers);
                         }
                         Some(status) => return this.fail(status),
                         None => {
-                            return this
-                                .fail(Status::unknown("the stream ended without a gRPC status"));
+                            return this.fail(Status::internal(
+                                "the server's trailers carry no grpc-status",
+                            ));
                         }
                     }
                 }
@@ -570,6 +580,7 @@ mod tests {
         let message = frames.next().await.unwrap().unwrap();
         assert_eq!(message.as_ptr() as usize, start + PREFIX_LEN);
         assert!(frames.next().await.is_none());
+        assert_eq!(frames.trailers().unwrap()["grpc-status"], "0");
     }
 
     #[tokio::test]
@@ -611,7 +622,13 @@ mod tests {
 
         let got = collect(GrpcFrames::new(response(vec![framed(b"x")], None), 1024)).await;
         assert_eq!(got[0], Ok(Bytes::from_static(b"x")));
-        assert_eq!(got[1].as_ref().unwrap_err().0, Code::Unknown);
+        assert_eq!(got[1].as_ref().unwrap_err().0, Code::Internal);
+        let got = collect(GrpcFrames::new(
+            response(vec![framed(b"x")], Some(HeaderMap::new())),
+            1024,
+        ))
+        .await;
+        assert_eq!(got[1].as_ref().unwrap_err().0, Code::Internal);
 
         let mut compressed = framed(b"x");
         compressed[0] = 1;

@@ -14,7 +14,6 @@ use futures::StreamExt;
 use futures::stream::BoxStream;
 use tokio::sync::{Notify, mpsc, oneshot};
 use tokio_util::sync::CancellationToken;
-use tonic::codec::Streaming;
 
 use super::CallContext;
 use super::call::record_replica;
@@ -22,7 +21,7 @@ use super::stream::{Delivery, Started, StreamShared};
 use crate::client::Client;
 use crate::error::Error;
 use crate::metadata::Metadata;
-use crate::wire::{FramedBody, Outbound};
+use crate::wire::{FramedBody, GrpcFrames, Outbound};
 
 /// Messages buffered between the driver and the receiver.
 const RECV_QUEUE: usize = 4;
@@ -101,18 +100,12 @@ pub(super) async fn drive_stream(
                 shared.fail(Error::DeadlineExceeded { deadline: d });
                 return handle.cancel();
             }
-            next = streaming.message() => next,
+            next = streaming.next() => next,
         };
         let delivery = match next {
-            Ok(Some(message)) => Delivery::Message(message),
-            Ok(None) => {
-                let trailers = tokio::select! {
-                    t = streaming.trailers() => t.ok().flatten(),
-                    _ = shared.cancel.cancelled() => None,
-                };
-                Delivery::End(trailers.map(|t| Metadata::from_tonic(&t)))
-            }
-            Err(status) => Delivery::Failed(Error::from_status(status)),
+            Some(Ok(message)) => Delivery::Message(message),
+            None => Delivery::End(streaming.trailers().map(Metadata::from_headers)),
+            Some(Err(status)) => Delivery::Failed(Error::from_status(status)),
         };
         let last = !matches!(delivery, Delivery::Message(_));
         tokio::select! {
@@ -140,7 +133,7 @@ async fn start_call(
     ctx: &CallContext,
     first: Option<Bytes>,
     rx: mpsc::Receiver<Outbound>,
-) -> Result<(Metadata, Streaming<Bytes>, CancellationToken), Error> {
+) -> Result<(Metadata, GrpcFrames<tonic::body::Body>, CancellationToken), Error> {
     let single = ctx.single_request();
     // Shared by attempts: a retried stream continues with the same sender.
     let rx = (!single).then(|| Arc::new(tokio::sync::Mutex::new(rx)));

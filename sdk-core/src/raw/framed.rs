@@ -3,34 +3,32 @@
 //! encoder copying it into a send buffer. A forward's socket read carries
 //! its own gRPC prefix, so its frames are never copied at all.
 //!
-//! The response side stays tonic's [`Streaming`], fed the response body as
-//! `tonic::client::Grpc` would feed it.
+//! The response's messages are read with [`wire::GrpcFrames`]: each is a
+//! slice of the HTTP/2 chunk it arrived in, where tonic's decoder would
+//! copy every chunk into its receive buffer first.
 
-use bytes::Bytes;
 use http::uri::PathAndQuery;
 use tonic::Status;
-use tonic::codec::Streaming;
 use tonic::metadata::MetadataMap;
 use tower::{Service, ServiceExt};
 
-use super::codec::BytesDecoder;
 use super::proxy_answer::ProxyAnswers;
 use crate::client::Client;
 use crate::error::Error;
 use crate::metadata::Metadata;
-use crate::wire::{self, FramedBody};
+use crate::wire::{self, FramedBody, GrpcFrames};
 
 impl Client {
     /// Sends a streaming request whose body is `body` and returns the
-    /// response metadata and message stream, as `tonic::client::Grpc`'s
+    /// response metadata and messages, as `tonic::client::Grpc`'s
     /// `streaming` would with [`BytesCodec`](super::BytesCodec), minus the
-    /// encoder's copy.
+    /// encoder's and the decoder's copies.
     pub(super) async fn start_framed(
         &self,
         path: &PathAndQuery,
         metadata: MetadataMap,
         body: FramedBody,
-    ) -> Result<(Metadata, Streaming<Bytes>), Error> {
+    ) -> Result<(Metadata, GrpcFrames<tonic::body::Body>), Error> {
         let request = wire::request(path, metadata.into_headers(), body);
         let mut service = ProxyAnswers::new(self.inner.channel.clone());
         service
@@ -44,17 +42,11 @@ impl Client {
         let (parts, body) = response.into_parts();
         let ended =
             wire::check_response(parts.status, &parts.headers).map_err(Error::from_status)?;
-        let streaming = if ended {
-            Streaming::new_empty(BytesDecoder, body)
+        let messages = if ended {
+            GrpcFrames::ended()
         } else {
-            Streaming::new_response(
-                BytesDecoder,
-                body,
-                parts.status,
-                None,
-                Some(self.inner.config.max_message_size),
-            )
+            GrpcFrames::new(body, self.inner.config.max_message_size)
         };
-        Ok((Metadata::from_headers(&parts.headers), streaming))
+        Ok((Metadata::from_headers(&parts.headers), messages))
     }
 }
