@@ -13,8 +13,8 @@
 //! [`crate::auth`]) → ask the [`Router`](crate::routing::Router) (it sees the
 //! method table entry and the first request message) → build the request
 //! metadata (caller pairs, `authorization`, routing hints, `grpc-timeout`) →
-//! send over the client's one channel with [`BytesCodec`] (streams: their
-//! request body framed by [`crate::wire`]) → map the outcome
+//! send over the client's one channel with [`BytesCodec`] (streams: framed
+//! and read by [`crate::wire`]) → map the outcome
 //! to [`Error`] and report it to the router. An `UNAUTHENTICATED` answer to
 //! a call whose request can be replayed (unary and server-streaming calls)
 //! refreshes the token and retries exactly once.
@@ -31,9 +31,9 @@
 //! # Files
 //!
 //! - `codec`: [`BytesCodec`], encoded messages in and out of tonic as bytes;
-//! - `framed`: a stream's call with its request body gRPC-framed by the
-//!   core ([`crate::wire`]), so a message reaches HTTP/2 without a copy
-//!   (responses stay tonic's);
+//! - `framed`: a stream's HTTP/2 call with the core's own gRPC framing
+//!   ([`crate::wire`]): request messages reach HTTP/2 and response messages
+//!   reach the caller without tonic's copies;
 //! - `proxy_answer`: the channel wrapper that turns a proxy's non-gRPC HTTP
 //!   answer (an HTML 502) into `UNAVAILABLE` naming the HTTP status;
 //! - `call`: the unary call path and the request builder every attempt uses,
