@@ -182,14 +182,19 @@ pub fn apply(exec: &ExecSettings, snapshot: &ConfigSnapshot) -> ApplyOutcome {
     let path = config_path(&exec.workdir);
     let mut text = serde_json::to_vec_pretty(&render(snapshot)).expect("JSON values serialize");
     text.push(b'\n');
+    // The environment first: once the file names a revision, every exec
+    // that starts has its environment (code in the sandbox may watch the
+    // file, then exec). A failed write puts the previous one back.
+    let previous = exec
+        .provider_env
+        .replace(snapshot.provider_environment.environment.clone());
     if let Err(err) = write_atomically(&path, &text) {
+        exec.provider_env.replace(previous);
         return ApplyOutcome::Rejected(format!(
             "writing {CONFIG_DIR}/{CONFIG_FILE} failed: {}",
             crate::os_error::describe(&err)
         ));
     }
-    exec.provider_env
-        .replace(snapshot.provider_environment.environment.clone());
     info!(
         config_revision = snapshot.sandbox_config.config_revision,
         provider_env_revision = snapshot.provider_environment.provider_env_revision,
@@ -242,6 +247,29 @@ mod tests {
         assert_eq!(
             exec.provider_env.get().get("API_KEY").map(String::as_str),
             Some("secret-value-123")
+        );
+    }
+
+    #[test]
+    fn a_failed_write_keeps_the_previous_environment() {
+        let dir = tempfile::tempdir().unwrap();
+        let exec = settings(dir.path());
+        exec.provider_env
+            .replace([("API_KEY".to_owned(), "old".to_owned())].into());
+        // A file where the config directory should be: the write fails.
+        std::fs::write(dir.path().join(CONFIG_DIR), b"not a directory").unwrap();
+        let snapshot = with_setting(
+            "log_level",
+            setting_value::Value::StringValue("info".into()),
+        );
+        let ApplyOutcome::Rejected(reason) = apply(&exec, &snapshot) else {
+            panic!("an unwritable config file must reject the config");
+        };
+        assert!(reason.contains("failed"), "{reason}");
+        assert!(!reason.contains("secret-value-123"));
+        assert_eq!(
+            exec.provider_env.get().get("API_KEY").map(String::as_str),
+            Some("old")
         );
     }
 

@@ -75,8 +75,9 @@ pub struct ExecSettings {
 pub struct ProviderEnv(std::sync::Arc<std::sync::RwLock<HashMap<String, String>>>);
 
 impl ProviderEnv {
-    pub fn replace(&self, env: HashMap<String, String>) {
-        *self.0.write().unwrap_or_else(|p| p.into_inner()) = env;
+    /// Sets the environment of later execs; returns the one it replaces.
+    pub fn replace(&self, env: HashMap<String, String>) -> HashMap<String, String> {
+        std::mem::replace(&mut *self.0.write().unwrap_or_else(|p| p.into_inner()), env)
     }
 
     pub fn get(&self) -> HashMap<String, String> {
