@@ -322,6 +322,32 @@ async fn a_sandbox_token_acts_only_for_its_sandbox() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::Unauthenticated);
+
+    // A's token opens RelayStream, but only with an init naming a channel
+    // that is pending.
+    for (first, code) in [
+        (
+            relay_frame::Payload::Data(b"x".to_vec().into()),
+            Code::InvalidArgument,
+        ),
+        (
+            relay_frame::Payload::Init(RelayInit {
+                channel_id: "no-such-channel".into(),
+            }),
+            Code::NotFound,
+        ),
+    ] {
+        let result = as_a
+            .relay_stream(tokio_stream::iter(vec![RelayFrame {
+                payload: Some(first),
+            }]))
+            .await;
+        let err = match result {
+            Err(status) => status,
+            Ok(response) => response.into_inner().message().await.expect_err("an error"),
+        };
+        assert_eq!(err.code(), code, "{err:?}");
+    }
     // And a user token is not a sandbox token.
     let err = match client
         .relay_stream(tokio_stream::iter(vec![RelayFrame {

@@ -220,6 +220,15 @@ async fn raw_forward(
     gw: &openshell_testkit::Gateway,
     messages: Vec<bytes::Bytes>,
 ) -> tonic::Status {
+    raw_forward_with(gw, messages, &[]).await
+}
+
+/// [`raw_forward`] with extra request headers.
+async fn raw_forward_with(
+    gw: &openshell_testkit::Gateway,
+    messages: Vec<bytes::Bytes>,
+    headers: &[(&'static str, &'static str)],
+) -> tonic::Status {
     let channel = tonic::transport::Channel::from_shared(gw.url.clone())
         .unwrap()
         .connect()
@@ -231,6 +240,9 @@ async fn raw_forward(
     request
         .metadata_mut()
         .insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
+    for (name, value) in headers {
+        request.metadata_mut().insert(*name, value.parse().unwrap());
+    }
     let path = http::uri::PathAndQuery::from_static("/openshell.v1.OpenShell/ForwardTcp");
     let mut stream = match grpc.streaming(request, path, RawCodec).await {
         Ok(response) => response.into_inner(),
@@ -272,6 +284,25 @@ async fn a_malformed_frame_is_invalid_argument() {
         status.message().contains("malformed forward frame"),
         "{status:?}"
     );
+}
+
+/// A compressed request is refused before anything runs, and a message over
+/// the gateway's size limit (8 MiB) ends the forward with OUT_OF_RANGE.
+#[tokio::test]
+async fn compressed_and_oversized_messages_are_refused() {
+    use prost::Message;
+    let gw = start();
+    let mut client = client(&gw).await;
+    create_ready(&mut client, "big").await;
+    let port = echo_server().await;
+    let init = bytes::Bytes::from(init("big", port).encode_to_vec());
+
+    let status = raw_forward_with(&gw, vec![init.clone()], &[("grpc-encoding", "gzip")]).await;
+    assert_eq!(status.code(), tonic::Code::Unimplemented, "{status:?}");
+
+    let huge = bytes::Bytes::from(data(&vec![1; (8 << 20) + 1]).encode_to_vec());
+    let status = raw_forward(&gw, vec![init, huge]).await;
+    assert_eq!(status.code(), tonic::Code::OutOfRange, "{status:?}");
 }
 
 fn rss_bytes(pid: i32) -> u64 {

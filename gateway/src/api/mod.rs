@@ -7,8 +7,10 @@
 //! The top layer below `serve`: it may import every other module; nothing
 //! but `serve` imports it.
 
+pub mod forward;
 pub mod hosts;
 pub mod peer;
+pub mod raw_routes;
 pub mod request_layer;
 pub mod service;
 pub mod ssh_sessions;

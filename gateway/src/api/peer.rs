@@ -19,7 +19,7 @@ use tonic::{Request, Response, Status, Streaming};
 
 use crate::auth::Principal;
 use crate::config::delivery::ConfigDelivery;
-use crate::sessions::Sessions;
+use crate::sessions::{Sessions, frames};
 
 /// How long the owner waits for its own session (it may be reconnecting).
 const OWNER_SESSION_WAIT: Duration = Duration::from_secs(5);
@@ -111,7 +111,7 @@ impl Peer for PeerService {
                     Ok(PeerRelayFrame {
                         payload: Some(peer_relay_frame::Payload::Frame(frame)),
                     }) => {
-                        if outbound.send(Ok(frame)).await.is_err() {
+                        if outbound.send(Ok(frames::framed(&frame))).await.is_err() {
                             return;
                         }
                     }
@@ -126,7 +126,7 @@ impl Peer for PeerService {
                 tokio::select! {
                     _ = requester_gone.cancelled() => return,
                     _ = tx.closed() => return,
-                    frame = relay.inbound.next() => match frame {
+                    frame = relay.next_frame() => match frame {
                         Some(Ok(frame)) => {
                             let frame = PeerRelayFrame {
                                 payload: Some(peer_relay_frame::Payload::Frame(frame)),

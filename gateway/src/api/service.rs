@@ -20,7 +20,9 @@ use crate::config::model::{self, ConfigModel};
 use crate::sandboxes::watch::Change;
 use crate::sandboxes::{Sandboxes, id_of, store_status};
 use crate::sessions::routing::{OWNER_TTL, RelayRouter};
-use crate::sessions::{ConfigSink, GatewayStream, PushSetup, Sessions};
+use crate::sessions::{
+    ConfigSink, FrameStream, GatewayStream, PushSetup, RelayStreamOut, Sessions,
+};
 use crate::store::OwnerRecord;
 
 pub const WANT_OWNER: &str = "x-openshell-want-owner";
@@ -342,20 +344,13 @@ impl OpenShell for GatewayService {
 
     type ForwardTcpStream = BoxStream<TcpForwardFrame>;
 
+    /// Served by the raw relay route (`raw_routes`), which takes the path
+    /// before this service sees it.
     async fn forward_tcp(
         &self,
-        request: Request<Streaming<TcpForwardFrame>>,
+        _: Request<Streaming<TcpForwardFrame>>,
     ) -> Result<Response<Self::ForwardTcpStream>, Status> {
-        let principal = request
-            .extensions()
-            .get::<Principal>()
-            .cloned()
-            .unwrap_or(Principal::SshSessionOnly);
-        let stream = self
-            .streams
-            .forward(principal, request.into_inner())
-            .await?;
-        Ok(Response::new(Box::pin(stream)))
+        Err(Status::internal(RAW_ROUTE_ONLY))
     }
 
     async fn create_ssh_session(
@@ -503,13 +498,30 @@ impl OpenShell for GatewayService {
 
     type RelayStreamStream = BoxStream<RelayFrame>;
 
+    /// Served by the raw relay route, as `forward_tcp` is.
     async fn relay_stream(
         &self,
-        request: Request<Streaming<RelayFrame>>,
+        _: Request<Streaming<RelayFrame>>,
     ) -> Result<Response<Self::RelayStreamStream>, Status> {
-        let principal = supervisor_principal(&request)?;
-        let stream = match principal {
-            Principal::Host(host) => {
+        Err(Status::internal(RAW_ROUTE_ONLY))
+    }
+}
+
+/// What the generated methods of the raw relay routes answer: never sent
+/// while `raw_routes` wraps this service, as `serve` does.
+const RAW_ROUTE_ONLY: &str = "this method is served by the gateway's relay route";
+
+impl GatewayService {
+    /// Serves a supervisor's `RelayStream` (`frames`: its encoded messages)
+    /// for the caller its token names: a sandbox claims only its own
+    /// relays, a host only those of the sandboxes assigned to it now.
+    pub async fn claim_relay(
+        &self,
+        principal: Option<Principal>,
+        frames: FrameStream,
+    ) -> Result<RelayStreamOut, Status> {
+        match principal {
+            Some(Principal::Host(host)) => {
                 // The sandboxes assigned to the host now: a relay of any
                 // other sandbox is not the host's to claim.
                 let assigned: Vec<String> = self
@@ -522,19 +534,15 @@ impl OpenShell for GatewayService {
                     .map(|s| id_of(s).to_owned())
                     .collect();
                 self.sessions
-                    .claim(
-                        |sandbox| assigned.iter().any(|a| a == sandbox),
-                        request.into_inner(),
-                    )
-                    .await?
+                    .claim(|sandbox| assigned.iter().any(|a| a == sandbox), frames)
+                    .await
             }
-            Principal::Sandbox(own) => {
-                self.sessions
-                    .claim(|sandbox| sandbox == own, request.into_inner())
-                    .await?
+            Some(Principal::Sandbox(own)) => {
+                self.sessions.claim(|sandbox| sandbox == own, frames).await
             }
-            _ => return Err(Status::unauthenticated("a sandbox token is required")),
-        };
-        Ok(Response::new(Box::pin(stream)))
+            _ => Err(Status::unauthenticated(
+                "a sandbox token or a host token is required",
+            )),
+        }
     }
 }

@@ -20,6 +20,7 @@ use tonic::transport::{Identity, Server, ServerTlsConfig};
 
 use crate::api::hosts::HostService;
 use crate::api::peer::PeerService;
+use crate::api::raw_routes::RawRoutes;
 use crate::api::request_layer::GatewayLayer;
 use crate::api::service::GatewayService;
 use crate::api::streams::Streams;
@@ -313,11 +314,13 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let server_stop = CancellationToken::new();
     let router = builder
         .layer(layer)
-        .add_service(
-            OpenShellServer::from_arc(service)
+        .add_service(RawRoutes::new(
+            OpenShellServer::from_arc(service.clone())
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
-        )
+            service,
+            MAX_MESSAGE_BYTES,
+        ))
         .add_service(
             SupervisorHostServer::new(host_service)
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)

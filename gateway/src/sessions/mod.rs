@@ -29,6 +29,7 @@
 //! through `ConfigSink` and channels).
 
 pub mod caps;
+pub mod frames;
 pub mod hosts;
 pub mod routing;
 
@@ -39,12 +40,14 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
+use bytes::Bytes;
 use futures::{Stream, StreamExt};
 use openshell_proto::{
     ConfigUpdate, ConfigUpdateResult, GatewayHeartbeat, GatewayMessage, RelayClose, RelayFrame,
     RelayOpen, SessionAccepted, SessionRedirect, SupervisorHello, SupervisorMessage,
     gateway_message, relay_frame, relay_open, supervisor_message,
 };
+use openshell_sdk::wire;
 use tokio::sync::{mpsc, oneshot, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
@@ -73,8 +76,12 @@ pub(crate) const NOT_TAKING_RELAY_OPENS: &str =
 pub const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 pub type Outbound = mpsc::Sender<Result<GatewayMessage, Status>>;
-pub type RelayStreamOut = ReceiverStream<Result<RelayFrame, Status>>;
-pub type FrameStream = Pin<Box<dyn Stream<Item = Result<RelayFrame, Status>> + Send>>;
+/// What a relay sends: encoded `RelayFrame`s (see [`frames`]).
+pub type RelaySender = mpsc::Sender<Result<wire::Outbound, Status>>;
+/// The answer of a supervisor's `RelayStream`: the frames its relay sends.
+pub type RelayStreamOut = ReceiverStream<Result<wire::Outbound, Status>>;
+/// What a relay receives: encoded `RelayFrame`s, as they arrived.
+pub type FrameStream = Pin<Box<dyn Stream<Item = Result<Bytes, Status>> + Send>>;
 
 /// When the transport last polled a session's response stream. HTTP/2 flow
 /// control stops the polling once the supervisor stops reading.
@@ -160,19 +167,32 @@ struct Pending {
 /// which the supervisor treats as cancellation.
 pub struct Relay {
     pub inbound: FrameStream,
-    pub outbound: mpsc::Sender<Result<RelayFrame, Status>>,
+    pub outbound: RelaySender,
     gauge: Option<RelayGauge>,
     cap: Option<caps::CapSlot>,
 }
 
 impl Relay {
-    pub fn new(inbound: FrameStream, outbound: mpsc::Sender<Result<RelayFrame, Status>>) -> Self {
+    pub fn new(inbound: FrameStream, outbound: RelaySender) -> Self {
         Self {
             inbound,
             outbound,
             gauge: None,
             cap: None,
         }
+    }
+
+    /// The next frame from the supervisor, decoded.
+    pub async fn next_frame(&mut self) -> Option<Result<RelayFrame, Status>> {
+        Some(self.inbound.next().await?.and_then(frames::decode))
+    }
+
+    /// Sends a frame built here to the supervisor; `false` once the relay
+    /// is gone.
+    pub fn send_frame(&self, frame: &RelayFrame) -> impl Future<Output = bool> + Send + 'static {
+        let outbound = self.outbound.clone();
+        let frame = frames::framed(frame);
+        async move { outbound.send(Ok(frame)).await.is_ok() }
     }
 
     /// Keeps the relay's place under its sandbox's caps while it lives.
@@ -785,11 +805,14 @@ impl Sessions {
     pub async fn claim(
         &self,
         may_claim: impl Fn(&str) -> bool,
-        mut inbound: Streaming<RelayFrame>,
+        mut inbound: FrameStream,
     ) -> Result<RelayStreamOut, Status> {
-        let first = tokio::time::timeout(HELLO_TIMEOUT, inbound.message())
+        let first = tokio::time::timeout(HELLO_TIMEOUT, inbound.next())
             .await
-            .map_err(|_| Status::deadline_exceeded("no relay init within 10 s"))??;
+            .map_err(|_| Status::deadline_exceeded("no relay init within 10 s"))?
+            .transpose()?
+            .map(frames::decode::<RelayFrame>)
+            .transpose()?;
         let channel_id = match first.and_then(|f| f.payload) {
             Some(relay_frame::Payload::Init(init)) => init.channel_id,
             _ => {
@@ -812,7 +835,7 @@ impl Sessions {
             }
         };
         let (tx, rx) = mpsc::channel(16);
-        let relay = Relay::new(Box::pin(inbound), tx);
+        let relay = Relay::new(inbound, tx);
         if pending.reply.send(Ok(relay)).is_err() {
             return Err(Status::cancelled("relay waiter went away"));
         }

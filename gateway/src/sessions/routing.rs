@@ -10,10 +10,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use bytes::Bytes;
 use futures::StreamExt;
 use openshell_proto::peer::peer_client::PeerClient;
 use openshell_proto::peer::{PeerRelayFrame, PeerRelayInit, peer_relay_frame};
 use openshell_proto::{RelayFrame, RelayOpen, relay_open};
+use openshell_sdk::wire::Outbound;
+use prost::Message;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataValue;
@@ -21,7 +24,7 @@ use tonic::{Code, Status};
 
 use crate::cluster::Cluster;
 use crate::metrics::Metrics;
-use crate::sessions::{Relay, Sessions, relay_kind};
+use crate::sessions::{Relay, Sessions, frames, relay_kind};
 use crate::store::Store;
 
 /// Ownership records not renewed for this long are stale.
@@ -143,7 +146,7 @@ impl RelayRouter {
         let mut client = PeerClient::new(channel)
             .max_decoding_message_size(8 << 20)
             .max_encoding_message_size(8 << 20);
-        let (tx, rx) = mpsc::channel::<Result<RelayFrame, Status>>(16);
+        let (tx, rx) = mpsc::channel(16);
         let init = PeerRelayFrame {
             payload: Some(peer_relay_frame::Payload::Init(PeerRelayInit {
                 sandbox_id: sandbox_id.to_owned(),
@@ -159,6 +162,9 @@ impl RelayRouter {
         // A failed local frame ends the peer request stream (the owner then
         // cancels the relay).
         let frames = ReceiverStream::new(rx)
+            .map(|f: Result<Outbound, Status>| {
+                f.and_then(|f| frames::decode::<RelayFrame>(f.into_message()))
+            })
             .take_while(|f| futures::future::ready(f.is_ok()))
             .map(|f| PeerRelayFrame {
                 payload: Some(peer_relay_frame::Payload::Frame(f.expect("filtered"))),
@@ -188,7 +194,7 @@ impl RelayRouter {
             match frame {
                 Ok(PeerRelayFrame {
                     payload: Some(peer_relay_frame::Payload::Frame(frame)),
-                }) => Some(Ok(frame)),
+                }) => Some(Ok(Bytes::from(frame.encode_to_vec()))),
                 Ok(_) => None,
                 Err(status) => Some(Err(status)),
             }

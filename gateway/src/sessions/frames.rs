@@ -1,0 +1,86 @@
+//! Relay frames as the bytes they arrived in. The gateway's relay routes
+//! (`ForwardTcp`, `RelayStream`) read and answer gRPC messages through
+//! `openshell_sdk::wire`, so a relay carries encoded `RelayFrame`s, not
+//! decoded ones. A data frame is passed between a forward and its relay as
+//! it is: `TcpForwardFrame` and `RelayFrame` both carry their payload in
+//! field 2 (`bytes data`), so one such message is the same bytes as either.
+//! Every other frame is decoded, and built frames are encoded once.
+
+use bytes::Bytes;
+use openshell_sdk::wire::{Outbound, frame_message};
+use tonic::Status;
+
+/// The first byte of field 2 with the length-delimited wire type: `data`
+/// in `TcpForwardFrame` and `RelayFrame`.
+const DATA_TAG: u8 = (2 << 3) | 2;
+
+/// The payload length of `message` when it is one `data` field and nothing
+/// else (how every encoder writes a data frame), so that it can pass as a
+/// `TcpForwardFrame` or a `RelayFrame` alike. `None` for any other message,
+/// which is then decoded.
+pub fn data_len(message: &[u8]) -> Option<usize> {
+    let (&tag, mut rest) = message.split_first()?;
+    if tag != DATA_TAG {
+        return None;
+    }
+    let len = prost::encoding::decode_varint(&mut rest).ok()?;
+    (len == rest.len() as u64).then_some(rest.len())
+}
+
+/// Decodes one message; a malformed one fails as tonic's decoder fails it
+/// (`INTERNAL`, which the routes answer as the sender's fault).
+pub fn decode<M: prost::Message + Default>(message: Bytes) -> Result<M, Status> {
+    M::decode(message).map_err(|err| Status::internal(err.to_string()))
+}
+
+/// A frame built here, encoded once behind its gRPC prefix.
+pub fn framed(frame: &impl prost::Message) -> Outbound {
+    Outbound::Framed(frame_message(frame))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use openshell_proto::{RelayEof, RelayFrame, TcpForwardFrame, relay_frame, tcp_forward_frame};
+    use prost::Message;
+
+    #[test]
+    fn a_data_frame_is_the_same_bytes_in_both_messages() {
+        for len in [0usize, 1, 127, 128, 70_000] {
+            let data = Bytes::from(vec![5u8; len]);
+            let forward = TcpForwardFrame {
+                payload: Some(tcp_forward_frame::Payload::Data(data.clone())),
+            }
+            .encode_to_vec();
+            let relay = RelayFrame {
+                payload: Some(relay_frame::Payload::Data(data)),
+            }
+            .encode_to_vec();
+            assert_eq!(forward, relay);
+            assert_eq!(data_len(&forward), Some(len));
+        }
+    }
+
+    #[test]
+    fn other_frames_and_odd_encodings_are_decoded() {
+        let eof = RelayFrame {
+            payload: Some(relay_frame::Payload::Eof(RelayEof {})),
+        }
+        .encode_to_vec();
+        assert_eq!(data_len(&eof), None);
+        assert_eq!(data_len(&[]), None);
+        // A length that overruns the message, or bytes after the field.
+        assert_eq!(data_len(&[DATA_TAG, 3, 1, 2]), None);
+        assert_eq!(data_len(&[DATA_TAG, 1, 1, 8, 1]), None);
+        // A data field repeated: the last one counts, so decode it.
+        let twice = [DATA_TAG, 1, 1, DATA_TAG, 1, 2];
+        assert_eq!(data_len(&twice), None);
+        let decoded: RelayFrame = decode(Bytes::copy_from_slice(&twice)).unwrap();
+        assert_eq!(
+            decoded.payload,
+            Some(relay_frame::Payload::Data(Bytes::from_static(&[2])))
+        );
+        let bad = decode::<RelayFrame>(Bytes::from_static(&[DATA_TAG, 9]));
+        assert_eq!(bad.unwrap_err().code(), tonic::Code::Internal);
+    }
+}
