@@ -60,12 +60,12 @@ enum FromClient {
     Skip,
 }
 
-/// Decodes a client message (a data frame passes as it is). Failures are
+/// Decodes a client message (framed; a data frame passes as it is). Failures are
 /// the client's: the status to end its stream with.
 fn from_client(message: Bytes) -> Result<FromClient, Status> {
     if let Some(len) = frames::data_len(&message) {
         validate::frame_size("forward data frame", len)?;
-        return Ok(FromClient::Data(Outbound::Message(message)));
+        return Ok(FromClient::Data(Outbound::Framed(message)));
     }
     let frame: TcpForwardFrame = frames::decode(message)
         .map_err(|status| malformed(&status, "forward frame").unwrap_or(status))?;
@@ -93,7 +93,7 @@ enum FromSandbox {
 
 fn from_sandbox(message: Bytes) -> Result<FromSandbox, Status> {
     if frames::data_len(&message).is_some() {
-        return Ok(FromSandbox::Data(Outbound::Message(message)));
+        return Ok(FromSandbox::Data(Outbound::Framed(message)));
     }
     Ok(match frames::decode::<RelayFrame>(message)?.payload {
         Some(relay_frame::Payload::Data(data)) => {

@@ -3,9 +3,10 @@
 //! tonic would copy each message twice on its way through this replica:
 //! into its receive buffer when decoding, into its send buffer when
 //! encoding. Here the request's messages are read with
-//! `openshell_sdk::wire::GrpcFrames` (each a slice of the HTTP/2 chunk it
-//! came in) and the answer is written with `wire::ResponseBody`, so a data
-//! frame crosses the replica without being copied (`sessions::frames`).
+//! `openshell_sdk::wire::GrpcFrames` (each, prefix included, a slice of the
+//! HTTP/2 chunk it came in) and the answer is written with
+//! `wire::ResponseBody`, so a data frame crosses the replica uncopied and in
+//! one piece (`sessions::frames`).
 //!
 //! [`RawRoutes`] wraps the generated `OpenShell` server and takes these two
 //! paths before it; every other method goes on to it. It sits inside the
@@ -107,7 +108,7 @@ async fn serve(
     wire::check_request(request.headers())?;
     let principal = request.extensions().get::<Principal>().cloned();
     let messages: FrameStream =
-        Box::pin(GrpcFrames::request(request.into_body(), max_message_size));
+        Box::pin(GrpcFrames::request(request.into_body(), max_message_size).with_prefixes());
     match route {
         Route::Forward => {
             let principal = principal.unwrap_or(Principal::SshSessionOnly);

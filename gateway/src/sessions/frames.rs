@@ -1,25 +1,31 @@
 //! Relay frames as the bytes they arrived in. The gateway's relay routes
 //! (`ForwardTcp`, `RelayStream`) read and answer gRPC messages through
-//! `openshell_sdk::wire`, so a relay carries encoded `RelayFrame`s, not
-//! decoded ones. A data frame is passed between a forward and its relay as
-//! it is: `TcpForwardFrame` and `RelayFrame` both carry their payload in
+//! `openshell_sdk::wire`, so a relay carries encoded `RelayFrame`s behind
+//! their gRPC prefix ("framed"), not decoded ones. A data frame is passed
+//! between a forward and its relay as it is, prefix and all, in the chunk it
+//! arrived in: `TcpForwardFrame` and `RelayFrame` both carry their payload in
 //! field 2 (`bytes data`), so one such message is the same bytes as either.
 //! Every other frame is decoded, and built frames are encoded once.
 
 use bytes::Bytes;
-use openshell_sdk::wire::{Outbound, frame_message};
+use openshell_sdk::wire::{Outbound, PREFIX_LEN, frame_message};
 use tonic::Status;
 
 /// The first byte of field 2 with the length-delimited wire type: `data`
 /// in `TcpForwardFrame` and `RelayFrame`.
 const DATA_TAG: u8 = (2 << 3) | 2;
 
-/// The payload length of `message` when it is one `data` field and nothing
-/// else (how every encoder writes a data frame), so that it can pass as a
-/// `TcpForwardFrame` or a `RelayFrame` alike. `None` for any other message,
-/// which is then decoded.
-pub fn data_len(message: &[u8]) -> Option<usize> {
-    let (&tag, mut rest) = message.split_first()?;
+/// The message of a framed one (after its prefix).
+fn message_of(framed: &[u8]) -> &[u8] {
+    &framed[PREFIX_LEN.min(framed.len())..]
+}
+
+/// The payload length of a framed message when the message is one `data`
+/// field and nothing else (how every encoder writes a data frame), so that
+/// it can pass as a `TcpForwardFrame` or a `RelayFrame` alike. `None` for
+/// any other message, which is then decoded.
+pub fn data_len(framed: &[u8]) -> Option<usize> {
+    let (&tag, mut rest) = message_of(framed).split_first()?;
     if tag != DATA_TAG {
         return None;
     }
@@ -27,9 +33,15 @@ pub fn data_len(message: &[u8]) -> Option<usize> {
     (len == rest.len() as u64).then_some(rest.len())
 }
 
-/// Decodes one message; a malformed one fails as tonic's decoder fails it
-/// (`INTERNAL`, which the routes answer as the sender's fault).
-pub fn decode<M: prost::Message + Default>(message: Bytes) -> Result<M, Status> {
+/// Decodes a framed message; a malformed one fails as tonic's decoder fails
+/// it (`INTERNAL`, which the routes answer as the sender's fault).
+pub fn decode<M: prost::Message + Default>(framed: Bytes) -> Result<M, Status> {
+    let start = PREFIX_LEN.min(framed.len());
+    decode_message(framed.slice(start..))
+}
+
+/// Decodes a message without its prefix.
+pub fn decode_message<M: prost::Message + Default>(message: Bytes) -> Result<M, Status> {
     M::decode(message).map_err(|err| Status::internal(err.to_string()))
 }
 
@@ -54,33 +66,33 @@ mod tests {
             .encode_to_vec();
             let relay = RelayFrame {
                 payload: Some(relay_frame::Payload::Data(data)),
-            }
-            .encode_to_vec();
-            assert_eq!(forward, relay);
-            assert_eq!(data_len(&forward), Some(len));
+            };
+            assert_eq!(forward, relay.encode_to_vec());
+            assert_eq!(data_len(&frame_message(&relay)), Some(len));
         }
     }
 
     #[test]
     fn other_frames_and_odd_encodings_are_decoded() {
-        let eof = RelayFrame {
+        let eof = frame_message(&RelayFrame {
             payload: Some(relay_frame::Payload::Eof(RelayEof {})),
-        }
-        .encode_to_vec();
+        });
         assert_eq!(data_len(&eof), None);
         assert_eq!(data_len(&[]), None);
+        let framed = |message: &[u8]| [&[0, 0, 0, 0, message.len() as u8][..], message].concat();
         // A length that overruns the message, or bytes after the field.
-        assert_eq!(data_len(&[DATA_TAG, 3, 1, 2]), None);
-        assert_eq!(data_len(&[DATA_TAG, 1, 1, 8, 1]), None);
+        assert_eq!(data_len(&framed(&[DATA_TAG, 3, 1, 2])), None);
+        assert_eq!(data_len(&framed(&[DATA_TAG, 1, 1, 8, 1])), None);
+        assert_eq!(data_len(&framed(&[DATA_TAG, 1, 1])), Some(1));
         // A data field repeated: the last one counts, so decode it.
-        let twice = [DATA_TAG, 1, 1, DATA_TAG, 1, 2];
+        let twice = framed(&[DATA_TAG, 1, 1, DATA_TAG, 1, 2]);
         assert_eq!(data_len(&twice), None);
-        let decoded: RelayFrame = decode(Bytes::copy_from_slice(&twice)).unwrap();
+        let decoded: RelayFrame = decode(Bytes::from(twice)).unwrap();
         assert_eq!(
             decoded.payload,
             Some(relay_frame::Payload::Data(Bytes::from_static(&[2])))
         );
-        let bad = decode::<RelayFrame>(Bytes::from_static(&[DATA_TAG, 9]));
+        let bad = decode::<RelayFrame>(Bytes::from(framed(&[DATA_TAG, 9])));
         assert_eq!(bad.unwrap_err().code(), tonic::Code::Internal);
     }
 }

@@ -80,7 +80,8 @@ pub type Outbound = mpsc::Sender<Result<GatewayMessage, Status>>;
 pub type RelaySender = mpsc::Sender<Result<wire::Outbound, Status>>;
 /// The answer of a supervisor's `RelayStream`: the frames its relay sends.
 pub type RelayStreamOut = ReceiverStream<Result<wire::Outbound, Status>>;
-/// What a relay receives: encoded `RelayFrame`s, as they arrived.
+/// What a relay receives: encoded `RelayFrame`s behind their gRPC prefix,
+/// as they arrived.
 pub type FrameStream = Pin<Box<dyn Stream<Item = Result<Bytes, Status>> + Send>>;
 
 /// When the transport last polled a session's response stream. HTTP/2 flow

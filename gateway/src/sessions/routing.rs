@@ -10,13 +10,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bytes::Bytes;
 use futures::StreamExt;
 use openshell_proto::peer::peer_client::PeerClient;
 use openshell_proto::peer::{PeerRelayFrame, PeerRelayInit, peer_relay_frame};
 use openshell_proto::{RelayFrame, RelayOpen, relay_open};
-use openshell_sdk::wire::Outbound;
-use prost::Message;
+use openshell_sdk::wire::{self, Outbound};
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::metadata::MetadataValue;
@@ -163,7 +161,7 @@ impl RelayRouter {
         // cancels the relay).
         let frames = ReceiverStream::new(rx)
             .map(|f: Result<Outbound, Status>| {
-                f.and_then(|f| frames::decode::<RelayFrame>(f.into_message()))
+                f.and_then(|f| frames::decode_message::<RelayFrame>(f.into_message()))
             })
             .take_while(|f| futures::future::ready(f.is_ok()))
             .map(|f| PeerRelayFrame {
@@ -194,7 +192,7 @@ impl RelayRouter {
             match frame {
                 Ok(PeerRelayFrame {
                     payload: Some(peer_relay_frame::Payload::Frame(frame)),
-                }) => Some(Ok(Bytes::from(frame.encode_to_vec()))),
+                }) => Some(Ok(wire::frame_message(&frame))),
                 Ok(_) => None,
                 Err(status) => Some(Err(status)),
             }

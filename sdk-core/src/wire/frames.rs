@@ -32,6 +32,8 @@ pub struct GrpcFrames<B> {
     /// A request body: it ends without trailers, and its end is the end of
     /// the client's messages.
     request: bool,
+    /// Each message is yielded behind its prefix ([`GrpcFrames::with_prefixes`]).
+    with_prefixes: bool,
 }
 
 impl<B> GrpcFrames<B> {
@@ -47,16 +49,26 @@ impl<B> GrpcFrames<B> {
             end: None,
             trailers: None,
             request: false,
+            with_prefixes: false,
         }
     }
 
     /// The messages of a request body: its end without trailers is the
-    /// client's last message (tonic's server reads it so too).
+    /// client's last message, and so is a reset with `CANCEL` (tonic's server
+    /// reads both so).
     pub fn request(body: B, max_message_size: usize) -> Self {
         Self {
             request: true,
             ..Self::new(body, max_message_size)
         }
+    }
+
+    /// Yields each message behind its gRPC prefix, as it arrived: a relay
+    /// sends it on as [`Outbound::Framed`](super::Outbound::Framed), in one
+    /// piece and uncopied (when it arrived in one chunk).
+    pub fn with_prefixes(mut self) -> Self {
+        self.with_prefixes = true;
+        self
     }
 
     /// The trailers of a stream that ended with OK (after the last `None`).
@@ -75,6 +87,7 @@ impl<B> GrpcFrames<B> {
             end: Some(Ok(())),
             trailers: None,
             request: false,
+            with_prefixes: false,
         }
     }
 
@@ -109,7 +122,7 @@ impl<B> GrpcFrames<B> {
             if self.buffered < PREFIX_LEN {
                 return Ok(None);
             }
-            let prefix = self.take(PREFIX_LEN);
+            let prefix = self.peek_prefix();
             if prefix[0] != 0 {
                 return Err(Status::internal(format!(
                     "protocol error: received message with compression flag {} (nothing was negotiated)",
@@ -126,15 +139,34 @@ impl<B> GrpcFrames<B> {
             self.next_len = Some(len);
         }
         let len = self.next_len.expect("set above");
-        if self.buffered < len {
+        if self.buffered < PREFIX_LEN + len {
             return Ok(None);
         }
         self.next_len = None;
+        if self.with_prefixes {
+            return Ok(Some(self.take(PREFIX_LEN + len)));
+        }
+        self.take(PREFIX_LEN);
         Ok(Some(if len == 0 {
             Bytes::new()
         } else {
             self.take(len)
         }))
+    }
+
+    /// The prefix at the front of the buffered bytes, left in place.
+    fn peek_prefix(&self) -> [u8; PREFIX_LEN] {
+        let mut prefix = [0; PREFIX_LEN];
+        let mut filled = 0;
+        for chunk in &self.chunks {
+            let n = chunk.len().min(PREFIX_LEN - filled);
+            prefix[filled..filled + n].copy_from_slice(&chunk[..n]);
+            filled += n;
+            if filled == PREFIX_LEN {
+                break;
+            }
+        }
+        prefix
     }
 }
 
@@ -143,6 +175,15 @@ where
     B: Body<Data = Bytes> + Unpin,
     B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
+    /// A request's clean end.
+    fn finish(&mut self) -> Poll<Option<Result<Bytes, Status>>> {
+        self.body = None;
+        self.chunks.clear();
+        self.buffered = 0;
+        self.end = Some(Ok(()));
+        Poll::Ready(None)
+    }
+
     fn fail(&mut self, status: Status) -> Poll<Option<Result<Bytes, Status>>> {
         self.body = None;
         self.chunks.clear();
@@ -176,14 +217,20 @@ where
             };
             let frame = match ready!(Pin::new(body).poll_frame(cx)) {
                 Some(Ok(frame)) => frame,
-                Some(Err(err)) => return this.fail(Status::from_error(err.into())),
+                Some(Err(err)) => {
+                    let status = Status::from_error(err.into());
+                    if this.request && status.code() == Code::Cancelled {
+                        // The client reset its stream with CANCEL: the end
+                        // of its messages, as tonic's server reads it.
+                        return this.finish();
+                    }
+                    return this.fail(status);
+                }
                 None => {
                     let status = if this.buffered > 0 || this.next_len.is_some() {
                         Status::internal("Unexpected EOF decoding stream.")
                     } else if this.request {
-                        this.body = None;
-                        this.end = Some(Ok(()));
-                        return Poll::Ready(None);
+                        return this.finish();
                     } else {
                         Status::internal("the server closed the stream without sending trailers")
                     };
@@ -206,9 +253,7 @@ where
                     }
                     if this.request {
                         // A request's trailers carry no status: the end.
-                        this.body = None;
-                        this.end = Some(Ok(()));
-                        return Poll::Ready(None);
+                        return this.finish();
                     }
                     match Status::from_header_map(&trailers) {
                         Some(status) if status.code() == Code::Ok => {
@@ -314,6 +359,38 @@ mod tests {
         assert_eq!(message.as_ptr() as usize, start + PREFIX_LEN);
         assert!(frames.next().await.is_none());
         assert_eq!(frames.trailers().unwrap()["grpc-status"], "0");
+    }
+
+    #[tokio::test]
+    async fn with_prefixes_a_message_keeps_its_prefix_and_its_chunk() {
+        let one = Bytes::from(framed(&[1u8; 3000]));
+        let two = framed(b"second");
+        // Message two's prefix is split over two chunks: it is joined.
+        let (two_a, two_b) = two.split_at(3);
+        let body = response(
+            vec![[one.to_vec(), two_a.to_vec()].concat(), two_b.to_vec()],
+            Some(ok_trailers()),
+        );
+        let mut frames = GrpcFrames::new(body, 1 << 20).with_prefixes();
+        let first = frames.next().await.unwrap().unwrap();
+        assert_eq!(first, one);
+        let second = frames.next().await.unwrap().unwrap();
+        assert_eq!(second, Bytes::from(two.clone()));
+        assert!(frames.next().await.is_none());
+        // The first message is a slice of its chunk, prefix included.
+        let chunk = Bytes::from([one.to_vec(), two_a.to_vec()].concat());
+        let start_of = chunk.as_ptr() as usize;
+        let mut frames = GrpcFrames::new(
+            http_body_util::StreamBody::new(futures::stream::iter(vec![
+                Ok::<_, std::io::Error>(Frame::data(chunk.clone())),
+                Ok(Frame::data(Bytes::from(two_b.to_vec()))),
+                Ok(Frame::trailers(ok_trailers())),
+            ])),
+            1 << 20,
+        )
+        .with_prefixes();
+        let first = frames.next().await.unwrap().unwrap();
+        assert_eq!(first.as_ptr() as usize, start_of);
     }
 
     #[tokio::test]

@@ -167,6 +167,27 @@ mod tests {
         let got: Vec<_> = got.into_iter().map(Result::unwrap).collect();
         assert_eq!(got, vec![Bytes::from_static(&[7, 7]), Bytes::new()]);
 
+        // A client that resets with CANCEL has ended its messages; any other
+        // failure of the body is the stream's failure.
+        let reset = |code: Code| {
+            let mut status = Status::new(code, "reset");
+            status.set_source(std::sync::Arc::new(h2::Error::from(h2::Reason::CANCEL)));
+            http_body_util::StreamBody::new(futures::stream::iter(vec![
+                Ok(Frame::data(Bytes::from_static(&[0, 0, 0, 0, 1, 3]))),
+                Err(status),
+            ]))
+        };
+        let got: Vec<_> = GrpcFrames::request(reset(Code::Cancelled), 1024)
+            .collect()
+            .await;
+        assert_eq!(got.len(), 1);
+        assert_eq!(got[0].as_ref().unwrap(), &Bytes::from_static(&[3]));
+        let got: Vec<_> = GrpcFrames::request(reset(Code::Internal), 1024)
+            .collect()
+            .await;
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[1].as_ref().unwrap_err().code(), Code::Internal);
+
         // Cut short inside a message: INTERNAL, as tonic's server reads it.
         let body = http_body_util::Full::new(Bytes::from_static(&[0, 0, 0, 0, 9, 1]));
         let got: Vec<_> = GrpcFrames::request(body, 1024).collect().await;
