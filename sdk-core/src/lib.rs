@@ -69,7 +69,7 @@
 //! | [`auth`] | bearer tokens, [`TokenProvider`], single-flight refresh |
 //! | [`config`] | [`ClientConfig`] builder and validation, [`RoutingConfig`](config::RoutingConfig) |
 //! | [`transport`] | the tonic channel: endpoint, TLS, keepalive |
-//! | [`wire`] | gRPC framing without copies: request bodies, response messages as slices of their chunks (the core's streams, the supervisor's relays) |
+//! | [`wire`] | gRPC framing without copies, both sides: request and response bodies, messages as slices of their chunks (the core's streams, the supervisor's relays, the gateway's relay routes) |
 //! | [`routing`] | owner lookup and cache, replica hints, the single unrouted retry, counters |
 //! | `client` | the [`Client`] handle, [`CallOptions`], per-operation deadlines |
 //! | [`raw`] | the bytes boundary and the one call path |

@@ -22,9 +22,10 @@
 //! by default), counted as
 //! `not_draining` in `openshell_server_config_sessions_closed_total`.
 //!
-//! Folder: this module (the sessions a replica holds and their relays) and
-//! `routing` (whether a relay is served here or by the owner replica through
-//! the peer service). May import `cluster`, `metrics` and `store`; never
+//! Folder: this module (the sessions a replica holds and their relays),
+//! `frames` (relay frames as the bytes they arrived in) and `routing`
+//! (whether a relay is served here or by the owner replica through the peer
+//! service). May import `cluster`, `metrics` and `store`; never
 //! `sandboxes`, `config`, `api` or `serve` (they are told of session events
 //! through `ConfigSink` and channels).
 
