@@ -247,3 +247,47 @@ async fn interactive_exec_without_tty_closes_stdin_when_the_client_does() {
     assert_eq!(out.stdout_text().trim(), "100023");
     assert_eq!(out.exit_code, Some(0));
 }
+
+/// An exec request the gateway cannot decode is the client's fault, and
+/// so is an interactive input message that does not decode.
+#[tokio::test]
+async fn a_malformed_exec_message_is_invalid_argument() {
+    use prost::Message;
+    let gw = start();
+    let mut client = client(&gw).await;
+    create_ready(&mut client, "bad-exec").await;
+    // Field 1 (sandbox) announcing 255 bytes that never come.
+    let truncated = bytes::Bytes::from_static(&[0x0a, 0xff, 0x01, 0x00]);
+    let status = raw_call::raw_stream(
+        &gw,
+        "/openshell.v1.OpenShell/ExecSandbox",
+        vec![truncated.clone()],
+        &[],
+    )
+    .await;
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().contains("malformed exec request"),
+        "{status:?}"
+    );
+
+    let start = ExecSandboxInput {
+        payload: Some(exec_sandbox_input::Payload::Start(ExecSandboxRequest {
+            sandbox: "bad-exec".into(),
+            command: vec!["cat".into()],
+            ..Default::default()
+        })),
+    };
+    let status = raw_call::raw_stream(
+        &gw,
+        "/openshell.v1.OpenShell/ExecSandboxInteractive",
+        vec![bytes::Bytes::from(start.encode_to_vec()), truncated],
+        &[],
+    )
+    .await;
+    assert_eq!(status.code(), tonic::Code::InvalidArgument, "{status:?}");
+    assert!(
+        status.message().contains("malformed exec input message"),
+        "{status:?}"
+    );
+}

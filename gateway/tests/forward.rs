@@ -172,91 +172,15 @@ async fn large_and_public_size_frames_cross_the_gateway_and_the_edge() {
     }
 }
 
-/// Encoded messages in and out, so a test can send what no generated
-/// client would.
-#[derive(Clone, Default)]
-struct RawCodec;
-
-impl tonic::codec::Codec for RawCodec {
-    type Encode = bytes::Bytes;
-    type Decode = bytes::Bytes;
-    type Encoder = RawCodec;
-    type Decoder = RawCodec;
-    fn encoder(&mut self) -> Self::Encoder {
-        RawCodec
-    }
-    fn decoder(&mut self) -> Self::Decoder {
-        RawCodec
-    }
-}
-
-impl tonic::codec::Encoder for RawCodec {
-    type Item = bytes::Bytes;
-    type Error = tonic::Status;
-    fn encode(
-        &mut self,
-        item: bytes::Bytes,
-        dst: &mut tonic::codec::EncodeBuf<'_>,
-    ) -> Result<(), tonic::Status> {
-        bytes::BufMut::put(dst, item);
-        Ok(())
-    }
-}
-
-impl tonic::codec::Decoder for RawCodec {
-    type Item = bytes::Bytes;
-    type Error = tonic::Status;
-    fn decode(
-        &mut self,
-        src: &mut tonic::codec::DecodeBuf<'_>,
-    ) -> Result<Option<bytes::Bytes>, tonic::Status> {
-        let len = bytes::Buf::remaining(src);
-        Ok(Some(bytes::Buf::copy_to_bytes(src, len)))
-    }
-}
-
 /// Sends encoded messages on ForwardTcp; the status the stream ends with.
 async fn raw_forward(
     gw: &openshell_testkit::Gateway,
     messages: Vec<bytes::Bytes>,
 ) -> tonic::Status {
-    raw_forward_with(gw, messages, &[]).await
+    raw_call::raw_stream(gw, FORWARD_TCP, messages, &[]).await
 }
 
-/// [`raw_forward`] with extra request headers.
-async fn raw_forward_with(
-    gw: &openshell_testkit::Gateway,
-    messages: Vec<bytes::Bytes>,
-    headers: &[(&'static str, &'static str)],
-) -> tonic::Status {
-    let channel = tonic::transport::Channel::from_shared(gw.url.clone())
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut grpc = tonic::client::Grpc::new(channel);
-    grpc.ready().await.unwrap();
-    let mut request = tonic::Request::new(tokio_stream::iter(messages));
-    request
-        .metadata_mut()
-        .insert("authorization", format!("Bearer {TOKEN}").parse().unwrap());
-    for (name, value) in headers {
-        request.metadata_mut().insert(*name, value.parse().unwrap());
-    }
-    let path = http::uri::PathAndQuery::from_static("/openshell.v1.OpenShell/ForwardTcp");
-    let mut stream = match grpc.streaming(request, path, RawCodec).await {
-        Ok(response) => response.into_inner(),
-        Err(status) => return status,
-    };
-    loop {
-        match tokio::time::timeout(std::time::Duration::from_secs(20), stream.message()).await {
-            Ok(Ok(Some(_))) => continue,
-            Ok(Ok(None)) => return tonic::Status::ok("ended"),
-            Ok(Err(status)) => return status,
-            Err(_) => panic!("the forward neither failed nor ended"),
-        }
-    }
-}
+const FORWARD_TCP: &str = "/openshell.v1.OpenShell/ForwardTcp";
 
 /// A frame the gateway cannot decode is the client's fault, first or later.
 #[tokio::test]
@@ -297,7 +221,13 @@ async fn compressed_and_oversized_messages_are_refused() {
     let port = echo_server().await;
     let init = bytes::Bytes::from(init("big", port).encode_to_vec());
 
-    let status = raw_forward_with(&gw, vec![init.clone()], &[("grpc-encoding", "gzip")]).await;
+    let status = raw_call::raw_stream(
+        &gw,
+        FORWARD_TCP,
+        vec![init.clone()],
+        &[("grpc-encoding", "gzip")],
+    )
+    .await;
     assert_eq!(status.code(), tonic::Code::Unimplemented, "{status:?}");
 
     let huge = bytes::Bytes::from(data(&vec![1; (8 << 20) + 1]).encode_to_vec());

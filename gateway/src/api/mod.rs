@@ -1,7 +1,6 @@
 //! The gRPC surface of a replica: the OpenShell service (`service`, with the
 //! long-lived streams in `streams` and `forward`), the raw relay routes
-//! that serve `ForwardTcp` and `RelayStream` without tonic's codec
-//! (`raw_routes`), the supervisor host service (`hosts`), the peer service
+//! that serve them and `RelayStream` without tonic's codec (`raw_routes`), the supervisor host service (`hosts`), the peer service
 //! other replicas call (`peer`), SSH session tokens (`ssh_sessions`), and
 //! the request layer every call passes through (`request_layer`:
 //! authentication, `x-openshell-served-by`, request metrics, relay routing

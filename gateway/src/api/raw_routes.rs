@@ -1,14 +1,16 @@
-//! The relay routes, served without tonic's codec: `ForwardTcp` (clients)
-//! and `RelayStream` (supervisors). These two carry a forward's bytes, and
+//! The relay routes, served without tonic's codec: `ExecSandbox`,
+//! `ExecSandboxInteractive` and `ForwardTcp` (clients) and `RelayStream`
+//! (supervisors). These carry an exec's output and a forward's bytes, and
 //! tonic would copy each message twice on its way through this replica:
 //! into its receive buffer when decoding, into its send buffer when
 //! encoding. Here the request's messages are read with
 //! `openshell_sdk::wire::GrpcFrames` (each, prefix included, a slice of the
 //! HTTP/2 chunk it came in) and the answer is written with
-//! `wire::ResponseBody`, so a data frame crosses the replica uncopied and in
-//! one piece (`sessions::frames`).
+//! `wire::ResponseBody`, so a forward's data frame crosses the replica
+//! uncopied and in one piece, and an exec's output event is sent on as the
+//! supervisor encoded it (`sessions::frames`).
 //!
-//! [`RawRoutes`] wraps the generated `OpenShell` server and takes these two
+//! [`RawRoutes`] wraps the generated `OpenShell` server and takes these
 //! paths before it; every other method goes on to it. It sits inside the
 //! request layer, so authentication, `x-openshell-served-by` and the
 //! request metrics are the same as for every call, and inside tonic's
@@ -16,7 +18,8 @@
 //! for a streaming method is done here too: compressed requests are
 //! refused (`UNIMPLEMENTED`), messages over the size limit fail with
 //! `OUT_OF_RANGE`, errors before the answer are trailers-only, and the
-//! answer ends with its status in the trailers.
+//! answer ends with its status in the trailers. A request message that does
+//! not decode is the client's fault (`INVALID_ARGUMENT`).
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -32,9 +35,12 @@ use tonic::body::Body;
 use tonic::server::NamedService;
 
 use crate::api::service::GatewayService;
+use crate::api::streams::{first_message, malformed};
 use crate::auth::Principal;
-use crate::sessions::FrameStream;
+use crate::sessions::{FrameStream, frames};
 
+const EXEC: &str = "/openshell.v1.OpenShell/ExecSandbox";
+const EXEC_INTERACTIVE: &str = "/openshell.v1.OpenShell/ExecSandboxInteractive";
 const FORWARD_TCP: &str = "/openshell.v1.OpenShell/ForwardTcp";
 const RELAY_STREAM: &str = "/openshell.v1.OpenShell/RelayStream";
 
@@ -65,6 +71,8 @@ impl<S: NamedService> NamedService for RawRoutes<S> {
 
 #[derive(Clone, Copy)]
 enum Route {
+    Exec,
+    ExecInteractive,
     Forward,
     Relay,
 }
@@ -84,6 +92,8 @@ where
 
     fn call(&mut self, request: Request<Body>) -> Self::Future {
         let route = match request.uri().path() {
+            EXEC => Route::Exec,
+            EXEC_INTERACTIVE => Route::ExecInteractive,
             FORWARD_TCP => Route::Forward,
             RELAY_STREAM => Route::Relay,
             _ => return Box::pin(self.inner.call(request)),
@@ -107,14 +117,32 @@ async fn serve(
 ) -> Result<ReceiverStream<Result<Outbound, Status>>, Status> {
     wire::check_request(request.headers())?;
     let principal = request.extensions().get::<Principal>().cloned();
-    let messages: FrameStream =
-        Box::pin(GrpcFrames::request(request.into_body(), max_message_size).with_prefixes());
+    let messages = GrpcFrames::request(request.into_body(), max_message_size);
     match route {
+        Route::Exec => {
+            // One request message, as tonic's server-streaming methods read
+            // it; anything after it is not read.
+            let mut messages = messages;
+            let request = first_message(&mut messages, "exec request")
+                .await?
+                .ok_or_else(|| Status::internal("Missing request message."))?;
+            let request = frames::decode_message(request)
+                .map_err(|status| malformed(&status, "exec request").unwrap_or(status))?;
+            service.streams.exec(request).await
+        }
+        Route::ExecInteractive => {
+            let inputs = messages.map(|m| m.and_then(frames::decode_message));
+            service.streams.exec_interactive(inputs).await
+        }
         Route::Forward => {
             let principal = principal.unwrap_or(Principal::SshSessionOnly);
+            let messages: FrameStream = Box::pin(messages.with_prefixes());
             service.streams.forward(principal, messages).await
         }
-        Route::Relay => service.claim_relay(principal, messages).await,
+        Route::Relay => {
+            let messages: FrameStream = Box::pin(messages.with_prefixes());
+            service.claim_relay(principal, messages).await
+        }
     }
 }
 
@@ -124,7 +152,12 @@ mod tests {
 
     #[test]
     fn the_routes_are_the_contract_paths() {
-        for (path, name) in [(FORWARD_TCP, "ForwardTcp"), (RELAY_STREAM, "RelayStream")] {
+        for (path, name) in [
+            (EXEC, "ExecSandbox"),
+            (EXEC_INTERACTIVE, "ExecSandboxInteractive"),
+            (FORWARD_TCP, "ForwardTcp"),
+            (RELAY_STREAM, "RelayStream"),
+        ] {
             assert_eq!(openshell_proto::method(path).map(|m| m.name), Some(name));
         }
         assert_eq!(

@@ -324,28 +324,26 @@ impl OpenShell for GatewayService {
 
     type ExecSandboxStream = BoxStream<ExecSandboxEvent>;
 
+    /// Served by the raw relay route (`raw_routes`), which takes the path
+    /// before this service sees it; so are the three below.
     async fn exec_sandbox(
         &self,
-        request: Request<ExecSandboxRequest>,
+        _: Request<ExecSandboxRequest>,
     ) -> Result<Response<Self::ExecSandboxStream>, Status> {
-        let stream = self.streams.exec(request.into_inner()).await?;
-        Ok(Response::new(Box::pin(stream)))
+        Err(Status::internal(RAW_ROUTE_ONLY))
     }
 
     type ExecSandboxInteractiveStream = BoxStream<ExecSandboxEvent>;
 
     async fn exec_sandbox_interactive(
         &self,
-        request: Request<Streaming<ExecSandboxInput>>,
+        _: Request<Streaming<ExecSandboxInput>>,
     ) -> Result<Response<Self::ExecSandboxInteractiveStream>, Status> {
-        let stream = self.streams.exec_interactive(request.into_inner()).await?;
-        Ok(Response::new(Box::pin(stream)))
+        Err(Status::internal(RAW_ROUTE_ONLY))
     }
 
     type ForwardTcpStream = BoxStream<TcpForwardFrame>;
 
-    /// Served by the raw relay route (`raw_routes`), which takes the path
-    /// before this service sees it.
     async fn forward_tcp(
         &self,
         _: Request<Streaming<TcpForwardFrame>>,
@@ -498,7 +496,6 @@ impl OpenShell for GatewayService {
 
     type RelayStreamStream = BoxStream<RelayFrame>;
 
-    /// Served by the raw relay route, as `forward_tcp` is.
     async fn relay_stream(
         &self,
         _: Request<Streaming<RelayFrame>>,

@@ -1,6 +1,7 @@
 //! The owner-routed streams: exec, interactive exec and TCP forward (in
-//! `forward`). Each one opens a relay to the sandbox's supervisor and pumps
-//! frames between the client and the relay. A client that goes away drops
+//! `forward`), served by the raw relay routes (`raw_routes`). Each one opens
+//! a relay to the sandbox's supervisor and pumps frames between the client
+//! and the relay. A client that goes away drops
 //! the relay, which makes the supervisor kill the process or close the
 //! socket; a gateway that shuts down ends every stream with UNAVAILABLE
 //! instead of leaving it hanging.
@@ -9,13 +10,14 @@ use std::sync::Arc;
 
 use futures::{Stream, StreamExt};
 use openshell_proto::{
-    ExecSandboxEvent, ExecSandboxInput, ExecSandboxRequest, RelayEof, RelayFrame, SandboxPhase,
-    exec_sandbox_event, exec_sandbox_input, relay_frame, relay_open,
+    ExecSandboxInput, ExecSandboxRequest, RelayEof, RelayFrame, SandboxPhase, exec_sandbox_event,
+    exec_sandbox_input, relay_frame, relay_open,
 };
+use openshell_sdk::wire::Outbound;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
-use tonic::{Code, Status, Streaming};
+use tonic::{Code, Status};
 
 use crate::api::ssh_sessions::OpenForwards;
 use crate::sandboxes::{Sandboxes, id_of, merged_environment, phase_of};
@@ -23,7 +25,9 @@ use crate::sessions::routing::RelayRouter;
 use crate::sessions::{Relay, frames};
 use crate::validate;
 
-pub type ExecEvents = ReceiverStream<Result<ExecSandboxEvent, Status>>;
+/// An exec's answer: encoded `ExecSandboxEvent`s (stdout and stderr as the
+/// supervisor encoded them, see `frames::exec_output`).
+pub type ExecEvents = ReceiverStream<Result<Outbound, Status>>;
 
 pub struct Streams {
     pub sandboxes: Arc<Sandboxes>,
@@ -124,7 +128,7 @@ impl Streams {
 
     pub async fn exec_interactive(
         &self,
-        mut input: Streaming<ExecSandboxInput>,
+        mut input: impl Stream<Item = Result<ExecSandboxInput, Status>> + Send + Unpin + 'static,
     ) -> Result<ExecEvents, Status> {
         let start = match first_message(&mut input, "exec input message").await? {
             Some(ExecSandboxInput {
@@ -149,7 +153,7 @@ impl Streams {
             loop {
                 let message = tokio::select! {
                     _ = input_done.cancelled() => return,
-                    message = input.message() => message,
+                    message = input.next() => message.transpose(),
                 };
                 let frame = match message {
                     Ok(Some(ExecSandboxInput {
@@ -220,34 +224,35 @@ pub(super) fn require_ready(sandbox: &openshell_proto::Sandbox) -> Result<(), St
 
 /// Relays exec events to the client until the exit event. Ends the client
 /// stream with UNAVAILABLE if the relay breaks first or the gateway stops.
+/// Output events pass as the supervisor encoded them; the rest are decoded.
 async fn pump_exec_events(
     mut relay: Relay,
-    tx: mpsc::Sender<Result<ExecSandboxEvent, Status>>,
+    tx: mpsc::Sender<Result<Outbound, Status>>,
     shutdown: CancellationToken,
     done: CancellationToken,
 ) {
     let _stop_input = done.clone().drop_guard();
     loop {
-        let frame = tokio::select! {
+        let message = tokio::select! {
             _ = tx.closed() => return,
             _ = done.cancelled() => return,
             _ = shutdown.cancelled() => {
                 let _ = tx.send(Err(Status::unavailable("gateway is shutting down"))).await;
                 return;
             }
-            frame = relay.next_frame() => frame.transpose(),
+            message = relay.inbound.next() => message,
         };
-        match frame {
-            Ok(Some(RelayFrame {
-                payload: Some(relay_frame::Payload::ExecEvent(event)),
-            })) => {
-                let exit = matches!(event.payload, Some(exec_sandbox_event::Payload::Exit(_)));
-                if tx.send(Ok(event)).await.is_err() || exit {
-                    return;
+        let frame = match message {
+            Some(Ok(message)) => match frames::exec_output(&message) {
+                Some(event) => {
+                    if tx.send(Ok(Outbound::Message(event))).await.is_err() {
+                        return;
+                    }
+                    continue;
                 }
-            }
-            Ok(Some(_)) => continue,
-            Ok(None) => {
+                None => frames::decode::<RelayFrame>(message),
+            },
+            None => {
                 let _ = tx
                     .send(Err(Status::unavailable(
                         "sandbox relay ended before the process exited",
@@ -255,6 +260,18 @@ async fn pump_exec_events(
                     .await;
                 return;
             }
+            Some(Err(status)) => Err(status),
+        };
+        match frame {
+            Ok(RelayFrame {
+                payload: Some(relay_frame::Payload::ExecEvent(event)),
+            }) => {
+                let exit = matches!(event.payload, Some(exec_sandbox_event::Payload::Exit(_)));
+                if tx.send(Ok(frames::framed(&event))).await.is_err() || exit {
+                    return;
+                }
+            }
+            Ok(_) => continue,
             Err(status) => {
                 let _ = tx.send(Err(relay_failure(status))).await;
                 return;

@@ -20,17 +20,44 @@ fn message_of(framed: &[u8]) -> &[u8] {
     &framed[PREFIX_LEN.min(framed.len())..]
 }
 
-/// The payload length of a framed message when the message is one `data`
-/// field and nothing else (how every encoder writes a data frame), so that
-/// it can pass as a `TcpForwardFrame` or a `RelayFrame` alike. `None` for
-/// any other message, which is then decoded.
-pub fn data_len(framed: &[u8]) -> Option<usize> {
-    let (&tag, mut rest) = message_of(framed).split_first()?;
-    if tag != DATA_TAG {
-        return None;
-    }
+/// Where the one field of `message` lies when `message` is the field `tag`
+/// (its key, as encoded) with a length-delimited value and nothing else:
+/// the value's start and length. How every encoder writes a message of one
+/// set oneof field.
+fn only_field(message: &[u8], tag: &[u8]) -> Option<(usize, usize)> {
+    let mut rest = message.strip_prefix(tag)?;
     let len = prost::encoding::decode_varint(&mut rest).ok()?;
-    (len == rest.len() as u64).then_some(rest.len())
+    (len == rest.len() as u64).then_some((message.len() - rest.len(), rest.len()))
+}
+
+/// The payload length of a framed message when the message is one `data`
+/// field and nothing else, so that it can pass as a `TcpForwardFrame` or a
+/// `RelayFrame` alike. `None` for any other message, which is then decoded.
+pub fn data_len(framed: &[u8]) -> Option<usize> {
+    only_field(message_of(framed), &[DATA_TAG]).map(|(_, len)| len)
+}
+
+/// The key of `RelayFrame.exec_event` (field 21, length-delimited): 170
+/// as a varint.
+const EXEC_EVENT_TAG: [u8; 2] = [0xaa, 0x01];
+/// The keys of `ExecSandboxEvent.stdout` (1) and `.stderr` (2).
+const OUTPUT_TAGS: [u8; 2] = [(1 << 3) | 2, DATA_TAG];
+
+/// The encoded `ExecSandboxEvent` inside a framed relay frame, when the
+/// frame is one `exec_event` holding stdout or stderr (an exit or any other
+/// encoding is `None`, and is decoded): the exec routes send it on without
+/// decoding it.
+pub fn exec_output(framed: &Bytes) -> Option<Bytes> {
+    let message = message_of(framed);
+    let (start, len) = only_field(message, &EXEC_EVENT_TAG)?;
+    let event = &message[start..];
+    OUTPUT_TAGS
+        .iter()
+        .any(|tag| only_field(event, &[*tag]).is_some())
+        .then(|| {
+            let offset = framed.len() - message.len() + start;
+            framed.slice(offset..offset + len)
+        })
 }
 
 /// Decodes a framed message; a malformed one fails as tonic's decoder fails
@@ -94,5 +121,41 @@ mod tests {
         );
         let bad = decode::<RelayFrame>(Bytes::from(framed(&[DATA_TAG, 9])));
         assert_eq!(bad.unwrap_err().code(), tonic::Code::Internal);
+    }
+
+    #[test]
+    fn exec_output_is_found_inside_its_relay_frame() {
+        use openshell_proto::{
+            ExecSandboxEvent, ExecSandboxExit, ExecSandboxStderr, ExecSandboxStdout,
+            exec_sandbox_event,
+        };
+        let relay = |payload| {
+            frame_message(&RelayFrame {
+                payload: Some(relay_frame::Payload::ExecEvent(ExecSandboxEvent {
+                    payload: Some(payload),
+                })),
+            })
+        };
+        for len in [0usize, 5, 200, 70_000] {
+            for payload in [
+                exec_sandbox_event::Payload::Stdout(ExecSandboxStdout { data: vec![7; len] }),
+                exec_sandbox_event::Payload::Stderr(ExecSandboxStderr { data: vec![8; len] }),
+            ] {
+                let event = ExecSandboxEvent {
+                    payload: Some(payload.clone()),
+                };
+                let inner = exec_output(&relay(payload)).expect("output passes");
+                assert_eq!(inner, event.encode_to_vec());
+            }
+        }
+        let exit = relay(exec_sandbox_event::Payload::Exit(ExecSandboxExit {
+            exit_code: 3,
+        }));
+        assert_eq!(exec_output(&exit), None);
+        assert_eq!(exec_output(&frame_message(&RelayFrame::default())), None);
+        // The key is what prost writes for field 21.
+        let mut key = Vec::new();
+        prost::encoding::encode_key(21, prost::encoding::WireType::LengthDelimited, &mut key);
+        assert_eq!(key, EXEC_EVENT_TAG);
     }
 }
