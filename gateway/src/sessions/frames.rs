@@ -1,11 +1,14 @@
 //! Relay frames as the bytes they arrived in. The gateway's relay routes
-//! (`ForwardTcp`, `RelayStream`) read and answer gRPC messages through
-//! `openshell_sdk::wire`, so a relay carries encoded `RelayFrame`s behind
-//! their gRPC prefix ("framed"), not decoded ones. A data frame is passed
-//! between a forward and its relay as it is, prefix and all, in the chunk it
-//! arrived in: `TcpForwardFrame` and `RelayFrame` both carry their payload in
-//! field 2 (`bytes data`), so one such message is the same bytes as either.
-//! Every other frame is decoded, and built frames are encoded once.
+//! (`raw_routes`: exec, interactive exec, `ForwardTcp`, `RelayStream`) read
+//! and answer gRPC messages through `openshell_sdk::wire`, so a relay
+//! carries encoded `RelayFrame`s behind their gRPC prefix ("framed"), not
+//! decoded ones. A data frame is passed between a forward and its relay as
+//! it is, prefix and all, in the chunk it arrived in: `TcpForwardFrame` and
+//! `RelayFrame` both carry their payload in field 2 (`bytes data`), so one
+//! such message is the same bytes as either. An exec's stdout or stderr
+//! event is sent on as the supervisor encoded it inside its relay frame
+//! ([`exec_output`]). Every other frame is decoded, and built frames are
+//! encoded once.
 
 use bytes::Bytes;
 use openshell_sdk::wire::{Outbound, PREFIX_LEN, frame_message};
