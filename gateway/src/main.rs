@@ -57,6 +57,8 @@ enum Command {
     Edge(openshell_edge::EdgeArgs),
     /// Issue (or rotate) the token of a shared supervisor host.
     HostToken(host_token::HostTokenArgs),
+    /// Show the developer cluster's processes (`up`'s status file).
+    Status(up::status::StatusArgs),
 }
 
 #[tokio::main]
@@ -85,6 +87,7 @@ async fn main() -> anyhow::Result<()> {
         Command::Up(args) => up::run(args).await,
         Command::Edge(args) => openshell_edge::run(args).await,
         Command::HostToken(args) => host_token::run(args).await,
+        Command::Status(args) => std::process::exit(up::status::run(args)?),
     }
 }
 

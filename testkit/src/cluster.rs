@@ -3,7 +3,6 @@
 //! PostgreSQL server started here), plus a mirror of the placement ring so
 //! tests can say which replica should own a sandbox.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -180,14 +179,6 @@ fn as_postgres(program: &Path) -> Command {
     }
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 impl Postgres {
     pub fn start() -> Self {
         let dir = tempfile::Builder::new()
@@ -234,7 +225,7 @@ impl Postgres {
             "initdb failed: {}",
             String::from_utf8_lossy(&init.stderr)
         );
-        let port = free_port();
+        let port = crate::free_port();
         let log = std::fs::File::create(dir.path().join("postgres.log")).unwrap();
         let child = as_postgres(&postgres_bin("postgres"))
             .arg("-D")

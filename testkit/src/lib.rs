@@ -16,6 +16,7 @@ pub mod cluster;
 pub mod edge;
 pub mod host;
 pub mod tls;
+pub mod up;
 
 pub use edge::{Edge, Nginx};
 pub use host::{HostOptions, SupervisorHost};
@@ -335,7 +336,17 @@ pub fn metric_value(text: &str, sample: &str) -> Option<f64> {
         .and_then(|v| v.trim().parse().ok())
 }
 
-fn http_get(addr: SocketAddr, path: &str) -> String {
+/// A port free on loopback a moment ago.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// The body of `GET path` on `addr` (HTTP/1.1, 5 s timeouts).
+pub fn http_get(addr: SocketAddr, path: &str) -> String {
     let mut stream =
         TcpStream::connect_timeout(&addr, Duration::from_secs(5)).expect("metrics connect");
     stream

@@ -2,7 +2,8 @@
 //! stream per shared supervisor host, carrying the sessions of the sandboxes
 //! assigned to it.
 //!
-//! A hello without `stay` is placed first ([`placement`]): in one store
+//! A hello without `stay` is placed first ([`placement`], on the live members
+//! read from the store at that moment): in one store
 //! transaction the host is seated on the replica the ring and the cap pick,
 //! and if that is another replica the stream answers `redirect` and ends
 //! before any session starts. A hello with `stay` is accepted where it lands.
@@ -137,6 +138,15 @@ impl SupervisorHost for HostService {
         if let Some(cluster) = &self.gateway.cluster
             && !hello.stay
         {
+            // Placement counts the replicas the store knows now: a replica
+            // that joined since this one's last refresh (all of them, right
+            // after a cluster starts) must count towards the cap and be
+            // eligible, or the first hosts pile up on the replica that
+            // started first. A store that cannot answer leaves the view as
+            // it was; `place_host` then reports the store's state.
+            if let Err(err) = cluster.sync_view().await {
+                tracing::warn!(host_id, %err, "reading the live members for host placement");
+            }
             let ring = cluster.ring();
             let target = store
                 .place_host(&host_id, HOST_TTL, |seats| {

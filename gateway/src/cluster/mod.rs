@@ -196,6 +196,16 @@ impl Cluster {
             .await
     }
 
+    /// Re-reads the live members now (bounded by the store timeout) and
+    /// installs them as the view, so a decision taken right after (where a
+    /// supervisor host goes) sees every member that registered since the
+    /// last refresh, not a ring up to one refresh old. Registers nothing.
+    pub async fn sync_view(&self) -> Result<(), RefreshError> {
+        let members = self.live_members_now().await?;
+        self.install(members);
+        Ok(())
+    }
+
     /// A ring that could not be refreshed within the TTL is not trusted.
     fn clear_if_stale(&self) {
         let mut view = self.view.write().unwrap();

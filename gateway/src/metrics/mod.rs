@@ -285,6 +285,22 @@ pub fn code_name(code: tonic::Code) -> &'static str {
 
 /// Serves `GET /metrics` over HTTP/1.1 until `stop` fires.
 pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, stop: CancellationToken) {
+    let pages: Pages = Arc::new(move |path: &str| {
+        (path == "/metrics").then(|| (PROMETHEUS_TEXT, metrics.render()))
+    });
+    serve_pages(listener, pages, stop).await
+}
+
+/// The content type of the Prometheus text format.
+pub const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// What a small read-only HTTP listener answers: for a path, its content
+/// type and body; `None` is 404.
+pub type Pages = Arc<dyn Fn(&str) -> Option<(&'static str, String)> + Send + Sync>;
+
+/// Serves `pages` to `GET`s over HTTP/1.1 until `stop` fires (the
+/// replicas' metrics, `up`'s status and metrics).
+pub async fn serve_pages(listener: TcpListener, pages: Pages, stop: CancellationToken) {
     loop {
         let (stream, _peer): (_, SocketAddr) = tokio::select! {
             _ = stop.cancelled() => return,
@@ -296,19 +312,18 @@ pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, stop: Cancellat
                 }
             },
         };
-        let metrics = metrics.clone();
+        let pages = pages.clone();
         tokio::spawn(async move {
             let service = service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
-                let metrics = metrics.clone();
+                let page = pages(req.uri().path());
                 async move {
-                    let response = if req.uri().path() == "/metrics" {
-                        hyper::Response::builder()
-                            .header("content-type", "text/plain; version=0.0.4; charset=utf-8")
-                            .body(Full::new(Bytes::from(metrics.render())))
-                    } else {
-                        hyper::Response::builder()
+                    let response = match page {
+                        Some((content_type, body)) => hyper::Response::builder()
+                            .header("content-type", content_type)
+                            .body(Full::new(Bytes::from(body))),
+                        None => hyper::Response::builder()
                             .status(404)
-                            .body(Full::new(Bytes::from_static(b"not found\n")))
+                            .body(Full::new(Bytes::from_static(b"not found\n"))),
                     };
                     Ok::<_, http::Error>(response.expect("static response parts"))
                 }

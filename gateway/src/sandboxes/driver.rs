@@ -342,7 +342,7 @@ impl ProcessDriver {
 
 /// SIGTERM to each supervisor, then SIGKILL to the group of any still
 /// running after [`STOP_GRACE`].
-async fn terminate(sandbox_id: &str, pids: &[i32]) {
+pub async fn terminate(sandbox_id: &str, pids: &[i32]) {
     for pid in pids {
         signal(*pid, libc::SIGTERM);
     }

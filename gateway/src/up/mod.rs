@@ -5,20 +5,37 @@
 //! production. With `--hosts N` the replicas run `--driver hosts` and `up`
 //! issues host tokens `h-0..h-(N-1)` and starts N shared supervisor hosts
 //! (`openshell-supervisor host`) dialling the edge, which serve every
-//! sandbox instead of one supervisor process each. It stays in the
-//! foreground; Ctrl-C (or SIGTERM) stops the hosts, the edge, the replicas
-//! and their sandboxes' supervisors, each by its PID.
+//! sandbox instead of one supervisor process each.
+//!
+//! It stays in the foreground and keeps the cluster serving: a process that
+//! exits without being asked to is logged, counted and (by `--restart`)
+//! started again on the same ports, or left down while the rest carry on
+//! ([`process`]). Its state is in `<data>/up/status.json`, on `up`'s own
+//! listener ([`board`]) and in `openshell-gateway status` ([`status`]).
+//! Ctrl-C (or SIGTERM) stops the hosts, then the edge and the replicas,
+//! each by its PID, and last any sandbox supervisor no replica stopped.
+//!
+//! Folder: this module (arguments, start, banner, stop), `process` (one
+//! process kept running), `board` (their state, file and metrics),
+//! `status` (the `status` command).
+
+mod board;
+mod process;
+pub mod status;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Args;
-use tokio::process::{Child, Command};
+use tokio::process::Child;
+use tokio_util::sync::CancellationToken;
 
 use crate::config::delivery::DeliveryMode;
+use board::Board;
+use process::{Kind, Restart, Spec};
 
 #[derive(Args, Debug)]
 pub struct UpArgs {
@@ -64,38 +81,47 @@ pub struct UpArgs {
     #[arg(long, value_name = "N", requires = "hosts",
           value_parser = clap::value_parser!(u16).range(1..=256))]
     host_threads: Option<u16>,
+    /// What to do with a replica, host or the edge that exits without
+    /// being asked to: `always` starts it again after a backoff (1 s,
+    /// doubling to 30 s), `never` leaves it down (for failover tests).
+    #[arg(long, value_enum, default_value = "always")]
+    restart: Restart,
+    /// `up`'s own status (`/status`, JSON) and metrics (`/metrics`).
+    #[arg(long, default_value = "127.0.0.1:0")]
+    metrics_listen: SocketAddr,
 }
 
-struct Running {
-    name: String,
+
+/// A process started by `up`: how to start it again, and the child.
+struct Started {
+    spec: Spec,
     child: Child,
 }
 
-async fn wait_ready_file(
-    path: &Path,
-    child: &mut Child,
-    name: &str,
+/// Starts `spec`, records it (so a failure later still stops it) and waits
+/// until it serves; returns its ready file's JSON.
+async fn start(
+    spec: Spec,
+    started: &mut Vec<Started>,
+    board: &Board,
 ) -> anyhow::Result<serde_json::Value> {
-    let started = Instant::now();
-    loop {
-        if let Ok(text) = std::fs::read_to_string(path) {
-            return Ok(serde_json::from_str(&text)?);
-        }
-        if let Some(status) = child.try_wait()? {
-            bail!("{name} exited during start-up ({status}); see its log");
-        }
-        if started.elapsed() > Duration::from_secs(30) {
-            bail!("{name} not ready after 30 s; see its log");
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let child = spec.spawn(true)?;
+    board.add(
+        &spec.name,
+        spec.kind,
+        child.id().unwrap_or_default(),
+        spec.log.clone(),
+    );
+    started.push(Started { spec, child });
+    let last = started.last_mut().expect("just pushed");
+    last.spec.wait_ready(&mut last.child).await
 }
 
 pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     if args.replicas == 0 {
         bail!("--replicas must be at least 1");
     }
-    if !args.listen.ip().is_loopback() {
+    if !args.listen.ip().is_loopback() || !args.metrics_listen.ip().is_loopback() {
         bail!("`up` runs without authentication and only listens on loopback");
     }
     let me = std::env::current_exe()?;
@@ -134,92 +160,89 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     } else {
         "none"
     };
-    let mut running: Vec<Running> = Vec::new();
+    let pages_listener = tokio::net::TcpListener::bind(args.metrics_listen)
+        .await
+        .with_context(|| format!("binding {}", args.metrics_listen))?;
+    let pages_addr = pages_listener.local_addr()?;
+    let board = Arc::new(Board::new(
+        run_dir.join(board::STATUS_FILE),
+        edge_url.clone(),
+        pages_addr.to_string(),
+    ));
+    let pages_stop = CancellationToken::new();
+    let pages_board = board.clone();
+    let pages: crate::metrics::Pages = Arc::new(move |path: &str| match path {
+        "/metrics" => Some((crate::metrics::PROMETHEUS_TEXT, pages_board.render_metrics())),
+        "/status" => Some(("application/json", pages_board.render_json())),
+        _ => None,
+    });
+    tokio::spawn(crate::metrics::serve_pages(
+        pages_listener,
+        pages,
+        pages_stop.clone(),
+    ));
+
+    let mut started: Vec<Started> = Vec::new();
     let mut routes = Vec::new();
     let mut metrics_addrs = Vec::new();
     let result = async {
         for i in 0..args.replicas {
             let id = format!("gw-{i}");
+            let mut spec = Spec::new(&id, Kind::Replica, &me, run_dir.join(format!("{id}.log")));
+            spec.args([
+                "serve",
+                "--dev",
+                "--listen",
+                "127.0.0.1:0",
+                "--metrics-listen",
+                "127.0.0.1:0",
+            ])
+            .args(["--replica-id", &id, "--supervisor-url", &edge_url])
+            .arg("--trust-forwarded-authority")
+            .args(["--config-delivery-mode", mode])
+            .arg("--database-max-connections")
+            .arg(args.database_max_connections.to_string())
+            .arg("--database-timeout-ms")
+            .arg(args.database_timeout_ms.to_string())
+            .args(["--isolation", isolation])
+            .args(["--driver", if args.hosts > 0 { "hosts" } else { "process" }])
+            .args(
+                args.expose_sandbox_tokens
+                    .then_some(["--allow-test-flags", "--expose-sandbox-tokens"])
+                    .into_iter()
+                    .flatten(),
+            )
+            .arg("--data-dir")
+            .arg(&data_dir)
+            .arg("--stop-sandboxes-on-exit");
             let ready = run_dir.join(format!("{id}.ready.json"));
-            let _ = std::fs::remove_file(&ready);
-            let log = std::fs::File::create(run_dir.join(format!("{id}.log")))?;
-            let mut child = Command::new(&me)
-                .args([
-                    "serve",
-                    "--dev",
-                    "--listen",
-                    "127.0.0.1:0",
-                    "--metrics-listen",
-                    "127.0.0.1:0",
-                ])
-                .args(["--replica-id", &id, "--supervisor-url", &edge_url])
-                .arg("--trust-forwarded-authority")
-                .args(["--config-delivery-mode", mode])
-                .arg("--database-max-connections")
-                .arg(args.database_max_connections.to_string())
-                .arg("--database-timeout-ms")
-                .arg(args.database_timeout_ms.to_string())
-                .arg("--isolation")
-                .arg(isolation)
-                .args(["--driver", if args.hosts > 0 { "hosts" } else { "process" }])
-                .args(
-                    args.expose_sandbox_tokens
-                        .then_some(["--allow-test-flags", "--expose-sandbox-tokens"])
-                        .into_iter()
-                        .flatten(),
-                )
-                .arg("--data-dir")
-                .arg(&data_dir)
-                .arg("--ready-file")
-                .arg(&ready)
-                .arg("--stop-sandboxes-on-exit")
-                .env("OPENSHELL_PEER_TOKEN", &peer_token)
-                .stdin(Stdio::null())
-                .stdout(log.try_clone()?)
-                .stderr(log)
-                .kill_on_drop(false)
-                .spawn()
-                .with_context(|| format!("starting replica {id}"))?;
-            let info = wait_ready_file(&ready, &mut child, &id).await;
-            running.push(Running {
-                name: id.clone(),
-                child,
-            });
-            let info = info?;
+            spec.arg("--ready-file").arg(&ready);
+            spec.ready_file = Some(ready);
+            spec.env
+                .push(("OPENSHELL_PEER_TOKEN".into(), peer_token.clone()));
+            let info = start(spec, &mut started, &board).await?;
             let url = info["url"].as_str().unwrap_or_default().to_owned();
-            say(&format!(
-                "  {id}: {url} (metrics http://{}/metrics)",
-                info["metrics"].as_str().unwrap_or_default()
-            ));
+            let metrics = info["metrics"].as_str().unwrap_or_default().to_owned();
+            say(&format!("  {id}: {url} (metrics http://{metrics}/metrics)"));
+            // A restart binds the same ports: the edge's route and the
+            // banner stay right.
+            let spec = &mut started.last_mut().expect("started").spec;
+            spec.set_value("--listen", url.trim_start_matches("http://"));
+            spec.set_value("--metrics-listen", &metrics);
             routes.push(format!("{id}={url}"));
-            metrics_addrs.push(info["metrics"].as_str().unwrap_or_default().to_owned());
+            metrics_addrs.push(metrics);
         }
-        let ready = run_dir.join("edge.ready.json");
-        let _ = std::fs::remove_file(&ready);
-        let log = std::fs::File::create(run_dir.join("edge.log"))?;
-        let mut edge = Command::new(&me);
-        edge.args(["edge", "--listen", &args.listen.to_string()])
-            .arg("--ready-file")
-            .arg(&ready);
+        let mut edge = Spec::new("edge", Kind::Edge, &me, run_dir.join("edge.log"));
+        edge.args(["edge", "--listen", &args.listen.to_string()]);
         for route in &routes {
             edge.args(["--replica", route]);
         }
-        let mut child = edge
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .kill_on_drop(false)
-            .spawn()
-            .context("starting the edge")?;
-        let info = wait_ready_file(&ready, &mut child, "edge").await;
-        running.push(Running {
-            name: "edge".into(),
-            child,
-        });
-        info?;
+        let ready = run_dir.join("edge.ready.json");
+        edge.arg("--ready-file").arg(&ready);
+        edge.ready_file = Some(ready);
+        start(edge, &mut started, &board).await?;
         if args.hosts > 0 {
-            start_hosts(
-                &mut running,
+            let hosts = host_specs(
                 args.hosts,
                 &supervisor_bin,
                 &data_dir,
@@ -228,22 +251,39 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
                 args.host_threads,
             )
             .await?;
+            for spec in hosts {
+                let name = spec.name.clone();
+                start(spec, &mut started, &board).await?;
+                let pid = started
+                    .last()
+                    .and_then(|s| s.child.id())
+                    .unwrap_or_default();
+                say(&format!("  {name}: supervisor host (pid {pid})"));
+            }
             // Announced once every host holds its session: a sandbox created
             // right after the banner has somewhere to go.
-            wait_hosts_connected(&mut running, &metrics_addrs, args.hosts).await?;
+            wait_hosts_connected(&mut started, &metrics_addrs, args.hosts).await?;
         }
         anyhow::Ok(())
     }
     .await;
 
     if let Err(err) = result {
-        stop_all(&mut running).await;
+        stop_started(&mut started).await;
+        pages_stop.cancel();
         return Err(err);
     }
     let pool = match args.hosts {
         0 => String::new(),
         n => format!("; sandboxes on {n} supervisor hosts"),
     };
+    say(&format!(
+        "  up: status http://{pages_addr}/status, metrics http://{pages_addr}/metrics (restart: {})",
+        match args.restart {
+            Restart::Always => "always",
+            Restart::Never => "never",
+        }
+    ));
     say(&format!(
         "openshell-gateway cluster of {} replicas serving {edge_url} (dev mode: no auth; config delivery: {mode}{pool}). Logs: {}. Ctrl-C stops it.",
         args.replicas,
@@ -253,41 +293,49 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate())?;
     let mut int = signal(SignalKind::interrupt())?;
-    let mut exited = None;
-    {
-        let waits = running.iter_mut().map(|r| {
-            Box::pin(async {
-                let status = r.child.wait().await;
-                (r.name.clone(), status)
-            })
-        });
-        let any_exit = futures::future::select_all(waits);
-        tokio::select! {
-            _ = term.recv() => {}
-            _ = int.recv() => {}
-            ((name, status), _, _) = any_exit => exited = Some((name, status)),
-        }
+    // Hosts stop first (their sandboxes end while the replicas still serve
+    // their sessions), then the edge and the replicas.
+    let hosts_stop = CancellationToken::new();
+    let rest_stop = CancellationToken::new();
+    let (mut hosts, mut rest) = (Vec::new(), Vec::new());
+    for Started { spec, child } in started {
+        let (stop, tasks) = match spec.kind {
+            Kind::Host => (&hosts_stop, &mut hosts),
+            Kind::Replica | Kind::Edge => (&rest_stop, &mut rest),
+        };
+        tasks.push(process::supervise(
+            spec,
+            child,
+            board.clone(),
+            args.restart,
+            stop.clone(),
+        ));
     }
-    if let Some((name, status)) = exited {
-        tracing::error!("{name} exited unexpectedly ({status:?}); stopping the cluster");
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
     }
     say("stopping the cluster");
-    stop_all(&mut running).await;
+    hosts_stop.cancel();
+    futures::future::join_all(hosts).await;
+    rest_stop.cancel();
+    futures::future::join_all(rest).await;
+    stop_leftover_supervisors(&data_dir).await;
+    pages_stop.cancel();
     Ok(())
 }
 
 /// Issues host tokens `h-0..h-(n-1)` into `<data>/up/` (mode 0600) and
-/// starts one `openshell-supervisor host` per token, dialling the edge, its
-/// sandboxes under `<data>/hosts/<id>`.
-async fn start_hosts(
-    running: &mut Vec<Running>,
+/// returns how to start one `openshell-supervisor host` per token, dialling
+/// the edge, its sandboxes under `<data>/hosts/<id>`.
+async fn host_specs(
     n: u64,
     supervisor_bin: &Path,
     data_dir: &Path,
     edge_url: &str,
     isolation: &str,
     threads: Option<u16>,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<Spec>> {
     if !supervisor_bin.exists() {
         bail!(
             "{} not found: build the workspace (cargo build) first",
@@ -314,12 +362,17 @@ async fn start_hosts(
         tokens.push((id, token_file));
     }
     store.close().await;
+    let mut specs = Vec::new();
     for (id, token_file) in tokens {
         let root = data_dir.join("hosts").join(&id);
         std::fs::create_dir_all(&root)?;
         std::fs::set_permissions(&root, std::os::unix::fs::PermissionsExt::from_mode(0o700))?;
-        let log = std::fs::File::create(run_dir.join(format!("{id}.log")))?;
-        let mut host = Command::new(supervisor_bin);
+        let mut host = Spec::new(
+            &id,
+            Kind::Host,
+            supervisor_bin,
+            run_dir.join(format!("{id}.log")),
+        );
         host.arg("host")
             .args(["--gateway", edge_url, "--host-id", &id])
             .arg("--token-file")
@@ -337,31 +390,20 @@ async fn start_hosts(
                 .arg("--hide")
                 .arg(&run_dir);
         }
-        let child = host
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .kill_on_drop(false)
-            .spawn()
-            .with_context(|| format!("starting supervisor host {id}"))?;
-        say(&format!(
-            "  {id}: supervisor host (pid {})",
-            child.id().unwrap_or_default()
-        ));
-        running.push(Running { name: id, child });
+        specs.push(host);
     }
-    Ok(())
+    Ok(specs)
 }
 
 /// Waits (at most 30 s) until the replicas hold `n` host sessions between
 /// them, by their `openshell_server_supervisor_hosts` gauges; fails at once
 /// if a process exits meanwhile.
 async fn wait_hosts_connected(
-    running: &mut [Running],
+    started: &mut [Started],
     metrics_addrs: &[String],
     n: u64,
 ) -> anyhow::Result<()> {
-    let started = Instant::now();
+    let begun = Instant::now();
     loop {
         let mut held = 0.0;
         for addr in metrics_addrs {
@@ -370,12 +412,16 @@ async fn wait_hosts_connected(
         if held >= n as f64 {
             return Ok(());
         }
-        for r in running.iter_mut() {
-            if let Some(status) = r.child.try_wait()? {
-                bail!("{} exited during start-up ({status}); see its log", r.name);
+        for s in started.iter_mut() {
+            if let Some(status) = s.child.try_wait()? {
+                bail!(
+                    "{} exited during start-up ({status}); see {}",
+                    s.spec.name,
+                    s.spec.log.display()
+                );
             }
         }
-        if started.elapsed() > Duration::from_secs(30) {
+        if begun.elapsed() > Duration::from_secs(30) {
             bail!("{held} of {n} supervisor hosts connected after 30 s; see their logs");
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -410,24 +456,47 @@ fn say(line: &str) {
     let _ = writeln!(std::io::stdout(), "{line}");
 }
 
-/// SIGTERM to each process (edge first), then SIGKILL after 15 s.
-async fn stop_all(running: &mut [Running]) {
-    for r in running.iter().rev() {
-        if let Some(pid) = r.child.id() {
-            // SAFETY: kill(2) has no memory-safety preconditions.
+/// A start that failed half way: SIGTERM to every process started (the
+/// last first), then SIGKILL to those still running after 15 s.
+async fn stop_started(started: &mut [Started]) {
+    for s in started.iter().rev() {
+        if let Some(pid) = s.child.id() {
+            // SAFETY: kill(2) has no memory-safety preconditions; the child
+            // is not reaped yet, so the PID is its own.
             unsafe {
                 libc::kill(pid as i32, libc::SIGTERM);
             }
         }
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    for r in running.iter_mut() {
-        match tokio::time::timeout_at(deadline, r.child.wait()).await {
-            Ok(_) => {}
-            Err(_) => {
-                tracing::warn!("{} did not stop in time; killing it", r.name);
-                let _ = r.child.kill().await;
-            }
+    for s in started.iter_mut() {
+        if tokio::time::timeout_at(deadline, s.child.wait()).await.is_err() {
+            tracing::warn!("{} did not stop in time; killing it", s.spec.name);
+            let _ = s.child.kill().await;
+        }
+    }
+}
+
+/// Stops the sandbox supervisors no replica stopped: those of a replica
+/// that was killed and left down, when no other replica was left to stop
+/// them. Each is named by its `supervisor.pid` and checked to be that
+/// sandbox's supervisor before it is signalled.
+async fn stop_leftover_supervisors(data_dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(data_dir.join("sandboxes")) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let Some(id) = entry.file_name().to_str().map(str::to_owned) else {
+            continue;
+        };
+        let pid = std::fs::read_to_string(entry.path().join("supervisor.pid"))
+            .ok()
+            .and_then(|text| text.trim().parse::<i32>().ok());
+        if let Some(pid) = pid
+            && crate::sandboxes::driver::is_our_supervisor(pid, &id)
+        {
+            tracing::info!(sandbox_id = id, pid, "stopping a supervisor no replica stopped");
+            crate::sandboxes::driver::terminate(&id, &[pid]).await;
         }
     }
 }
