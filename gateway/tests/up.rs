@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use openshell_proto::open_shell_client::OpenShellClient;
-use openshell_testkit::{bin, eventually, is_running, signal, threads};
+use openshell_sdk::{CallOptions, Client, ClientConfig, CreateSandbox, Error, ExecRequest};
+use openshell_testkit::up::{Up, left_running};
+use openshell_testkit::{bin, eventually, http_get, is_running, metric_value, signal, threads};
 use tonic::transport::Channel;
 
 /// Stops `up` (and through it everything it started) even when the test
@@ -300,4 +302,325 @@ fn up_refuses_bad_host_threads_before_starting_anything() {
         assert!(stderr.contains("--host-threads"), "{args:?}: {stderr}");
     }
     assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0);
+}
+
+/// A client of `up`'s edge: owner routing on, calls bounded to 30 s.
+async fn sdk_client(up: &Up) -> Client {
+    let config = ClientConfig::builder(up.endpoint())
+        .owner_routing(true)
+        .default_deadline(Some(Duration::from_secs(30)))
+        .build()
+        .unwrap();
+    Client::connect(config).await.unwrap()
+}
+
+async fn sdk_create_ready(client: &Client) -> String {
+    let sandboxes = client.sandboxes();
+    let sandbox = sandboxes
+        .create(CreateSandbox::new(), CallOptions::new())
+        .await
+        .unwrap();
+    sandboxes
+        .wait_ready(&sandbox.name, CallOptions::new())
+        .await
+        .unwrap();
+    sandbox.name
+}
+
+async fn sdk_echo(client: &Client, sandbox: &str, word: &str) -> Result<String, Error> {
+    let out = client
+        .exec(
+            ExecRequest::new(sandbox, ["echo", word]),
+            CallOptions::new(),
+        )
+        .await?;
+    Ok(out.stdout_text())
+}
+
+/// Retries `echo` (at most `limit`, 250 ms apart) until it answers; the
+/// attempts are counted by the caller's client.
+async fn echo_within(client: &Client, sandbox: &str, limit: Duration) -> String {
+    let started = Instant::now();
+    loop {
+        match sdk_echo(client, sandbox, "back").await {
+            Ok(text) => return text,
+            Err(err) if started.elapsed() < limit => {
+                let _ = err;
+                tokio::time::sleep(Duration::from_millis(250)).await;
+            }
+            Err(err) => panic!("exec in {sandbox} still failing after {limit:?}: {err}"),
+        }
+    }
+}
+
+const PEER_ATTEMPTS: &str =
+    r#"openshell_server_routed_request_attempts_total{operation="relay",route="peer""#;
+
+/// `up --replicas 3 --hosts 7`, five starts in a row: when the banner
+/// prints, the hosts are spread evenly (at most ceil(7/3) = 3 on a replica,
+/// and no two replicas more than one apart), and a hinted exec in each of
+/// six pooled sandboxes runs on the replica holding its host's session: no
+/// peer relay at all. Before placement read the live members from the store,
+/// the replicas that started first (their rings not yet refreshed) kept
+/// most hosts: 4, 2, 1 and 5, 1, 1.
+#[tokio::test]
+async fn up_places_hosts_evenly_and_pooled_execs_are_never_relayed() {
+    for round in 0..5 {
+        let mut up = Up::start(&["--replicas", "3", "--hosts", "7", "--isolation", "none"]);
+        let at_banner = up.replica_metric("openshell_server_supervisor_hosts");
+        let even = |held: &[f64]| {
+            let most = held.iter().copied().fold(0.0, f64::max);
+            let least = held.iter().copied().fold(f64::MAX, f64::min);
+            held.iter().sum::<f64>() == 7.0 && most <= 3.0 && most - least <= 1.0
+        };
+        assert!(
+            even(&at_banner),
+            "round {round}: hosts per replica {at_banner:?}"
+        );
+
+        let client = sdk_client(&up).await;
+        for _ in 0..6 {
+            let name = sdk_create_ready(&client).await;
+            assert_eq!(
+                sdk_echo(&client, &name, "pooled").await.unwrap(),
+                "pooled\n"
+            );
+        }
+        let stats = client.routing_stats();
+        assert_eq!(
+            (stats.hinted, stats.unhinted),
+            (6, 0),
+            "round {round}: {stats:?}"
+        );
+        assert_eq!(
+            up.replica_sum(PEER_ATTEMPTS),
+            0.0,
+            "round {round}: pooled execs were relayed through a peer"
+        );
+        let after = up.replica_metric("openshell_server_supervisor_hosts");
+        assert_eq!(after, at_banner, "round {round}: hosts moved");
+        assert_eq!(up.interrupt(), Some(0));
+    }
+}
+
+/// Everything `up` started, by PID: the processes in its status file and
+/// the sandbox supervisors.
+fn every_pid(up: &Up) -> Vec<i32> {
+    let mut pids: Vec<i32> = up.status()["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["pid"].as_i64().map(|p| p as i32))
+        .collect();
+    pids.extend(up.supervisor_pids());
+    pids
+}
+
+fn up_metric(up: &Up, sample: &str) -> Option<f64> {
+    metric_value(
+        &http_get(up.metrics_addr().parse().unwrap(), "/metrics"),
+        sample,
+    )
+}
+
+/// `up` (default `--restart always`) keeps serving when one of its
+/// processes is killed, and starts it again: a shared host, a replica and
+/// the edge in turn get SIGKILL. Meanwhile the cluster answers through the
+/// edge and the sandboxes on the other hosts run execs; each killed process
+/// comes back with a new PID (a replica on its old ports), counted in `up`'s
+/// metrics and status file; the sandbox of the killed host runs execs again
+/// once its host is back. Ctrl-C then leaves no process behind.
+#[tokio::test]
+async fn up_restarts_a_killed_host_replica_and_edge() {
+    let mut up = Up::start(&["--replicas", "3", "--hosts", "3", "--isolation", "none"]);
+    let client = sdk_client(&up).await;
+    let mut sandboxes = Vec::new();
+    for _ in 0..3 {
+        sandboxes.push(sdk_create_ready(&client).await);
+    }
+    let mut hosts = Vec::new();
+    for name in &sandboxes {
+        let id = client
+            .sandboxes()
+            .get(name, CallOptions::new())
+            .await
+            .unwrap()
+            .id;
+        let host = ["h-0", "h-1", "h-2"]
+            .into_iter()
+            .find(|h| up.data_dir().join("hosts").join(h).join(&id).exists())
+            .unwrap_or_else(|| panic!("{name} is under no host"));
+        hosts.push(host.to_owned());
+    }
+    let mut seen = every_pid(&up);
+
+    // A host.
+    let victim = hosts[0].clone();
+    let old = up.pid_of(&victim).unwrap();
+    signal(old, libc::SIGKILL);
+    up.wait_state(&victim, "restarting", Duration::from_secs(10));
+    for (sandbox, host) in sandboxes.iter().zip(&hosts).skip(1) {
+        assert_ne!(host, &victim);
+        assert_eq!(
+            sdk_echo(&client, sandbox, "still").await.unwrap(),
+            "still\n"
+        );
+    }
+    let entry = up.wait_restarted(&victim, old, Duration::from_secs(30));
+    assert_eq!(
+        (entry["exits"].as_u64(), entry["restarts"].as_u64()),
+        (Some(1), Some(1))
+    );
+    assert!(
+        entry["last_exit"].as_str().unwrap().contains("9"),
+        "{entry}"
+    );
+    assert_eq!(
+        echo_within(&client, &sandboxes[0], Duration::from_secs(60)).await,
+        "back\n"
+    );
+    seen.extend(every_pid(&up));
+
+    // A replica: the edge keeps answering, every sandbox runs execs again
+    // (hosts on the killed replica come back through the edge).
+    let old = up.pid_of("gw-1").unwrap();
+    signal(old, libc::SIGKILL);
+    client.health(CallOptions::new()).await.unwrap();
+    for sandbox in &sandboxes {
+        assert_eq!(
+            echo_within(&client, sandbox, Duration::from_secs(60)).await,
+            "back\n"
+        );
+    }
+    up.wait_restarted("gw-1", old, Duration::from_secs(30));
+    // On its old ports: the banner's metrics address answers again.
+    let gw1_metrics = up.replica_metrics()[1].clone();
+    assert!(
+        eventually(Duration::from_secs(10), || {
+            std::net::TcpStream::connect(&gw1_metrics).is_ok()
+        })
+        .await
+    );
+    seen.extend(every_pid(&up));
+
+    // The edge: nothing answers until it is back, then everything does.
+    let old = up.pid_of("edge").unwrap();
+    signal(old, libc::SIGKILL);
+    up.wait_restarted("edge", old, Duration::from_secs(30));
+    for sandbox in &sandboxes {
+        assert_eq!(
+            echo_within(&client, sandbox, Duration::from_secs(60)).await,
+            "back\n"
+        );
+    }
+    seen.extend(every_pid(&up));
+
+    for (process, kind) in [
+        (victim.as_str(), "host"),
+        ("gw-1", "replica"),
+        ("edge", "edge"),
+    ] {
+        let labels = format!(r#"{{process="{process}",kind="{kind}"}}"#);
+        assert_eq!(
+            up_metric(&up, &format!("openshell_up_process_exits_total{labels}")),
+            Some(1.0)
+        );
+        assert_eq!(
+            up_metric(&up, &format!("openshell_up_process_restarts_total{labels}")),
+            Some(1.0)
+        );
+        assert_eq!(
+            up_metric(&up, &format!("openshell_up_process_up{labels}")),
+            Some(1.0)
+        );
+    }
+    assert_eq!(
+        up_metric(
+            &up,
+            r#"openshell_up_process_exits_total{process="gw-0",kind="replica"}"#
+        ),
+        Some(0.0)
+    );
+    let status = Command::new(bin("openshell-gateway"))
+        .arg("status")
+        .arg("--data-dir")
+        .arg(up.data_dir())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert_eq!(status.status.code(), Some(0), "{text}");
+    assert!(text.contains("7 of 7 processes running"), "{text}");
+
+    assert_eq!(up.interrupt(), Some(0));
+    seen.sort();
+    seen.dedup();
+    assert!(
+        eventually(Duration::from_secs(10), || left_running(&seen).is_empty()).await,
+        "left running: {:?}",
+        left_running(&seen)
+    );
+}
+
+/// `up --restart never` leaves a killed process down and keeps serving
+/// with the rest: a replica of two gets SIGKILL; it stays down (status file,
+/// `openshell-gateway status` exits 1 naming it, `up` says so), both
+/// sandboxes (per-sandbox supervisors) run execs through the other replica,
+/// and Ctrl-C still stops everything, the supervisors included.
+#[tokio::test]
+async fn up_restart_never_leaves_a_killed_replica_down() {
+    let mut up = Up::start(&[
+        "--replicas",
+        "2",
+        "--restart",
+        "never",
+        "--isolation",
+        "none",
+    ]);
+    let client = sdk_client(&up).await;
+    let mut sandboxes = Vec::new();
+    for _ in 0..2 {
+        sandboxes.push(sdk_create_ready(&client).await);
+    }
+    let mut seen = every_pid(&up);
+    let old = up.pid_of("gw-1").unwrap();
+    signal(old, libc::SIGKILL);
+    let entry = up.wait_state("gw-1", "down", Duration::from_secs(10));
+    assert!(entry["pid"].is_null(), "{entry}");
+    for sandbox in &sandboxes {
+        assert_eq!(
+            echo_within(&client, sandbox, Duration::from_secs(60)).await,
+            "back\n"
+        );
+    }
+    // Still down a while later, and said so.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(up.process("gw-1")["state"], "down");
+    assert!(!is_running(old));
+    assert!(up.printed("gw-1 exited unexpectedly"), "{:?}", up.output());
+    assert!(up.printed("not running: gw-1 (down)"), "{:?}", up.output());
+    let status = Command::new(bin("openshell-gateway"))
+        .arg("status")
+        .arg("--data-dir")
+        .arg(up.data_dir())
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&status.stdout);
+    assert_eq!(status.status.code(), Some(1), "{text}");
+    let line = text.lines().find(|l| l.starts_with("gw-1")).unwrap();
+    assert!(line.contains("down") && line.contains("SIGKILL"), "{text}");
+    assert_eq!(
+        up_metric(
+            &up,
+            r#"openshell_up_process_up{process="gw-1",kind="replica"}"#
+        ),
+        Some(0.0)
+    );
+    seen.extend(every_pid(&up));
+
+    assert_eq!(up.interrupt(), Some(0));
+    assert!(
+        eventually(Duration::from_secs(10), || left_running(&seen).is_empty()).await,
+        "left running: {:?}",
+        left_running(&seen)
+    );
 }

@@ -125,6 +125,25 @@ impl Up {
         }
     }
 
+    /// Waits (at most `limit`) until `name` runs again under a PID other
+    /// than `old` (after `up` restarted it).
+    pub fn wait_restarted(&self, name: &str, old: i32, limit: Duration) -> serde_json::Value {
+        let started = Instant::now();
+        loop {
+            let entry = self.process(name);
+            let pid = entry["pid"].as_i64().map(|p| p as i32);
+            if entry["state"] == "running" && pid.is_some_and(|p| p != old) {
+                return entry;
+            }
+            assert!(
+                started.elapsed() < limit,
+                "{name} not restarted after {limit:?}: {entry}; output {:?}",
+                self.output()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
     /// The replicas' metrics addresses, from the banner (`gw-N: ... (metrics
     /// http://ADDR/metrics)`), in replica order.
     pub fn replica_metrics(&self) -> Vec<String> {

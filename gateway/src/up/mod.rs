@@ -91,7 +91,6 @@ pub struct UpArgs {
     metrics_listen: SocketAddr,
 }
 
-
 /// A process started by `up`: how to start it again, and the child.
 struct Started {
     spec: Spec,
@@ -172,7 +171,10 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let pages_stop = CancellationToken::new();
     let pages_board = board.clone();
     let pages: crate::metrics::Pages = Arc::new(move |path: &str| match path {
-        "/metrics" => Some((crate::metrics::PROMETHEUS_TEXT, pages_board.render_metrics())),
+        "/metrics" => Some((
+            crate::metrics::PROMETHEUS_TEXT,
+            pages_board.render_metrics(),
+        )),
         "/status" => Some(("application/json", pages_board.render_json())),
         _ => None,
     });
@@ -470,7 +472,10 @@ async fn stop_started(started: &mut [Started]) {
     }
     let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
     for s in started.iter_mut() {
-        if tokio::time::timeout_at(deadline, s.child.wait()).await.is_err() {
+        if tokio::time::timeout_at(deadline, s.child.wait())
+            .await
+            .is_err()
+        {
             tracing::warn!("{} did not stop in time; killing it", s.spec.name);
             let _ = s.child.kill().await;
         }
@@ -495,7 +500,11 @@ async fn stop_leftover_supervisors(data_dir: &Path) {
         if let Some(pid) = pid
             && crate::sandboxes::driver::is_our_supervisor(pid, &id)
         {
-            tracing::info!(sandbox_id = id, pid, "stopping a supervisor no replica stopped");
+            tracing::info!(
+                sandbox_id = id,
+                pid,
+                "stopping a supervisor no replica stopped"
+            );
             crate::sandboxes::driver::terminate(&id, &[pid]).await;
         }
     }

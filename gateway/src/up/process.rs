@@ -166,7 +166,10 @@ pub async fn terminate(name: &str, child: &mut Child) {
             libc::kill(pid as i32, libc::SIGTERM);
         }
     }
-    if tokio::time::timeout(STOP_GRACE, child.wait()).await.is_err() {
+    if tokio::time::timeout(STOP_GRACE, child.wait())
+        .await
+        .is_err()
+    {
         tracing::warn!(process = name, "did not stop in time; killing it");
         let _ = child.kill().await;
     }
@@ -288,7 +291,13 @@ mod tests {
     #[test]
     fn set_value_replaces_the_flag_value_only() {
         let mut spec = Spec::new("gw-0", Kind::Replica, Path::new("gw"), "log".into());
-        spec.args(["serve", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"]);
+        spec.args([
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ]);
         spec.set_value("--listen", "127.0.0.1:4000");
         spec.set_value("--absent", "x");
         let args: Vec<_> = spec.args.iter().map(|a| a.to_str().unwrap()).collect();

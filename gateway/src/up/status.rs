@@ -135,7 +135,12 @@ mod tests {
             ],
         };
         let text = render(&status, true);
-        assert!(text.starts_with("up (pid 1) serving http://127.0.0.1:17670: 1 of 2 processes running\n"), "{text}");
+        assert!(
+            text.starts_with(
+                "up (pid 1) serving http://127.0.0.1:17670: 1 of 2 processes running\n"
+            ),
+            "{text}"
+        );
         let host = text.lines().find(|l| l.starts_with("h-1")).unwrap();
         assert!(host.contains("down") && host.contains("SIGKILL"), "{host}");
         assert!(render(&status, false).contains("is not running"));
