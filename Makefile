@@ -6,7 +6,7 @@ CARGO ?= cargo
 RUN_DIR ?= .run
 LISTEN ?= 127.0.0.1:17670
 
-.PHONY: up test setup build lint check-modules test-rust bench clean-run
+.PHONY: up status test setup build lint check-modules test-rust bench clean-run
 
 REPLICAS ?= 3
 # `make up CONFIG_DELIVERY_MODE=push` runs the replicas in push mode.
@@ -14,11 +14,17 @@ CONFIG_DELIVERY_MODE ?=
 # `make up HOSTS=4` runs sandboxes on 4 shared supervisor hosts instead of
 # one supervisor process per sandbox.
 HOSTS ?= 0
+# `make up RESTART=never` leaves a process that died down (failover tests).
+RESTART ?= always
 
 up: build
 	@mkdir -p $(RUN_DIR)
 	./target/debug/openshell-gateway up --replicas $(REPLICAS) --hosts $(HOSTS) --listen $(LISTEN) --data-dir $(RUN_DIR)/data \
-		$(if $(CONFIG_DELIVERY_MODE),--config-delivery-mode $(CONFIG_DELIVERY_MODE))
+		--restart $(RESTART) $(if $(CONFIG_DELIVERY_MODE),--config-delivery-mode $(CONFIG_DELIVERY_MODE))
+
+# What the processes of a running `make up` are doing.
+status:
+	./target/debug/openshell-gateway status --data-dir $(RUN_DIR)/data
 
 test: setup build lint check-modules check-generated lint-python lint-typescript test-rust test-python test-typescript conformance check-docs check-wheel check-npm-install lint-go test-go check-go-release
 

@@ -2,11 +2,11 @@
 //! stream per shared supervisor host, carrying the sessions of the sandboxes
 //! assigned to it.
 //!
-//! A hello without `stay` is placed first ([`placement`], on the live members
-//! read from the store at that moment): in one store
-//! transaction the host is seated on the replica the ring and the cap pick,
-//! and if that is another replica the stream answers `redirect` and ends
-//! before any session starts. A hello with `stay` is accepted where it lands.
+//! A hello without `stay` is placed first ([`placement`], over the live
+//! members read from the store at that moment): in one store transaction
+//! the host is seated on the replica the ring and the cap pick, and if that
+//! is another replica the stream answers `redirect` and ends before any
+//! session starts. A hello with `stay` is accepted where it lands.
 //!
 //! An accepted host session's task sends heartbeats and renews the host's
 //! seat, re-reads the host's assignment every second (at once when this
