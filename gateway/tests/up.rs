@@ -624,3 +624,94 @@ async fn up_restart_never_leaves_a_killed_replica_down() {
         left_running(&seen)
     );
 }
+
+/// `up --control stdin` takes orders, one a line, and answers each: `kill`
+/// and `stop` hold a process down (no restart) until `start`, `restart`
+/// stops and starts it; a bad order is refused with a reason and changes
+/// nothing. When its standard input ends (the harness holding it died),
+/// `up` stops everything as Ctrl-C does.
+#[tokio::test]
+async fn up_takes_orders_on_stdin_and_stops_when_it_ends() {
+    let mut up = Up::start(&[
+        "--replicas",
+        "2",
+        "--control",
+        "stdin",
+        "--isolation",
+        "none",
+    ]);
+    let client = sdk_client(&up).await;
+    let sandbox = sdk_create_ready(&client).await;
+    let mut seen = every_pid(&up);
+
+    for (order, says) in [
+        ("explode gw-1", "control: error unknown order \"explode\""),
+        ("kill gw-9", "control: error no process named \"gw-9\""),
+        (
+            "kill",
+            "control: error an order is `stop|kill|start|restart NAME`",
+        ),
+        ("start gw-1", "control: ok gw-1 is running"),
+    ] {
+        assert!(
+            up.order(order).starts_with(says),
+            "{order}: {:?}",
+            up.output()
+        );
+    }
+    assert!(
+        up.status()["processes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|p| p["state"] == "running")
+    );
+
+    let old = up.pid_of("gw-1").unwrap();
+    assert_eq!(up.order("kill gw-1"), "control: ok gw-1 killed");
+    assert!(!is_running(old));
+    assert_eq!(
+        echo_within(&client, &sandbox, Duration::from_secs(60)).await,
+        "back\n"
+    );
+    // Held down: the restart policy does not bring it back.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let entry = up.process("gw-1");
+    assert_eq!(
+        (entry["state"].as_str(), entry["pid"].as_i64()),
+        (Some("stopped"), None)
+    );
+    assert!(
+        up.order("start gw-1")
+            .starts_with("control: ok gw-1 started (pid ")
+    );
+    assert_eq!(up.process("gw-1")["state"], "running");
+
+    let old = up.pid_of("edge").unwrap();
+    assert!(
+        up.order("restart edge")
+            .starts_with("control: ok edge started (pid ")
+    );
+    assert_ne!(up.pid_of("edge"), Some(old));
+    assert_eq!(
+        echo_within(&client, &sandbox, Duration::from_secs(60)).await,
+        "back\n"
+    );
+    assert_eq!(up.order("stop gw-0"), "control: ok gw-0 stopped");
+    assert_eq!(
+        echo_within(&client, &sandbox, Duration::from_secs(60)).await,
+        "back\n"
+    );
+    seen.extend(every_pid(&up));
+
+    up.close_control();
+    assert_eq!(up.wait_exit(Duration::from_secs(60)), Some(0));
+    assert!(up.printed("stopping the cluster"));
+    seen.sort();
+    seen.dedup();
+    assert!(
+        eventually(Duration::from_secs(10), || left_running(&seen).is_empty()).await,
+        "left running: {:?}",
+        left_running(&seen)
+    );
+}

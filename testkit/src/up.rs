@@ -14,6 +14,8 @@ use crate::{bin, free_port, http_get, is_running, metric_value, signal};
 
 pub struct Up {
     child: Option<Child>,
+    /// `up`'s standard input with `--control stdin`.
+    control: Option<std::process::ChildStdin>,
     dir: tempfile::TempDir,
     port: u16,
     lines: Arc<Mutex<Vec<String>>>,
@@ -22,9 +24,24 @@ pub struct Up {
 impl Up {
     /// Starts `up` with `args` (besides `--listen` and `--data-dir`) and
     /// waits (at most 90 s) for its banner; panics with its output if it
-    /// exits or does not print one.
+    /// exits or does not print one. The edge's port is picked free just
+    /// before; should another socket take it first, the start is tried
+    /// again on another (at most three times).
     pub fn start(args: &[&str]) -> Up {
+        let mut failures = Vec::new();
+        for _ in 0..3 {
+            match Up::try_start(args) {
+                Ok(up) => return up,
+                Err(why) if why.contains("in use") => failures.push(why),
+                Err(why) => panic!("{why}"),
+            }
+        }
+        panic!("up did not start: {failures:?}");
+    }
+
+    fn try_start(args: &[&str]) -> Result<Up, String> {
         let dir = tempfile::tempdir().unwrap();
+        let control = args.windows(2).any(|w| w == ["--control", "stdin"]);
         let port = free_port();
         let mut child = Command::new(bin("openshell-gateway"))
             .arg("up")
@@ -33,12 +50,17 @@ impl Up {
             .arg(format!("127.0.0.1:{port}"))
             .arg("--data-dir")
             .arg(dir.path())
-            .stdin(Stdio::null())
+            .stdin(if control {
+                Stdio::piped()
+            } else {
+                Stdio::null()
+            })
             .stdout(Stdio::piped())
-            .stderr(Stdio::null())
+            .stderr(std::fs::File::create(dir.path().join("up.stderr")).unwrap())
             .spawn()
             .unwrap();
         let stdout = child.stdout.take().unwrap();
+        let control = child.stdin.take();
         let lines = Arc::new(Mutex::new(Vec::new()));
         let sink = lines.clone();
         std::thread::spawn(move || {
@@ -48,6 +70,7 @@ impl Up {
         });
         let mut up = Up {
             child: Some(child),
+            control,
             dir,
             port,
             lines,
@@ -55,14 +78,69 @@ impl Up {
         let started = Instant::now();
         while !up.printed("serving") {
             let exited = up.child.as_mut().unwrap().try_wait().unwrap();
-            assert!(
-                exited.is_none() && started.elapsed() < Duration::from_secs(90),
-                "up did not start ({exited:?}): {:?}",
-                up.output()
-            );
+            if exited.is_some() || started.elapsed() > Duration::from_secs(90) {
+                let read = |name: &str| {
+                    std::fs::read_to_string(up.dir.path().join(name)).unwrap_or_default()
+                };
+                return Err(format!(
+                    "up did not start ({exited:?}): {:?}; stderr: {}; edge log: {}",
+                    up.output(),
+                    read("up.stderr"),
+                    read("up/edge.log")
+                ));
+            }
             std::thread::sleep(Duration::from_millis(50));
         }
-        up
+        Ok(up)
+    }
+
+    /// Sends one order line (`--control stdin`) and returns `up`'s answer
+    /// line (`control: ok ...` or `control: error ...`), waiting at most 90 s.
+    pub fn order(&mut self, line: &str) -> String {
+        use std::io::Write;
+        let seen = self.answers().len();
+        let stdin = self.control.as_mut().expect("started with --control stdin");
+        writeln!(stdin, "{line}").unwrap();
+        stdin.flush().unwrap();
+        let started = Instant::now();
+        loop {
+            if let Some(answer) = self.answers().get(seen) {
+                return answer.clone();
+            }
+            assert!(
+                started.elapsed() < Duration::from_secs(90),
+                "no answer to {line:?}: {:?}",
+                self.output()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn answers(&self) -> Vec<String> {
+        self.output()
+            .into_iter()
+            .filter(|l| l.starts_with("control: "))
+            .collect()
+    }
+
+    /// Closes `up`'s standard input (`--control stdin`): as if the process
+    /// holding it had died.
+    pub fn close_control(&mut self) {
+        self.control = None;
+    }
+
+    /// Waits (at most `limit`) for `up` to exit; its exit code.
+    pub fn wait_exit(&mut self, limit: Duration) -> Option<i32> {
+        let child = self.child.as_mut()?;
+        let started = Instant::now();
+        while started.elapsed() < limit {
+            if let Some(status) = child.try_wait().unwrap() {
+                self.child = None;
+                return status.code();
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("up still running after {limit:?}");
     }
 
     pub fn endpoint(&self) -> String {

@@ -13,7 +13,7 @@
 //! ([`process`]). Its state is in `<data>/up/status.json`, on `up`'s own
 //! listener ([`board`]) and in `openshell-gateway status` ([`status`]).
 //! Ctrl-C (or SIGTERM) stops the hosts, then the edge and the replicas,
-//! each by its PID, and last any sandbox supervisor no replica stopped.
+//! each by its PID, and last the sandbox supervisors.
 //!
 //! Folder: this module (arguments, start, banner, stop), `process` (one
 //! process kept running), `board` (their state, file and metrics),
@@ -89,6 +89,20 @@ pub struct UpArgs {
     /// `up`'s own status (`/status`, JSON) and metrics (`/metrics`).
     #[arg(long, default_value = "127.0.0.1:0")]
     metrics_listen: SocketAddr,
+    /// `stdin`: take orders on standard input, one a line (`stop NAME`,
+    /// `kill NAME`, `start NAME`, `restart NAME`), each answered with a
+    /// line `control: ok ...` or `control: error ...`; the end of standard
+    /// input stops the cluster as Ctrl-C does (a test harness that dies
+    /// takes its cluster with it).
+    #[arg(long, value_enum, default_value = "none")]
+    control: Control,
+}
+
+/// Where `up` takes orders from (`--control`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Control {
+    None,
+    Stdin,
 }
 
 /// A process started by `up`: how to start it again, and the child.
@@ -214,9 +228,12 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
                     .into_iter()
                     .flatten(),
             )
+            // No --stop-sandboxes-on-exit: that stops every supervisor on
+            // the machine, and one replica stopping (an order, a crash
+            // restart) must leave the sandboxes to the others. `up` stops
+            // them itself once every replica is down.
             .arg("--data-dir")
-            .arg(&data_dir)
-            .arg("--stop-sandboxes-on-exit");
+            .arg(&data_dir);
             let ready = run_dir.join(format!("{id}.ready.json"));
             spec.arg("--ready-file").arg(&ready);
             spec.ready_file = Some(ready);
@@ -300,31 +317,106 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let hosts_stop = CancellationToken::new();
     let rest_stop = CancellationToken::new();
     let (mut hosts, mut rest) = (Vec::new(), Vec::new());
+    let mut orders = std::collections::HashMap::new();
     for Started { spec, child } in started {
         let (stop, tasks) = match spec.kind {
             Kind::Host => (&hosts_stop, &mut hosts),
             Kind::Replica | Kind::Edge => (&rest_stop, &mut rest),
         };
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        orders.insert(spec.name.clone(), tx);
         tasks.push(process::supervise(
             spec,
             child,
             board.clone(),
             args.restart,
             stop.clone(),
+            rx,
         ));
+    }
+    let input_ended = CancellationToken::new();
+    if args.control == Control::Stdin {
+        tokio::spawn(take_orders(orders, input_ended.clone()));
     }
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}
+        _ = input_ended.cancelled() => {}
     }
     say("stopping the cluster");
     hosts_stop.cancel();
     futures::future::join_all(hosts).await;
     rest_stop.cancel();
     futures::future::join_all(rest).await;
-    stop_leftover_supervisors(&data_dir).await;
+    stop_supervisors(&data_dir).await;
     pages_stop.cancel();
     Ok(())
+}
+
+/// Reads orders from standard input until it ends (then `ended` fires),
+/// answering each on standard output.
+async fn take_orders(
+    orders: std::collections::HashMap<String, tokio::sync::mpsc::Sender<process::Order>>,
+    ended: CancellationToken,
+) {
+    use tokio::io::AsyncBufReadExt;
+    let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        let answer = match order_of(&line) {
+            Err(err) => Err(err),
+            Ok((actions, name)) => match orders.get(name) {
+                None => Err(format!("no process named {name:?}")),
+                Some(tx) => {
+                    let mut answer = Err("no action".to_owned());
+                    for action in actions {
+                        answer = send_order(tx, *action).await;
+                        if answer.is_err() {
+                            break;
+                        }
+                    }
+                    answer
+                }
+            },
+        };
+        match answer {
+            Ok(text) => say(&format!("control: ok {text}")),
+            Err(text) => say(&format!("control: error {text}")),
+        }
+    }
+    ended.cancel();
+}
+
+/// Parses one order line: the actions it means and the process it names.
+fn order_of(line: &str) -> Result<(&'static [process::Action], &str), String> {
+    use process::Action::{Kill, Start, Stop};
+    let mut words = line.split_whitespace();
+    let (verb, name) = match (words.next(), words.next(), words.next()) {
+        (Some(verb), Some(name), None) => (verb, name),
+        _ => return Err("an order is `stop|kill|start|restart NAME`".into()),
+    };
+    let actions: &'static [process::Action] = match verb {
+        "stop" => &[Stop],
+        "kill" => &[Kill],
+        "start" => &[Start],
+        "restart" => &[Stop, Start],
+        other => {
+            return Err(format!(
+                "unknown order {other:?}: stop, kill, start or restart"
+            ));
+        }
+    };
+    Ok((actions, name))
+}
+
+async fn send_order(
+    tx: &tokio::sync::mpsc::Sender<process::Order>,
+    action: process::Action,
+) -> Result<String, String> {
+    let (done, answer) = tokio::sync::oneshot::channel();
+    tx.send(process::Order { action, done })
+        .await
+        .map_err(|_| "up is stopping".to_owned())?;
+    answer.await.map_err(|_| "up is stopping".to_owned())?
 }
 
 /// Issues host tokens `h-0..h-(n-1)` into `<data>/up/` (mode 0600) and
@@ -482,14 +574,16 @@ async fn stop_started(started: &mut [Started]) {
     }
 }
 
-/// Stops the sandbox supervisors no replica stopped: those of a replica
-/// that was killed and left down, when no other replica was left to stop
-/// them. Each is named by its `supervisor.pid` and checked to be that
-/// sandbox's supervisor before it is signalled.
-async fn stop_leftover_supervisors(data_dir: &Path) {
+/// Stops every sandbox supervisor, once the replicas are down (the
+/// supervisors outlive a replica by design, so that one replica stopping
+/// leaves its sandboxes to the others). Each is named by its
+/// `supervisor.pid` and checked to be that sandbox's supervisor before it
+/// is signalled.
+async fn stop_supervisors(data_dir: &Path) {
     let Ok(entries) = std::fs::read_dir(data_dir.join("sandboxes")) else {
         return;
     };
+    let mut stops = Vec::new();
     for entry in entries.flatten() {
         let Some(id) = entry.file_name().to_str().map(str::to_owned) else {
             continue;
@@ -500,12 +594,37 @@ async fn stop_leftover_supervisors(data_dir: &Path) {
         if let Some(pid) = pid
             && crate::sandboxes::driver::is_our_supervisor(pid, &id)
         {
-            tracing::info!(
-                sandbox_id = id,
-                pid,
-                "stopping a supervisor no replica stopped"
-            );
-            crate::sandboxes::driver::terminate(&id, &[pid]).await;
+            stops.push(async move { crate::sandboxes::driver::terminate(&id, &[pid]).await });
         }
+    }
+    futures::future::join_all(stops).await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::order_of;
+    use super::process::Action;
+
+    #[test]
+    fn orders_parse_and_bad_ones_say_why() {
+        assert_eq!(
+            order_of("kill gw-1").unwrap(),
+            (&[Action::Kill][..], "gw-1")
+        );
+        assert_eq!(
+            order_of(" restart  edge ").unwrap(),
+            (&[Action::Stop, Action::Start][..], "edge")
+        );
+        assert!(
+            order_of("kill")
+                .unwrap_err()
+                .contains("stop|kill|start|restart NAME")
+        );
+        assert!(order_of("kill gw-1 now").is_err());
+        assert!(
+            order_of("explode gw-1")
+                .unwrap_err()
+                .contains("unknown order")
+        );
     }
 }

@@ -127,6 +127,10 @@ impl Spec {
             .stdout(log.try_clone()?)
             .stderr(log)
             .kill_on_drop(false)
+            // Its own process group: a Ctrl-C at the terminal reaches `up`
+            // alone, which stops its processes in order (they would
+            // otherwise exit at once, and look like crashes to restart).
+            .process_group(0)
             .spawn()
             .with_context(|| format!("starting {} {}", self.kind.as_str(), self.name))
     }
@@ -175,26 +179,108 @@ pub async fn terminate(name: &str, child: &mut Child) {
     }
 }
 
-/// Watches `child` (started from `spec`) until `stop` fires, then stops it.
+/// An order for one process from `up --control stdin`; the answer goes
+/// back once it is carried out (the process exited, or serves again).
+#[derive(Debug)]
+pub struct Order {
+    pub action: Action,
+    pub done: tokio::sync::oneshot::Sender<Result<String, String>>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Action {
+    /// SIGTERM (SIGKILL after 15 s); it stays down until `Start`.
+    Stop,
+    /// SIGKILL; it stays down until `Start`.
+    Kill,
+    /// Starts a process that is down (stopped, killed, or left down).
+    Start,
+}
+
+/// Watches `child` (started from `spec`) until `stop` fires, then stops it;
+/// carries out the `orders` meanwhile.
 pub fn supervise(
     spec: Spec,
     child: Child,
     board: Arc<Board>,
     restart: Restart,
     stop: CancellationToken,
+    mut orders: tokio::sync::mpsc::Receiver<Order>,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let name = spec.name.clone();
-        let mut child = child;
+        let mut child = Some(child);
         let mut backoff = FIRST_BACKOFF;
         loop {
-            let started = Instant::now();
-            let status = tokio::select! {
-                status = child.wait() => status,
-                _ = stop.cancelled() => {
-                    terminate(&name, &mut child).await;
+            // Down: asked to (an order) or left down (`--restart never`);
+            // only a `Start` order (or the end) moves it.
+            let Some(running) = child.as_mut() else {
+                let order = tokio::select! {
+                    _ = stop.cancelled() => None,
+                    order = orders.recv() => order,
+                };
+                let Some(order) = order else {
+                    stop.cancelled().await;
                     board.stopped(&name);
                     return;
+                };
+                if order.action != Action::Start {
+                    let _ = order.done.send(Ok(format!("{name} is not running")));
+                    continue;
+                }
+                let started = tokio::select! {
+                    _ = stop.cancelled() => {
+                        let _ = order.done.send(Err("up is stopping".into()));
+                        board.stopped(&name);
+                        return;
+                    }
+                    started = start_ready(&spec, &stop) => started,
+                };
+                match started {
+                    Ok(next) => {
+                        let pid = next.id().unwrap_or_default();
+                        board.running(&name, pid, false);
+                        say(&format!("{name} started (pid {pid})"));
+                        let _ = order.done.send(Ok(format!("{name} started (pid {pid})")));
+                        child = Some(next);
+                        backoff = FIRST_BACKOFF;
+                    }
+                    Err(err) => {
+                        board.exited(&name, &err);
+                        let _ = order.done.send(Err(format!("{name} did not start: {err}")));
+                    }
+                }
+                continue;
+            };
+            let started = Instant::now();
+            let status = tokio::select! {
+                status = running.wait() => status,
+                _ = stop.cancelled() => {
+                    terminate(&name, running).await;
+                    board.stopped(&name);
+                    return;
+                }
+                Some(order) = orders.recv() => {
+                    if order.action == Action::Start {
+                        let _ = order.done.send(Ok(format!("{name} is running")));
+                        continue;
+                    }
+                    let how = match order.action {
+                        Action::Kill => {
+                            let _ = running.kill().await;
+                            "killed"
+                        }
+                        _ => {
+                            terminate(&name, running).await;
+                            "stopped"
+                        }
+                    };
+                    child = None;
+                    board.stopped(&name);
+                    say(&format!("{name} {how} (control order); down until started"));
+                    say(&board.summary());
+                    let _ = order.done.send(Ok(format!("{name} {how}")));
+                    continue;
                 }
             };
             let status = match status {
@@ -209,9 +295,8 @@ pub fn supervise(
                     "{name} exited unexpectedly ({status}); left down (--restart never); log: {log}"
                 ));
                 say(&board.summary());
-                stop.cancelled().await;
-                board.stopped(&name);
-                return;
+                child = None;
+                continue;
             }
             if started.elapsed() >= STABLE_AFTER {
                 backoff = FIRST_BACKOFF;
@@ -223,7 +308,7 @@ pub fn supervise(
             ));
             say(&board.summary());
             match restart_until_ready(&spec, &board, &stop, &mut backoff).await {
-                Some(next) => child = next,
+                Some(next) => child = Some(next),
                 None => {
                     board.stopped(&name);
                     return;
@@ -231,6 +316,23 @@ pub fn supervise(
             }
         }
     })
+}
+
+/// Starts the process once and waits until it serves; a start that fails
+/// is stopped again. `Err` says why.
+async fn start_ready(spec: &Spec, stop: &CancellationToken) -> Result<Child, String> {
+    let mut child = spec.spawn(false).map_err(|err| format!("{err:#}"))?;
+    let ready = tokio::select! {
+        ready = spec.wait_ready(&mut child) => ready,
+        _ = stop.cancelled() => Err(anyhow::anyhow!("up is stopping")),
+    };
+    match ready {
+        Ok(_) => Ok(child),
+        Err(err) => {
+            terminate(&spec.name, &mut child).await;
+            Err(format!("{err:#}"))
+        }
+    }
 }
 
 /// Starts the process again after `backoff` (growing it) until one start
@@ -249,34 +351,19 @@ async fn restart_until_ready(
             _ = stop.cancelled() => return None,
         }
         *backoff = (*backoff * 2).min(MAX_BACKOFF);
-        let mut child = match spec.spawn(false) {
-            Ok(child) => child,
-            Err(err) => {
-                board.exited(name, &format!("{err:#}"));
-                say(&format!("{name} could not be started: {err:#}"));
-                continue;
-            }
-        };
-        let ready = tokio::select! {
-            ready = spec.wait_ready(&mut child) => ready,
-            _ = stop.cancelled() => {
-                terminate(name, &mut child).await;
-                return None;
-            }
-        };
-        match ready {
-            Ok(_) => {
+        match start_ready(spec, stop).await {
+            Ok(child) => {
                 let pid = child.id().unwrap_or_default();
                 board.running(name, pid, true);
                 say(&format!("{name} is back (pid {pid})"));
                 say(&board.summary());
                 return Some(child);
             }
+            Err(_) if stop.is_cancelled() => return None,
             Err(err) => {
-                terminate(name, &mut child).await;
-                board.exited(name, &format!("{err:#}"));
+                board.exited(name, &err);
                 say(&format!(
-                    "{name} failed to come back: {err:#}; next try in {} s",
+                    "{name} failed to come back: {err}; next try in {} s",
                     backoff.as_secs()
                 ));
             }
