@@ -78,6 +78,7 @@
 //! | [`forward`] | local TCP listener pumped over `ForwardTcp`; one stream over any reader and writer |
 //! | [`config_session`] | [`ConfigSession`]: the supervisor side of the session, with push config, poll fallback, redirects |
 //! | [`host_session`] | [`HostSession`]: a shared supervisor host's session, carrying its sandboxes' sessions; placement redirects, `stay`, sticky redials |
+//! | `testing` | (feature `testing`, on by default) `LocalCluster`: the reference gateway's developer cluster for a user's own tests, with faults |
 //!
 //! # Layering
 //!
@@ -96,6 +97,7 @@
 //! | 6 | `raw` | layers 0 to 5 |
 //! | 7 | `sandboxes`, `exec`, `forward`, `config_session`, `ssh` | layers 0 to 6, never each other |
 //! | 8 | `host_session` | layers 0 to 7 (it carries `config_session`s) |
+//! | 9 | `testing` | layers 0 to 8 |
 //!
 //! Where a lower layer needs something of a higher one, it is passed in:
 //! the router decides when a sandbox's owner must be looked up, and the
@@ -121,6 +123,8 @@ pub mod raw;
 pub mod routing;
 pub mod sandboxes;
 pub mod ssh;
+#[cfg(feature = "testing")]
+pub mod testing;
 pub mod transport;
 pub mod wire;
 

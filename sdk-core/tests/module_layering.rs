@@ -28,6 +28,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("config_session", 7),
     ("host_session", 8),
     ("ssh", 7),
+    ("testing", 9),
 ];
 
 fn src() -> PathBuf {

@@ -1,8 +1,10 @@
 //! Cluster membership and the placement ring.
 //!
 //! Each replica registers `{replica id, peer endpoint}` in the shared store
-//! and refreshes it every 10 s; a member is live while its row was refreshed
-//! within the 30 s TTL by the database's clock. Every store call of the
+//! and refreshes it every 10 s (and re-reads the members every 500 ms for
+//! its first 30 s, while a cluster starting together fills in); a member is
+//! live while its row was refreshed within the 30 s TTL by the database's
+//! clock. Every store call of the
 //! membership worker has a timeout, so a hung database cannot keep a stale
 //! ring: if the ring could not be refreshed for longer than the TTL it is
 //! cleared, and an empty ring means "serve everything locally".
@@ -36,6 +38,9 @@ use crate::store::{Member, Store, StoreError};
 /// Largest HTTP/2 frame a peer may send on a peer channel: one relayed
 /// 64 KiB data frame fits one HTTP/2 frame (the replicas' own setting).
 const PEER_H2_MAX_FRAME_SIZE: u32 = 256 * 1024;
+/// How long after start the view is re-read often, and how often.
+const STARTUP_WINDOW: Duration = Duration::from_secs(30);
+const STARTUP_RESYNC: Duration = Duration::from_millis(500);
 
 #[derive(Debug, Clone)]
 pub struct ClusterConfig {
@@ -120,8 +125,25 @@ impl Cluster {
         let mut tick = tokio::time::interval(self.config.refresh_every);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tick.tick().await;
+        // Right after start the other replicas of a cluster starting
+        // together are still registering: the view is re-read (nothing
+        // written) every STARTUP_RESYNC for STARTUP_WINDOW, so a replica
+        // that started first does not place by a ring of itself for a
+        // whole refresh period.
+        let started = tokio::time::Instant::now();
+        let mut resync = tokio::time::interval(STARTUP_RESYNC.min(self.config.refresh_every));
+        resync.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
-            tick.tick().await;
+            let young = started.elapsed() < STARTUP_WINDOW;
+            tokio::select! {
+                _ = tick.tick() => {}
+                _ = resync.tick(), if young => {
+                    if !self.leaving.load(Ordering::SeqCst) {
+                        let _ = self.sync_view().await;
+                    }
+                    continue;
+                }
+            }
             if self.leaving.load(Ordering::SeqCst) {
                 return;
             }

@@ -251,6 +251,9 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             routes.push(format!("{id}={url}"));
             metrics_addrs.push(metrics);
         }
+        if args.replicas > 1 {
+            wait_rings_full(&metrics_addrs, args.replicas).await;
+        }
         let mut edge = Spec::new("edge", Kind::Edge, &me, run_dir.join("edge.log"));
         edge.args(["edge", "--listen", &args.listen.to_string()]);
         for route in &routes {
@@ -522,8 +525,30 @@ async fn wait_hosts_connected(
     }
 }
 
+/// Waits (at most 10 s) until every replica's ring holds all `n`
+/// replicas, so that placement right after the banner is the ring's.
+async fn wait_rings_full(metrics_addrs: &[String], n: usize) {
+    let begun = Instant::now();
+    while begun.elapsed() < Duration::from_secs(10) {
+        let mut full = true;
+        for addr in metrics_addrs {
+            full &= gauge(addr, "openshell_server_ring_members").await == Some(n as f64);
+        }
+        if full {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    tracing::warn!("the replicas' rings are not all full after 10 s; starting anyway");
+}
+
 /// One replica's `openshell_server_supervisor_hosts` gauge.
 async fn hosts_held(metrics_addr: &str) -> Option<f64> {
+    gauge(metrics_addr, "openshell_server_supervisor_hosts").await
+}
+
+/// One unlabelled gauge of a replica's metrics.
+async fn gauge(metrics_addr: &str, name: &str) -> Option<f64> {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let read = async {
         let mut stream = tokio::net::TcpStream::connect(metrics_addr).await.ok()?;
@@ -534,7 +559,7 @@ async fn hosts_held(metrics_addr: &str) -> Option<f64> {
         let mut text = String::new();
         stream.read_to_string(&mut text).await.ok()?;
         text.lines()
-            .find_map(|l| l.strip_prefix("openshell_server_supervisor_hosts "))
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
             .and_then(|v| v.trim().parse().ok())
     };
     tokio::time::timeout(Duration::from_secs(2), read)
