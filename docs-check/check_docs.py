@@ -307,6 +307,9 @@ def start_cluster(ctx: Context) -> None:
     ctx.edge = f"http://{address}"
     ctx.sandbox_gateway = f"http://{listen}"
     ctx.env["OPENSHELL_ENDPOINT"] = ctx.edge
+    # Blocks that start a cluster of their own (`testing::LocalCluster`)
+    # find the executable by its documented variable.
+    ctx.env["OPENSHELL_GATEWAY_BIN"] = str(ctx.bin_dir / "openshell-gateway")
     where = "the documented address" if address == DOCUMENTED_ADDRESS else "a free port"
     print(f"check-docs: cluster of 3 replicas on {ctx.edge} ({where})", flush=True)
 

@@ -41,7 +41,9 @@
 //!   the supervisor side, one supervisor per sandbox against 4 shared
 //!   supervisor hosts (PSS of every process, namespace isolation on), and
 //!   a host on one runtime thread against two workers (PSS and forward).
-//! - `openshell-bench all`: every one of them but `languages`, `scale` and
+//! - `openshell-bench start` (`start.rs`): a local cluster's start to
+//!   ready and clean stop, 1 and 3 replicas, p50 and max of 10 starts.
+//! - `openshell-bench all`: every one of them but `languages`, `scale`, `start` and
 //!   `hosts`.
 //!
 //! `OPENSHELL_BENCH_FORWARD_MIB` sets the bytes per forward copy (default
@@ -61,6 +63,7 @@ mod measure;
 mod routing;
 mod scale;
 mod sdk;
+mod start;
 mod tonic_pump;
 mod typescript;
 
@@ -78,6 +81,7 @@ async fn main() {
         Some("scale") => scale::run().await,
         Some("dataplane") => dataplane::run().await,
         Some("hosts") => hosts::run().await,
+        Some("start") => start::run().await,
         Some("all") => {
             gateway::run().await;
             sdk::run().await;
@@ -89,7 +93,7 @@ async fn main() {
         }
         Some(other) => {
             eprintln!(
-                "unknown benchmark {other:?}; try: gateway, sdk, routing, config, isolation, typescript, languages, scale, dataplane, hosts, all"
+                "unknown benchmark {other:?}; try: gateway, sdk, routing, config, isolation, typescript, languages, scale, dataplane, hosts, start, all"
             );
             std::process::exit(2);
         }
