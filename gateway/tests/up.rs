@@ -1,10 +1,11 @@
-//! `openshell-gateway up`: the developer cluster starts replicas and the
-//! edge, serves sandboxes through the edge with placement, and Ctrl-C stops
-//! every process it started.
+//! `openshell-gateway up`, as a user runs it (`testkit::up::Up`): the
+//! developer cluster starts replicas, the edge and shared hosts, places the
+//! hosts evenly, serves sandboxes through the edge, keeps serving (and
+//! restarts, or leaves down) when one of its processes dies, takes orders
+//! on stdin, and Ctrl-C stops every process it started.
 
 mod common;
 
-use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -15,69 +16,14 @@ use openshell_testkit::up::{Up, left_running};
 use openshell_testkit::{bin, eventually, http_get, is_running, metric_value, signal, threads};
 use tonic::transport::Channel;
 
-/// Stops `up` (and through it everything it started) even when the test
-/// fails half way: SIGINT by PID, then SIGKILL after 20 s.
-struct UpGuard(Option<std::process::Child>);
-
-impl Drop for UpGuard {
-    fn drop(&mut self) {
-        if let Some(mut child) = self.0.take() {
-            signal(child.id() as i32, libc::SIGINT);
-            let started = Instant::now();
-            while started.elapsed() < Duration::from_secs(20) {
-                if let Ok(Some(_)) = child.try_wait() {
-                    return;
-                }
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
 #[tokio::test]
 async fn up_serves_through_the_edge_and_stops_everything_on_ctrl_c() {
-    let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut up = Command::new(bin("openshell-gateway"))
-        .args([
-            "up",
-            "--replicas",
-            "3",
-            "--listen",
-            &format!("127.0.0.1:{port}"),
-        ])
-        .arg("--data-dir")
-        .arg(dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let up_pid = up.id() as i32;
-    let stdout = up.stdout.take().unwrap();
-    let mut guard = UpGuard(Some(up));
-    let banner = std::thread::spawn(move || {
-        let mut lines = Vec::new();
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let done = line.contains("serving");
-            lines.push(line);
-            if done {
-                break;
-            }
-        }
-        lines
-    })
-    .join()
-    .unwrap();
+    let mut up = Up::start(&["--replicas", "3"]);
+    let banner = up.output();
     assert!(
         banner
             .iter()
-            .any(|l| l.contains(&format!("serving http://127.0.0.1:{port}"))),
+            .any(|l| l.contains(&format!("serving {}", up.endpoint()))),
         "{banner:?}"
     );
     assert_eq!(
@@ -88,7 +34,7 @@ async fn up_serves_through_the_edge_and_stops_everything_on_ctrl_c() {
         3
     );
 
-    let channel = Channel::from_shared(format!("http://127.0.0.1:{port}"))
+    let channel = Channel::from_shared(up.endpoint())
         .unwrap()
         .connect()
         .await
@@ -100,7 +46,7 @@ async fn up_serves_through_the_edge_and_stops_everything_on_ctrl_c() {
         "hi\n"
     );
 
-    let run_dir = dir.path().join("up");
+    let run_dir = up.data_dir().join("up");
     let mut pids: Vec<i32> = std::fs::read_dir(&run_dir)
         .unwrap()
         .filter_map(|e| e.ok())
@@ -112,36 +58,13 @@ async fn up_serves_through_the_edge_and_stops_everything_on_ctrl_c() {
         })
         .collect();
     assert_eq!(pids.len(), 4, "three replicas and the edge");
-    let supervisor: i32 = std::fs::read_dir(dir.path().join("sandboxes"))
-        .unwrap()
-        .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("supervisor.pid")).ok())
-        .map(|s| s.trim().parse().unwrap())
-        .next()
-        .expect("a supervisor");
-    pids.push(supervisor);
+    let supervisors = up.supervisor_pids();
+    assert_eq!(supervisors.len(), 1, "a supervisor");
+    pids.extend(supervisors);
     assert!(pids.iter().all(|p| is_running(*p)));
 
-    signal(up_pid, libc::SIGINT);
-    let started = Instant::now();
-    let up = guard.0.as_mut().unwrap();
-    loop {
-        if up.try_wait().unwrap().is_some() {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "up did not stop"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(
-        eventually(Duration::from_secs(10), || pids
-            .iter()
-            .all(|p| !is_running(*p)))
-        .await,
-        "processes left running: {:?}",
-        pids.iter().filter(|p| is_running(**p)).collect::<Vec<_>>()
-    );
+    assert_eq!(up.interrupt(), Some(0));
+    assert_all_stopped(&pids).await;
 }
 
 /// `up --hosts 2`: the replicas run `--driver hosts`, two real
@@ -151,48 +74,17 @@ async fn up_serves_through_the_edge_and_stops_everything_on_ctrl_c() {
 /// by their PIDs.
 #[tokio::test]
 async fn up_with_hosts_runs_sandboxes_on_shared_hosts() {
-    let dir = tempfile::tempdir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut up = Command::new(bin("openshell-gateway"))
-        .args([
-            "up",
-            "--replicas",
-            "2",
-            "--hosts",
-            "2",
-            "--host-threads",
-            "2",
-            "--isolation",
-            "none",
-        ])
-        .arg("--listen")
-        .arg(format!("127.0.0.1:{port}"))
-        .arg("--data-dir")
-        .arg(dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let up_pid = up.id() as i32;
-    let stdout = up.stdout.take().unwrap();
-    let mut guard = UpGuard(Some(up));
-    let banner = std::thread::spawn(move || {
-        let mut lines = Vec::new();
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let done = line.contains("serving");
-            lines.push(line);
-            if done {
-                break;
-            }
-        }
-        lines
-    })
-    .join()
-    .unwrap();
+    let mut up = Up::start(&[
+        "--replicas",
+        "2",
+        "--hosts",
+        "2",
+        "--host-threads",
+        "2",
+        "--isolation",
+        "none",
+    ]);
+    let banner = up.output();
     assert!(
         banner.iter().any(|l| l.contains("on 2 supervisor hosts")),
         "{banner:?}"
@@ -212,7 +104,7 @@ async fn up_with_hosts_runs_sandboxes_on_shared_hosts() {
     }
     // The host tokens: files only the owner reads, never printed.
     for id in ["h-0", "h-1"] {
-        let path = dir.path().join("up").join(format!("{id}.token"));
+        let path = up.data_dir().join("up").join(format!("{id}.token"));
         let mode = std::os::unix::fs::PermissionsExt::mode(
             &std::fs::metadata(&path).unwrap().permissions(),
         );
@@ -221,7 +113,7 @@ async fn up_with_hosts_runs_sandboxes_on_shared_hosts() {
         assert!(banner.iter().all(|l| !l.contains(token.trim())));
     }
 
-    let channel = Channel::from_shared(format!("http://127.0.0.1:{port}"))
+    let channel = Channel::from_shared(up.endpoint())
         .unwrap()
         .connect()
         .await
@@ -241,10 +133,10 @@ async fn up_with_hosts_runs_sandboxes_on_shared_hosts() {
     for id in &ids {
         let on_host = ["h-0", "h-1"]
             .iter()
-            .any(|h| dir.path().join("hosts").join(h).join(id).exists());
+            .any(|h| up.data_dir().join("hosts").join(h).join(id).exists());
         assert!(on_host, "{id} is under no host's root");
         assert!(
-            !dir.path()
+            !up.data_dir()
                 .join("sandboxes")
                 .join(id)
                 .join("supervisor.pid")
@@ -253,26 +145,31 @@ async fn up_with_hosts_runs_sandboxes_on_shared_hosts() {
         );
     }
 
-    signal(up_pid, libc::SIGINT);
-    let started = Instant::now();
-    let up = guard.0.as_mut().unwrap();
-    loop {
-        if up.try_wait().unwrap().is_some() {
-            break;
-        }
-        assert!(
-            started.elapsed() < Duration::from_secs(30),
-            "up did not stop"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    assert_eq!(up.interrupt(), Some(0));
+    assert_all_stopped(&hosts).await;
+}
+
+/// Waits (at most 10 s) until none of `pids` runs.
+async fn assert_all_stopped(pids: &[i32]) {
     assert!(
-        eventually(Duration::from_secs(10), || hosts
-            .iter()
-            .all(|p| !is_running(*p)))
-        .await,
-        "hosts left running"
+        eventually(Duration::from_secs(10), || left_running(pids).is_empty()).await,
+        "left running: {:?}",
+        left_running(pids)
     );
+}
+
+/// `openshell-gateway status --data-dir` of `up`: exit code and output.
+fn status_command(up: &Up) -> (Option<i32>, String) {
+    let out = Command::new(bin("openshell-gateway"))
+        .arg("status")
+        .arg("--data-dir")
+        .arg(up.data_dir())
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+    )
 }
 
 /// `--host-threads` needs `--hosts` and a count the host accepts; a refused
@@ -541,24 +438,14 @@ async fn up_restarts_a_killed_host_replica_and_edge() {
         ),
         Some(0.0)
     );
-    let status = Command::new(bin("openshell-gateway"))
-        .arg("status")
-        .arg("--data-dir")
-        .arg(up.data_dir())
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&status.stdout);
-    assert_eq!(status.status.code(), Some(0), "{text}");
+    let (code, text) = status_command(&up);
+    assert_eq!(code, Some(0), "{text}");
     assert!(text.contains("7 of 7 processes running"), "{text}");
 
     assert_eq!(up.interrupt(), Some(0));
     seen.sort();
     seen.dedup();
-    assert!(
-        eventually(Duration::from_secs(10), || left_running(&seen).is_empty()).await,
-        "left running: {:?}",
-        left_running(&seen)
-    );
+    assert_all_stopped(&seen).await;
 }
 
 /// `up --restart never` leaves a killed process down and keeps serving
@@ -598,14 +485,8 @@ async fn up_restart_never_leaves_a_killed_replica_down() {
     assert!(!is_running(old));
     assert!(up.printed("gw-1 exited unexpectedly"), "{:?}", up.output());
     assert!(up.printed("not running: gw-1 (down)"), "{:?}", up.output());
-    let status = Command::new(bin("openshell-gateway"))
-        .arg("status")
-        .arg("--data-dir")
-        .arg(up.data_dir())
-        .output()
-        .unwrap();
-    let text = String::from_utf8_lossy(&status.stdout);
-    assert_eq!(status.status.code(), Some(1), "{text}");
+    let (code, text) = status_command(&up);
+    assert_eq!(code, Some(1), "{text}");
     let line = text.lines().find(|l| l.starts_with("gw-1")).unwrap();
     assert!(line.contains("down") && line.contains("SIGKILL"), "{text}");
     assert_eq!(
@@ -618,11 +499,7 @@ async fn up_restart_never_leaves_a_killed_replica_down() {
     seen.extend(every_pid(&up));
 
     assert_eq!(up.interrupt(), Some(0));
-    assert!(
-        eventually(Duration::from_secs(10), || left_running(&seen).is_empty()).await,
-        "left running: {:?}",
-        left_running(&seen)
-    );
+    assert_all_stopped(&seen).await;
 }
 
 /// `up --control stdin` takes orders, one a line, and answers each: `kill`
@@ -709,9 +586,5 @@ async fn up_takes_orders_on_stdin_and_stops_when_it_ends() {
     assert!(up.printed("stopping the cluster"));
     seen.sort();
     seen.dedup();
-    assert!(
-        eventually(Duration::from_secs(10), || left_running(&seen).is_empty()).await,
-        "left running: {:?}",
-        left_running(&seen)
-    );
+    assert_all_stopped(&seen).await;
 }
