@@ -78,6 +78,9 @@ pub struct Status {
 pub struct Board {
     path: PathBuf,
     status: Mutex<Status>,
+    /// Held while the status file is written: one writer of its temporary
+    /// file at a time, so a rename never moves half a file into place.
+    saving: Mutex<()>,
     registry: Registry,
     exits: Family<ProcessLabels, Counter>,
     restarts: Family<ProcessLabels, Counter>,
@@ -113,6 +116,7 @@ impl Board {
                 metrics,
                 processes: Vec::new(),
             }),
+            saving: Mutex::new(()),
             registry,
             exits,
             restarts,
@@ -235,6 +239,7 @@ impl Board {
     /// Rewrites the status file (a temporary file renamed over it, so a
     /// reader never sees half of one).
     fn save(&self) {
+        let _one_writer = self.saving.lock().unwrap();
         let text = self.render_json();
         let tmp = self.path.with_extension("json.tmp");
         let written = std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, &self.path));
