@@ -3,7 +3,7 @@
 //! on a free port and a fresh data directory, and faults on demand.
 //!
 //! ```no_run
-//! # async fn demo() -> Result<(), openshell_sdk::testing::ClusterError> {
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
 //! use openshell_sdk::testing::{LocalCluster, LocalClusterOptions};
 //!
 //! let cluster = LocalCluster::start(LocalClusterOptions::new().replicas(3)).await?;
