@@ -260,3 +260,25 @@ async fn a_test_process_killed_with_sigkill_leaves_no_cluster() {
     );
     let _ = std::fs::remove_dir_all(&data_dir);
 }
+
+/// Dropping a cluster without `stop()` stops it too (on the dropping
+/// thread, bounded) and removes its data directory.
+#[tokio::test]
+async fn a_dropped_cluster_stops_and_cleans_up() {
+    let cluster = LocalCluster::start(options().replicas(2)).await.unwrap();
+    let client = cluster.client().await.unwrap();
+    let name = ready_sandbox(&client).await;
+    assert_eq!(count_run(&client, &name, "f").await, "1");
+    let data_dir = cluster.data_dir().to_owned();
+    let pids = cluster_pids(&data_dir);
+    drop(cluster);
+    assert!(!data_dir.exists(), "the drop removes the data directory");
+    assert!(
+        eventually(Duration::from_secs(10), || pids
+            .iter()
+            .all(|p| !is_running(*p)))
+        .await,
+        "left running: {:?}",
+        pids.iter().filter(|p| is_running(**p)).collect::<Vec<_>>()
+    );
+}
