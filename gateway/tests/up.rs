@@ -528,6 +528,7 @@ async fn up_takes_orders_on_stdin_and_stops_when_it_ends() {
             "kill",
             "control: error an order is `stop|kill|start|restart NAME`",
         ),
+        ("cut-route gw-9", "control: error no replica named \"gw-9\""),
         ("start gw-1", "control: ok gw-1 is running"),
     ] {
         assert!(
@@ -574,6 +575,48 @@ async fn up_takes_orders_on_stdin_and_stops_when_it_ends() {
         echo_within(&client, &sandbox, Duration::from_secs(60)).await,
         "back\n"
     );
+    // The edge loses its route to the replica that does not own the
+    // sandbox, and the client believes that one is the owner (a stale
+    // cache): the hinted exec is answered "not forwarded" by the edge and
+    // retried once unhinted. (Cutting the owner's route would also cut its
+    // supervisor's relay claims, which come through the edge: that exec
+    // fails UNAVAILABLE.)
+    let (_, owner) = client
+        .sandboxes()
+        .get_with_owner(&sandbox, CallOptions::new())
+        .await
+        .unwrap();
+    let other = match owner.as_deref() {
+        Some("gw-0") => "gw-1",
+        Some("gw-1") => "gw-0",
+        other => panic!("owner {other:?}"),
+    };
+    assert_eq!(
+        up.order(&format!("cut-route {other}")),
+        format!("control: ok route to {other} cut")
+    );
+    let retries = client.routing_stats().unrouted_retries;
+    client.assume_owner(&sandbox, other).unwrap();
+    assert_eq!(
+        sdk_echo(&client, &sandbox, "around").await.unwrap(),
+        "around\n"
+    );
+    assert_eq!(client.routing_stats().unrouted_retries, retries + 1);
+    assert_eq!(
+        up.order(&format!("restore-route {other}")),
+        format!("control: ok route to {other} restored")
+    );
+    client.assume_owner(&sandbox, other).unwrap();
+    assert_eq!(
+        sdk_echo(&client, &sandbox, "relayed").await.unwrap(),
+        "relayed\n"
+    );
+    assert_eq!(client.routing_stats().unrouted_retries, retries + 1);
+    assert!(
+        up.order("cut-route edge")
+            .starts_with("control: error no replica named \"edge\"")
+    );
+
     assert_eq!(up.order("stop gw-0"), "control: ok gw-0 stopped");
     assert_eq!(
         echo_within(&client, &sandbox, Duration::from_secs(60)).await,

@@ -366,6 +366,20 @@ impl LocalCluster {
         self.order("restart", "edge").await
     }
 
+    /// The edge loses its route to replica `id`: a call hinted to it is
+    /// answered "not forwarded" (the SDK retries it once unhinted), and
+    /// unhinted calls go to the other replicas. Streams already open keep
+    /// running. Supervisors reach their replica through the edge too, so
+    /// the sandboxes `id` owns get no new relays until the route is back.
+    pub async fn cut_route(&self, id: &str) -> Result<(), ClusterError> {
+        self.order("cut-route", self.replica(id)?).await
+    }
+
+    /// Gives the edge its route to replica `id` back.
+    pub async fn restore_route(&self, id: &str) -> Result<(), ClusterError> {
+        self.order("restore-route", self.replica(id)?).await
+    }
+
     /// SIGKILL to a shared host (its sandboxes lose their supervisor); it
     /// stays down until [`LocalCluster::start_host`].
     pub async fn kill_host(&self, id: &str) -> Result<(), ClusterError> {

@@ -107,6 +107,21 @@ async fn a_local_cluster_serves_every_replica_and_survives_a_killed_owner() {
     );
 
     cluster.start_replica(&owner).await.unwrap();
+    // The edge loses a route the client (from a stale cache) hints to: one
+    // unrouted retry, and the exec runs once.
+    let moved = moved.unwrap();
+    let stale = cluster
+        .replica_ids()
+        .iter()
+        .find(|r| **r != moved)
+        .unwrap()
+        .clone();
+    cluster.cut_route(&stale).await.unwrap();
+    client.assume_owner(&sandbox, &stale).unwrap();
+    let retries = client.routing_stats().unrouted_retries;
+    assert_eq!(count_run(&client, &sandbox, "runs").await, "3");
+    assert_eq!(client.routing_stats().unrouted_retries, retries + 1);
+    cluster.restore_route(&stale).await.unwrap();
     cluster.restart_edge().await.unwrap();
     // Every connection through the edge broke; the supervisors dial again.
     let begun = Instant::now();
@@ -122,7 +137,7 @@ async fn a_local_cluster_serves_every_replica_and_survives_a_killed_owner() {
             Err(err) => panic!("no exec after the edge restart: {err}"),
         }
     };
-    assert_eq!(counted, "2", "an exec ran twice");
+    assert_eq!(counted, "3", "an exec ran twice");
 
     // Bad orders say what is wrong and change nothing.
     let err = cluster.kill_replica("gw-9").await.unwrap_err();

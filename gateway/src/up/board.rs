@@ -201,6 +201,12 @@ impl Board {
         });
     }
 
+    /// A process's PID while it runs.
+    pub fn pid_of(&self, name: &str) -> Option<u32> {
+        let status = self.status.lock().unwrap();
+        status.processes.iter().find(|e| e.name == name)?.pid
+    }
+
     pub fn snapshot(&self) -> Status {
         self.status.lock().unwrap().clone()
     }

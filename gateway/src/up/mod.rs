@@ -17,9 +17,11 @@
 //!
 //! Folder: this module (arguments, start, banner, stop), `process` (one
 //! process kept running), `board` (their state, file and metrics),
-//! `status` (the `status` command).
+//! `control` (orders on stdin, the edge's routes), `status` (the `status`
+//! command).
 
 mod board;
+mod control;
 mod process;
 pub mod status;
 
@@ -90,10 +92,10 @@ pub struct UpArgs {
     #[arg(long, default_value = "127.0.0.1:0")]
     metrics_listen: SocketAddr,
     /// `stdin`: take orders on standard input, one a line (`stop NAME`,
-    /// `kill NAME`, `start NAME`, `restart NAME`), each answered with a
-    /// line `control: ok ...` or `control: error ...`; the end of standard
-    /// input stops the cluster as Ctrl-C does (a test harness that dies
-    /// takes its cluster with it).
+    /// `kill NAME`, `start NAME`, `restart NAME`, `cut-route ID`,
+    /// `restore-route ID`), each answered with a line `control: ok ...` or
+    /// `control: error ...`; the end of standard input stops the cluster as
+    /// Ctrl-C does (a test harness that dies takes its cluster with it).
     #[arg(long, value_enum, default_value = "none")]
     control: Control,
 }
@@ -199,7 +201,10 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     ));
 
     let mut started: Vec<Started> = Vec::new();
-    let mut routes = Vec::new();
+    let mut routes = control::EdgeRoutes::new(
+        run_dir.join("edge-routes.json"),
+        run_dir.join("edge.ready.json"),
+    );
     let mut metrics_addrs = Vec::new();
     let result = async {
         for i in 0..args.replicas {
@@ -248,17 +253,20 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             let spec = &mut started.last_mut().expect("started").spec;
             spec.set_value("--listen", url.trim_start_matches("http://"));
             spec.set_value("--metrics-listen", &metrics);
-            routes.push(format!("{id}={url}"));
+            routes.add(&id, &url);
             metrics_addrs.push(metrics);
         }
         if args.replicas > 1 {
             wait_rings_full(&metrics_addrs, args.replicas).await;
         }
         let mut edge = Spec::new("edge", Kind::Edge, &me, run_dir.join("edge.log"));
-        edge.args(["edge", "--listen", &args.listen.to_string()]);
-        for route in &routes {
-            edge.args(["--replica", route]);
-        }
+        // Routes from a file the edge re-reads on SIGHUP, so an order can
+        // cut one (`cut-route`) without restarting the edge.
+        routes.write()?;
+        edge.args(["edge", "--listen", &args.listen.to_string()])
+            .arg("--routes-file")
+            .arg(routes.file())
+            .args(["--metrics-listen", "127.0.0.1:0"]);
         let ready = run_dir.join("edge.ready.json");
         edge.arg("--ready-file").arg(&ready);
         edge.ready_file = Some(ready);
@@ -339,7 +347,12 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     }
     let input_ended = CancellationToken::new();
     if args.control == Control::Stdin {
-        tokio::spawn(take_orders(orders, input_ended.clone()));
+        tokio::spawn(control::take_orders(
+            orders,
+            routes,
+            board.clone(),
+            input_ended.clone(),
+        ));
     }
     tokio::select! {
         _ = term.recv() => {}
@@ -354,72 +367,6 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     stop_supervisors(&data_dir).await;
     pages_stop.cancel();
     Ok(())
-}
-
-/// Reads orders from standard input until it ends (then `ended` fires),
-/// answering each on standard output.
-async fn take_orders(
-    orders: std::collections::HashMap<String, tokio::sync::mpsc::Sender<process::Order>>,
-    ended: CancellationToken,
-) {
-    use tokio::io::AsyncBufReadExt;
-    let mut lines = tokio::io::BufReader::new(tokio::io::stdin()).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
-        let answer = match order_of(&line) {
-            Err(err) => Err(err),
-            Ok((actions, name)) => match orders.get(name) {
-                None => Err(format!("no process named {name:?}")),
-                Some(tx) => {
-                    let mut answer = Err("no action".to_owned());
-                    for action in actions {
-                        answer = send_order(tx, *action).await;
-                        if answer.is_err() {
-                            break;
-                        }
-                    }
-                    answer
-                }
-            },
-        };
-        match answer {
-            Ok(text) => say(&format!("control: ok {text}")),
-            Err(text) => say(&format!("control: error {text}")),
-        }
-    }
-    ended.cancel();
-}
-
-/// Parses one order line: the actions it means and the process it names.
-fn order_of(line: &str) -> Result<(&'static [process::Action], &str), String> {
-    use process::Action::{Kill, Start, Stop};
-    let mut words = line.split_whitespace();
-    let (verb, name) = match (words.next(), words.next(), words.next()) {
-        (Some(verb), Some(name), None) => (verb, name),
-        _ => return Err("an order is `stop|kill|start|restart NAME`".into()),
-    };
-    let actions: &'static [process::Action] = match verb {
-        "stop" => &[Stop],
-        "kill" => &[Kill],
-        "start" => &[Start],
-        "restart" => &[Stop, Start],
-        other => {
-            return Err(format!(
-                "unknown order {other:?}: stop, kill, start or restart"
-            ));
-        }
-    };
-    Ok((actions, name))
-}
-
-async fn send_order(
-    tx: &tokio::sync::mpsc::Sender<process::Order>,
-    action: process::Action,
-) -> Result<String, String> {
-    let (done, answer) = tokio::sync::oneshot::channel();
-    tx.send(process::Order { action, done })
-        .await
-        .map_err(|_| "up is stopping".to_owned())?;
-    answer.await.map_err(|_| "up is stopping".to_owned())?
 }
 
 /// Issues host tokens `h-0..h-(n-1)` into `<data>/up/` (mode 0600) and
@@ -623,33 +570,4 @@ async fn stop_supervisors(data_dir: &Path) {
         }
     }
     futures::future::join_all(stops).await;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::order_of;
-    use super::process::Action;
-
-    #[test]
-    fn orders_parse_and_bad_ones_say_why() {
-        assert_eq!(
-            order_of("kill gw-1").unwrap(),
-            (&[Action::Kill][..], "gw-1")
-        );
-        assert_eq!(
-            order_of(" restart  edge ").unwrap(),
-            (&[Action::Stop, Action::Start][..], "edge")
-        );
-        assert!(
-            order_of("kill")
-                .unwrap_err()
-                .contains("stop|kill|start|restart NAME")
-        );
-        assert!(order_of("kill gw-1 now").is_err());
-        assert!(
-            order_of("explode gw-1")
-                .unwrap_err()
-                .contains("unknown order")
-        );
-    }
 }
