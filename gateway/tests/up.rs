@@ -565,6 +565,19 @@ async fn up_takes_orders_on_stdin_and_stops_when_it_ends() {
     );
     assert_eq!(up.process("gw-1")["state"], "running");
 
+    // A crash (restart always) and then an order during the restart's
+    // backoff: the order wins, the replica stays down until started.
+    let old = up.pid_of("gw-1").unwrap();
+    signal(old, libc::SIGKILL);
+    up.wait_state("gw-1", "restarting", Duration::from_secs(10));
+    assert_eq!(up.order("stop gw-1"), "control: ok gw-1 stopped");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(up.process("gw-1")["state"], "stopped");
+    assert!(
+        up.order("start gw-1")
+            .starts_with("control: ok gw-1 started (pid ")
+    );
+
     let old = up.pid_of("edge").unwrap();
     assert!(
         up.order("restart edge")
@@ -630,4 +643,22 @@ async fn up_takes_orders_on_stdin_and_stops_when_it_ends() {
     seen.sort();
     seen.dedup();
     assert_all_stopped(&seen).await;
+}
+
+/// `up` killed with SIGKILL (no chance to stop anything) still takes its
+/// replicas, edge and hosts with it: each gets SIGTERM from the kernel
+/// when its parent dies, and stops as it would on Ctrl-C.
+#[tokio::test]
+async fn up_killed_with_sigkill_takes_its_processes_with_it() {
+    let up = Up::start(&["--replicas", "2", "--hosts", "1", "--isolation", "none"]);
+    let mut pids: Vec<i32> = up.status()["processes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|p| p["pid"].as_i64().map(|p| p as i32))
+        .collect();
+    assert_eq!(pids.len(), 4, "2 replicas, the edge, a host");
+    signal(up.pid(), libc::SIGKILL);
+    pids.push(up.pid());
+    assert_all_stopped(&pids).await;
 }

@@ -4,7 +4,9 @@
 //! (exit status, log path) and counted on the [`Board`]; then, by
 //! [`Restart`], it is started again after a backoff (1 s, doubling to 30 s,
 //! back to 1 s once it stayed up for a minute) or left down. Stopping is
-//! by PID: SIGTERM, SIGKILL after 15 s.
+//! by PID: SIGTERM, SIGKILL after 15 s. Each process gets SIGTERM from the
+//! kernel when `up` dies (`PR_SET_PDEATHSIG`): every spawn happens on the
+//! main thread or a runtime worker, which live as long as `up`.
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
@@ -120,7 +122,25 @@ impl Spec {
             .truncate(fresh_log)
             .open(&self.log)
             .with_context(|| format!("opening {}", self.log.display()))?;
-        Command::new(&self.program)
+        let up = std::process::id() as libc::pid_t;
+        let mut command = Command::new(&self.program);
+        // SAFETY: between fork and exec the child only calls prctl(2),
+        // getppid(2) and _exit(2), which are async-signal-safe.
+        unsafe {
+            command.pre_exec(move || {
+                // `up` dying (even by SIGKILL) stops this process: SIGTERM,
+                // its ordinary shutdown. Checked after, in case `up` died
+                // before the request took effect.
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGTERM) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::getppid() != up {
+                    libc::_exit(1);
+                }
+                Ok(())
+            });
+        }
+        command
             .args(&self.args)
             .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
@@ -307,9 +327,10 @@ pub fn supervise(
                 backoff.as_secs()
             ));
             say(&board.summary());
-            match restart_until_ready(&spec, &board, &stop, &mut backoff).await {
-                Some(next) => child = Some(next),
-                None => {
+            match restart_until_ready(&spec, &board, &stop, &mut backoff, &mut orders).await {
+                Restarted::Running(next) => child = Some(next),
+                Restarted::Held => child = None,
+                Restarted::Stopping => {
                     board.stopped(&name);
                     return;
                 }
@@ -335,20 +356,43 @@ async fn start_ready(spec: &Spec, stop: &CancellationToken) -> Result<Child, Str
     }
 }
 
+/// How a restart ended.
+enum Restarted {
+    Running(Child),
+    /// A `stop` or `kill` order came during the backoff: held down.
+    Held,
+    /// `up` is stopping.
+    Stopping,
+}
+
 /// Starts the process again after `backoff` (growing it) until one start
-/// serves; `None` once `stop` fires.
+/// serves. Orders are taken during the backoff: `stop` or `kill` holds the
+/// process down, `start` starts it at once.
 async fn restart_until_ready(
     spec: &Spec,
     board: &Board,
     stop: &CancellationToken,
     backoff: &mut Duration,
-) -> Option<Child> {
+    orders: &mut tokio::sync::mpsc::Receiver<Order>,
+) -> Restarted {
     let name = &spec.name;
+    // A `start` order taken during the backoff, answered by the start.
+    let mut waiting: Option<tokio::sync::oneshot::Sender<Result<String, String>>> = None;
     loop {
         board.restarting(name);
         tokio::select! {
             _ = tokio::time::sleep(*backoff) => {}
-            _ = stop.cancelled() => return None,
+            _ = stop.cancelled() => return Restarted::Stopping,
+            Some(order) = orders.recv() => {
+                if order.action == Action::Start {
+                    waiting = Some(order.done);
+                } else {
+                    board.stopped(name);
+                    say(&format!("{name} held down (control order during its restart backoff)"));
+                    let _ = order.done.send(Ok(format!("{name} stopped")));
+                    return Restarted::Held;
+                }
+            }
         }
         *backoff = (*backoff * 2).min(MAX_BACKOFF);
         match start_ready(spec, stop).await {
@@ -357,10 +401,16 @@ async fn restart_until_ready(
                 board.running(name, pid, true);
                 say(&format!("{name} is back (pid {pid})"));
                 say(&board.summary());
-                return Some(child);
+                if let Some(done) = waiting.take() {
+                    let _ = done.send(Ok(format!("{name} started (pid {pid})")));
+                }
+                return Restarted::Running(child);
             }
-            Err(_) if stop.is_cancelled() => return None,
+            Err(_) if stop.is_cancelled() => return Restarted::Stopping,
             Err(err) => {
+                if let Some(done) = waiting.take() {
+                    let _ = done.send(Err(format!("{name} did not start: {err}")));
+                }
                 board.exited(name, &err);
                 say(&format!(
                     "{name} failed to come back: {err}; next try in {} s",
