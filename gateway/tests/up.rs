@@ -662,3 +662,25 @@ async fn up_killed_with_sigkill_takes_its_processes_with_it() {
     pids.push(up.pid());
     assert_all_stopped(&pids).await;
 }
+
+/// The same with one supervisor per sandbox: the replicas, orphaned by the
+/// dead `up`, stop every sandbox supervisor as they exit
+/// (`--stop-sandboxes-if-orphaned`), though a replica that `up` itself
+/// stops leaves them to the others.
+#[tokio::test]
+async fn up_killed_with_sigkill_takes_its_sandbox_supervisors_too() {
+    let up = Up::start(&["--replicas", "2", "--isolation", "none"]);
+    let client = sdk_client(&up).await;
+    for _ in 0..2 {
+        sdk_create_ready(&client).await;
+    }
+    let mut pids = every_pid(&up);
+    assert_eq!(
+        pids.len(),
+        5,
+        "2 replicas, the edge, 2 supervisors: {pids:?}"
+    );
+    signal(up.pid(), libc::SIGKILL);
+    pids.push(up.pid());
+    assert_all_stopped(&pids).await;
+}

@@ -137,6 +137,12 @@ pub struct ServeArgs {
     /// Stop every supervisor when the gateway exits (they restart with it).
     #[arg(long)]
     pub stop_sandboxes_on_exit: bool,
+    /// Stop every supervisor when the gateway exits after the process that
+    /// started it died (`up` passes it: a dead `up` takes the sandboxes
+    /// with it, while one replica that `up` stops leaves them to the
+    /// others).
+    #[arg(long)]
+    pub stop_sandboxes_if_orphaned: bool,
     /// Write `{"grpc":..,"metrics":..,"replica_id":..,"pid":..}` here once serving.
     #[arg(long)]
     pub ready_file: Option<PathBuf>,

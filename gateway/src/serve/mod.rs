@@ -53,6 +53,10 @@ const MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
 pub const H2_MAX_FRAME_SIZE: u32 = 256 * 1024;
 
 pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    // Who started this replica: `--stop-sandboxes-if-orphaned` compares at
+    // exit (a parent that died has handed this process to another).
+    // SAFETY: getppid(2) has no preconditions.
+    let parent = unsafe { libc::getppid() };
     // Other processes of this user (sandbox code among them, without
     // isolation) cannot read this process's memory, environment or
     // descriptors.
@@ -403,7 +407,14 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         );
     }
     shutdown.cancel();
-    if args.stop_sandboxes_on_exit {
+    // SAFETY: getppid(2) has no preconditions.
+    let orphaned = unsafe { libc::getppid() } != parent;
+    if args.stop_sandboxes_on_exit || (args.stop_sandboxes_if_orphaned && orphaned) {
+        if orphaned {
+            tracing::info!(
+                "the process that started this gateway is gone; stopping every supervisor"
+            );
+        }
         sandboxes.stop_all_supervisors().await;
     }
     server_stop.cancel();

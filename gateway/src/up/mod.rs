@@ -236,7 +236,9 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             // No --stop-sandboxes-on-exit: that stops every supervisor on
             // the machine, and one replica stopping (an order, a crash
             // restart) must leave the sandboxes to the others. `up` stops
-            // them itself once every replica is down.
+            // them itself once every replica is down; should `up` die, its
+            // replicas get SIGTERM and, orphaned, stop them.
+            .arg("--stop-sandboxes-if-orphaned")
             .arg("--data-dir")
             .arg(&data_dir);
             let ready = run_dir.join(format!("{id}.ready.json"));
