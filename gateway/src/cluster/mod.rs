@@ -4,10 +4,10 @@
 //! and refreshes it every 10 s (and re-reads the members every 500 ms for
 //! its first 30 s, while a cluster starting together fills in); a member is
 //! live while its row was refreshed within the 30 s TTL by the database's
-//! clock. Every store call of the
-//! membership worker has a timeout, so a hung database cannot keep a stale
-//! ring: if the ring could not be refreshed for longer than the TTL it is
-//! cleared, and an empty ring means "serve everything locally".
+//! clock. Every store call of the membership worker has a timeout, so a
+//! hung database cannot keep a stale ring: if the ring could not be
+//! refreshed for longer than the TTL it is cleared, and an empty ring means
+//! "serve everything locally".
 //!
 //! The ring is a view up to one refresh old. Whoever must reach every
 //! member right now (config notifications) reads the store instead
