@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use common::*;
 use openshell_proto::open_shell_client::OpenShellClient;
 use openshell_sdk::{CallOptions, Client, ClientConfig, CreateSandbox, Error, ExecRequest};
-use openshell_testkit::up::{Up, left_running};
+use openshell_testkit::up::{Up, assert_stopped};
 use openshell_testkit::{bin, eventually, http_get, is_running, metric_value, signal, threads};
 use tonic::transport::Channel;
 
@@ -151,11 +151,7 @@ async fn up_with_hosts_runs_sandboxes_on_shared_hosts() {
 
 /// Waits (at most 10 s) until none of `pids` runs.
 async fn assert_all_stopped(pids: &[i32]) {
-    assert!(
-        eventually(Duration::from_secs(10), || left_running(pids).is_empty()).await,
-        "left running: {:?}",
-        left_running(pids)
-    );
+    assert_stopped(pids, Duration::from_secs(10)).await;
 }
 
 /// `openshell-gateway status --data-dir` of `up`: exit code and output.

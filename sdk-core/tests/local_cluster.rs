@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use openshell_sdk::testing::{LocalCluster, LocalClusterOptions};
 use openshell_sdk::{CallOptions, Client, CreateSandbox, ExecRequest};
-use openshell_testkit::{bin, bin_dir, eventually, is_running, signal};
+use openshell_testkit::up::assert_stopped;
+use openshell_testkit::{bin, bin_dir, is_running, signal};
 
 fn options() -> LocalClusterOptions {
     LocalClusterOptions::new()
@@ -152,14 +153,7 @@ async fn a_local_cluster_serves_every_replica_and_survives_a_killed_owner() {
         !data_dir.exists(),
         "a clean stop removes the data directory"
     );
-    assert!(
-        eventually(Duration::from_secs(10), || pids
-            .iter()
-            .all(|p| !is_running(*p)))
-        .await,
-        "left running: {:?}",
-        pids.iter().filter(|p| is_running(**p)).collect::<Vec<_>>()
-    );
+    assert_stopped(&pids, Duration::from_secs(10)).await;
     println!("3 replicas ready in {ready_in:?}");
 }
 
@@ -265,14 +259,7 @@ async fn a_test_process_killed_with_sigkill_leaves_no_cluster() {
 
     signal(child.id() as i32, libc::SIGKILL);
     let _ = child.wait();
-    assert!(
-        eventually(Duration::from_secs(60), || pids
-            .iter()
-            .all(|p| !is_running(*p)))
-        .await,
-        "left running after SIGKILL of the test process: {:?}",
-        pids.iter().filter(|p| is_running(**p)).collect::<Vec<_>>()
-    );
+    assert_stopped(&pids, Duration::from_secs(60)).await;
     let _ = std::fs::remove_dir_all(&data_dir);
 }
 
@@ -288,12 +275,5 @@ async fn a_dropped_cluster_stops_and_cleans_up() {
     let pids = cluster_pids(&data_dir);
     drop(cluster);
     assert!(!data_dir.exists(), "the drop removes the data directory");
-    assert!(
-        eventually(Duration::from_secs(10), || pids
-            .iter()
-            .all(|p| !is_running(*p)))
-        .await,
-        "left running: {:?}",
-        pids.iter().filter(|p| is_running(**p)).collect::<Vec<_>>()
-    );
+    assert_stopped(&pids, Duration::from_secs(10)).await;
 }

@@ -316,3 +316,13 @@ impl Drop for Up {
 pub fn left_running(pids: &[i32]) -> Vec<i32> {
     pids.iter().copied().filter(|p| is_running(*p)).collect()
 }
+
+/// Waits (at most `limit`) until none of `pids` runs; panics naming those
+/// still running.
+pub async fn assert_stopped(pids: &[i32], limit: Duration) {
+    assert!(
+        crate::eventually(limit, || left_running(pids).is_empty()).await,
+        "left running after {limit:?}: {:?}",
+        left_running(pids)
+    );
+}

@@ -476,7 +476,8 @@ fn signal(pid: i32, sig: libc::c_int) {
 }
 
 /// Alive and not a zombie.
-fn is_running(pid: i32) -> bool {
+/// Whether `pid` is a running process (not a zombie).
+pub fn is_running(pid: i32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
         Ok(stat) => stat
             .rsplit_once(')')

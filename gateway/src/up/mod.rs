@@ -524,28 +524,14 @@ fn say(line: &str) {
     let _ = writeln!(std::io::stdout(), "{line}");
 }
 
-/// A start that failed half way: SIGTERM to every process started (the
-/// last first), then SIGKILL to those still running after 15 s.
+/// A start that failed half way: every process started is stopped at once
+/// (SIGTERM, SIGKILL after 15 s).
 async fn stop_started(started: &mut [Started]) {
-    for s in started.iter().rev() {
-        if let Some(pid) = s.child.id() {
-            // SAFETY: kill(2) has no memory-safety preconditions; the child
-            // is not reaped yet, so the PID is its own.
-            unsafe {
-                libc::kill(pid as i32, libc::SIGTERM);
-            }
-        }
-    }
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
-    for s in started.iter_mut() {
-        if tokio::time::timeout_at(deadline, s.child.wait())
-            .await
-            .is_err()
-        {
-            tracing::warn!("{} did not stop in time; killing it", s.spec.name);
-            let _ = s.child.kill().await;
-        }
-    }
+    let stops = started
+        .iter_mut()
+        .rev()
+        .map(|s| process::terminate(&s.spec.name, &mut s.child));
+    futures::future::join_all(stops).await;
 }
 
 /// Stops every sandbox supervisor, once the replicas are down (the

@@ -19,15 +19,8 @@ pub struct StatusArgs {
     json: bool,
 }
 
-/// Whether `pid` is a running process (not a zombie).
 fn alive(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|stat| {
-            let state = stat.rsplit(") ").next()?.chars().next()?;
-            Some(state != 'Z' && state != 'X')
-        })
-        .unwrap_or(false)
+    i32::try_from(pid).is_ok_and(crate::sandboxes::driver::is_running)
 }
 
 /// Prints the status; returns the exit code.
