@@ -16,6 +16,7 @@
 //! | `auth` | the host's [`TokenProvider`](crate::TokenProvider) failed |
 //! | `stream_closed` | a send on a stream whose request half is closed (the receive side says why) |
 //! | `io` | a local socket failed (forward listener bind, accept) |
+//! | `cluster` | a [local cluster](crate::testing) failed to start, take an order or stop; the message names what failed and where its logs are |
 //!
 //! An HTTP answer without a gRPC status (a proxy's own error page, for
 //! example nginx's HTML 502 for a dead route) is `unavailable` with a message
@@ -120,6 +121,15 @@ pub enum Error {
         /// What failed.
         message: String,
     },
+    /// A local test cluster ([`crate::testing`]) failed to start, carry
+    /// out a fault order, or stop cleanly.
+    #[error("cluster: {message}")]
+    Cluster {
+        /// What failed (and, when there are logs, where they are).
+        message: String,
+        /// The directory with the cluster's logs, kept for reading.
+        logs: Option<std::path::PathBuf>,
+    },
 }
 
 impl Error {
@@ -138,6 +148,7 @@ impl Error {
             Error::Auth { .. } => "auth",
             Error::StreamClosed { .. } => "stream_closed",
             Error::Io { .. } => "io",
+            Error::Cluster { .. } => "cluster",
         }
     }
 
@@ -156,6 +167,7 @@ impl Error {
             Error::Auth { .. } => Code::Unauthenticated,
             Error::StreamClosed { .. } => Code::Aborted,
             Error::Io { .. } => Code::Unavailable,
+            Error::Cluster { .. } => Code::Unavailable,
         }
     }
 
@@ -170,7 +182,8 @@ impl Error {
             | Error::SandboxFailed { message, .. }
             | Error::Auth { message, .. }
             | Error::StreamClosed { message }
-            | Error::Io { message, .. } => message.clone(),
+            | Error::Io { message, .. }
+            | Error::Cluster { message, .. } => message.clone(),
             other => other.to_string(),
         }
     }
@@ -201,6 +214,15 @@ impl Error {
     /// reference gateway answered. Absent for edge and transport failures.
     pub fn served_by(&self) -> Option<&str> {
         self.metadata().and_then(|m| m.get(SERVED_BY))
+    }
+
+    /// For a `cluster` error, the directory where the local cluster's logs
+    /// were kept.
+    pub fn logs(&self) -> Option<&std::path::Path> {
+        match self {
+            Error::Cluster { logs, .. } => logs.as_deref(),
+            _ => None,
+        }
     }
 
     /// A configuration error.

@@ -51,25 +51,12 @@ const STOP_WITHIN: Duration = Duration::from_secs(60);
 /// The variable naming the gateway executable.
 pub const GATEWAY_BIN_ENV: &str = "OPENSHELL_GATEWAY_BIN";
 
-/// What failed while starting, driving or stopping a local cluster.
-#[derive(Debug, thiserror::Error)]
-#[error("{message}")]
-pub struct ClusterError {
-    message: String,
-    logs: Option<PathBuf>,
-}
-
-impl ClusterError {
-    fn new(message: impl Into<String>, logs: Option<&Path>) -> Self {
-        Self {
-            message: message.into(),
-            logs: logs.map(Path::to_owned),
-        }
-    }
-
-    /// The directory with the cluster's logs, when there is one to read.
-    pub fn logs(&self) -> Option<&Path> {
-        self.logs.as_deref()
+/// A `cluster` error ([`crate::Error::Cluster`]), with the logs' directory
+/// when it is kept.
+fn failure(message: impl Into<String>, logs: Option<&Path>) -> crate::Error {
+    crate::Error::Cluster {
+        message: message.into(),
+        logs: logs.map(Path::to_owned),
     }
 }
 
@@ -144,14 +131,14 @@ impl LocalClusterOptions {
 }
 
 /// The gateway executable: the option, `OPENSHELL_GATEWAY_BIN`, then `PATH`.
-pub fn find_gateway(explicit: Option<&Path>) -> Result<PathBuf, ClusterError> {
+pub fn find_gateway(explicit: Option<&Path>) -> crate::Result<PathBuf> {
     let named = explicit
         .map(Path::to_owned)
         .or_else(|| std::env::var_os(GATEWAY_BIN_ENV).map(PathBuf::from));
     if let Some(path) = named {
         return match path.is_file() {
             true => Ok(path),
-            false => Err(ClusterError::new(
+            false => Err(failure(
                 format!("the gateway executable {} does not exist", path.display()),
                 None,
             )),
@@ -163,7 +150,7 @@ pub fn find_gateway(explicit: Option<&Path>) -> Result<PathBuf, ClusterError> {
             .find(|candidate| candidate.is_file())
     });
     found.ok_or_else(|| {
-        ClusterError::new(
+        failure(
             format!(
                 "openshell-gateway not found: set {GATEWAY_BIN_ENV} to its path or put it on \
                  PATH (it ships with the SDK packages; in a checkout, `cargo build --bins` \
@@ -178,6 +165,8 @@ pub fn find_gateway(explicit: Option<&Path>) -> Result<PathBuf, ClusterError> {
 struct Control {
     input: Option<ChildStdin>,
     lines: mpsc::UnboundedReceiver<String>,
+    /// `up` itself; `None` once stopped.
+    child: Option<Child>,
 }
 
 /// A running local cluster; see the module docs.
@@ -186,16 +175,27 @@ pub struct LocalCluster {
     data_dir: PathBuf,
     replicas: Vec<String>,
     hosts: Vec<String>,
-    child: Option<Child>,
     control: Mutex<Control>,
 }
 
 impl LocalCluster {
     /// Starts the cluster and waits until it serves (every host holding
     /// its session, with `hosts`).
-    pub async fn start(options: LocalClusterOptions) -> Result<LocalCluster, ClusterError> {
+    pub async fn start(options: LocalClusterOptions) -> crate::Result<LocalCluster> {
         if options.replicas == 0 {
-            return Err(ClusterError::new("replicas must be at least 1", None));
+            return Err(crate::Error::invalid_config("replicas must be at least 1"));
+        }
+        if !matches!(options.config_delivery.as_str(), "push" | "poll") {
+            return Err(crate::Error::invalid_config(format!(
+                "config_delivery must be \"push\" or \"poll\", not {:?}",
+                options.config_delivery
+            )));
+        }
+        if !matches!(options.isolation.as_str(), "auto" | "namespaces" | "none") {
+            return Err(crate::Error::invalid_config(format!(
+                "isolation must be \"auto\", \"namespaces\" or \"none\", not {:?}",
+                options.isolation
+            )));
         }
         let bin = find_gateway(options.gateway_bin.as_deref())?;
         // The edge's port is picked free a moment before `up` binds it;
@@ -204,8 +204,8 @@ impl LocalCluster {
         for _ in 0..3 {
             match Self::try_start(&bin, &options).await {
                 Ok(cluster) => return Ok(cluster),
-                Err(err) if err.message.contains("a port was in use") => {
-                    if let Some(dir) = &err.logs {
+                Err(err) if err.message().contains("a port was in use") => {
+                    if let Some(dir) = err.logs() {
                         let _ = std::fs::remove_dir_all(dir);
                     }
                     last = Some(err);
@@ -216,19 +216,15 @@ impl LocalCluster {
         Err(last.expect("three tries"))
     }
 
-    async fn try_start(
-        bin: &Path,
-        options: &LocalClusterOptions,
-    ) -> Result<LocalCluster, ClusterError> {
+    async fn try_start(bin: &Path, options: &LocalClusterOptions) -> crate::Result<LocalCluster> {
         let data_dir =
             std::env::temp_dir().join(format!("openshell-cluster-{}", uuid::Uuid::new_v4()));
-        std::fs::create_dir_all(&data_dir).map_err(|err| {
-            ClusterError::new(format!("creating {}: {err}", data_dir.display()), None)
-        })?;
-        let port = free_port()
-            .map_err(|err| ClusterError::new(format!("finding a free port: {err}"), None))?;
+        std::fs::create_dir_all(&data_dir)
+            .map_err(|err| failure(format!("creating {}: {err}", data_dir.display()), None))?;
+        let port =
+            free_port().map_err(|err| failure(format!("finding a free port: {err}"), None))?;
         let up_log = std::fs::File::create(data_dir.join("up.log"))
-            .map_err(|err| ClusterError::new(format!("creating up.log: {err}"), None))?;
+            .map_err(|err| failure(format!("creating up.log: {err}"), None))?;
         let mut child = Command::new(bin)
             .arg("up")
             .args(["--replicas", &options.replicas.to_string()])
@@ -249,7 +245,7 @@ impl LocalCluster {
             .stderr(up_log)
             .kill_on_drop(false)
             .spawn()
-            .map_err(|err| ClusterError::new(format!("starting {}: {err}", bin.display()), None))?;
+            .map_err(|err| failure(format!("starting {}: {err}", bin.display()), None))?;
         let (tx, lines) = mpsc::unbounded_channel();
         let stdout = child.stdout.take().expect("piped");
         tokio::spawn(async move {
@@ -263,6 +259,7 @@ impl LocalCluster {
         let mut control = Control {
             input: child.stdin.take(),
             lines,
+            child: None,
         };
         let banner = match wait_banner(&mut child, &mut control).await {
             Ok(banner) => banner,
@@ -278,7 +275,7 @@ impl LocalCluster {
                     true => "; a port was in use",
                     false => "",
                 };
-                return Err(ClusterError::new(
+                return Err(failure(
                     format!(
                         "the local cluster did not start: {why}{taken}; logs in {} ({})",
                         data_dir.display(),
@@ -296,12 +293,12 @@ impl LocalCluster {
                 .map(str::to_owned)
                 .collect()
         };
+        control.child = Some(child);
         Ok(LocalCluster {
             endpoint: format!("http://127.0.0.1:{port}"),
             replicas: named("gw-"),
             hosts: named("h-"),
             data_dir,
-            child: Some(child),
             control: Mutex::new(control),
         })
     }
@@ -327,13 +324,13 @@ impl LocalCluster {
     }
 
     /// A client of the edge with owner routing (the defaults), no token.
-    pub async fn client(&self) -> Result<Client, crate::Error> {
+    pub async fn client(&self) -> crate::Result<Client> {
         Client::connect(ClientConfig::builder(self.endpoint.clone()).build()?).await
     }
 
     /// The replica holding `sandbox`'s supervisor session, as the gateway
     /// reports it (`None`: no replica holds it now, or one replica).
-    pub async fn owner_of(&self, sandbox: &str) -> Result<Option<String>, crate::Error> {
+    pub async fn owner_of(&self, sandbox: &str) -> crate::Result<Option<String>> {
         let client = self.client().await?;
         let (_, owner) = client
             .sandboxes()
@@ -344,25 +341,25 @@ impl LocalCluster {
 
     /// SIGTERM to a replica (its sessions are redirected to the others);
     /// it stays down until [`LocalCluster::start_replica`].
-    pub async fn stop_replica(&self, id: &str) -> Result<(), ClusterError> {
+    pub async fn stop_replica(&self, id: &str) -> crate::Result<()> {
         self.order("stop", self.replica(id)?).await
     }
 
     /// SIGKILL to a replica; it stays down until
     /// [`LocalCluster::start_replica`].
-    pub async fn kill_replica(&self, id: &str) -> Result<(), ClusterError> {
+    pub async fn kill_replica(&self, id: &str) -> crate::Result<()> {
         self.order("kill", self.replica(id)?).await
     }
 
     /// Starts a stopped or killed replica again, on its old ports; returns
     /// once it serves.
-    pub async fn start_replica(&self, id: &str) -> Result<(), ClusterError> {
+    pub async fn start_replica(&self, id: &str) -> crate::Result<()> {
         self.order("start", self.replica(id)?).await
     }
 
     /// Stops the edge and starts it again: every connection through it
     /// (clients', supervisors', hosts') breaks and is dialled anew.
-    pub async fn restart_edge(&self) -> Result<(), ClusterError> {
+    pub async fn restart_edge(&self) -> crate::Result<()> {
         self.order("restart", "edge").await
     }
 
@@ -371,52 +368,52 @@ impl LocalCluster {
     /// unhinted calls go to the other replicas. Streams already open keep
     /// running. Supervisors reach their replica through the edge too, so
     /// the sandboxes `id` owns get no new relays until the route is back.
-    pub async fn cut_route(&self, id: &str) -> Result<(), ClusterError> {
+    pub async fn cut_route(&self, id: &str) -> crate::Result<()> {
         self.order("cut-route", self.replica(id)?).await
     }
 
     /// Gives the edge its route to replica `id` back.
-    pub async fn restore_route(&self, id: &str) -> Result<(), ClusterError> {
+    pub async fn restore_route(&self, id: &str) -> crate::Result<()> {
         self.order("restore-route", self.replica(id)?).await
     }
 
     /// SIGKILL to a shared host (its sandboxes lose their supervisor); it
     /// stays down until [`LocalCluster::start_host`].
-    pub async fn kill_host(&self, id: &str) -> Result<(), ClusterError> {
+    pub async fn kill_host(&self, id: &str) -> crate::Result<()> {
         self.order("kill", self.host(id)?).await
     }
 
     /// Starts a killed host again.
-    pub async fn start_host(&self, id: &str) -> Result<(), ClusterError> {
+    pub async fn start_host(&self, id: &str) -> crate::Result<()> {
         self.order("start", self.host(id)?).await
     }
 
-    fn replica<'a>(&self, id: &'a str) -> Result<&'a str, ClusterError> {
+    fn replica<'a>(&self, id: &'a str) -> crate::Result<&'a str> {
         match self.replicas.iter().any(|r| r == id) {
             true => Ok(id),
-            false => Err(ClusterError::new(
-                format!("no replica {id:?}: the replicas are {:?}", self.replicas),
-                None,
-            )),
+            false => Err(crate::Error::invalid_config(format!(
+                "no replica {id:?}: the replicas are {:?}",
+                self.replicas
+            ))),
         }
     }
 
-    fn host<'a>(&self, id: &'a str) -> Result<&'a str, ClusterError> {
+    fn host<'a>(&self, id: &'a str) -> crate::Result<&'a str> {
         match self.hosts.iter().any(|h| h == id) {
             true => Ok(id),
-            false => Err(ClusterError::new(
-                format!("no host {id:?}: the hosts are {:?}", self.hosts),
-                None,
-            )),
+            false => Err(crate::Error::invalid_config(format!(
+                "no host {id:?}: the hosts are {:?}",
+                self.hosts
+            ))),
         }
     }
 
     /// One order to `up`, answered once it is carried out.
-    async fn order(&self, verb: &str, name: &str) -> Result<(), ClusterError> {
+    async fn order(&self, verb: &str, name: &str) -> crate::Result<()> {
         let mut control = self.control.lock().await;
         let logs = Some(self.data_dir.as_path());
         let Some(input) = control.input.as_mut() else {
-            return Err(ClusterError::new("the cluster is stopped", None));
+            return Err(failure("the cluster is stopped", None));
         };
         let line = format!("{verb} {name}\n");
         let sent = async {
@@ -424,15 +421,15 @@ impl LocalCluster {
             input.flush().await
         };
         sent.await
-            .map_err(|err| ClusterError::new(format!("the cluster is gone: {err}"), logs))?;
+            .map_err(|err| failure(format!("the cluster is gone: {err}"), logs))?;
         let deadline = Instant::now() + ORDER_WITHIN;
         loop {
             let left = deadline.saturating_duration_since(Instant::now());
             let line = match tokio::time::timeout(left, control.lines.recv()).await {
                 Ok(Some(line)) => line,
-                Ok(None) => return Err(ClusterError::new("the cluster exited", logs)),
+                Ok(None) => return Err(failure("the cluster exited", logs)),
                 Err(_) => {
-                    return Err(ClusterError::new(
+                    return Err(failure(
                         format!("{verb} {name}: no answer within {ORDER_WITHIN:?}"),
                         logs,
                     ));
@@ -442,7 +439,7 @@ impl LocalCluster {
                 return Ok(());
             }
             if let Some(why) = line.strip_prefix("control: error ") {
-                return Err(ClusterError::new(format!("{verb} {name}: {why}"), None));
+                return Err(failure(format!("{verb} {name}: {why}"), None));
             }
         }
     }
@@ -451,26 +448,36 @@ impl LocalCluster {
     /// replicas, then the sandbox supervisors) and removes the data
     /// directory. Fails, keeping the directory, if `up` did not stop
     /// cleanly.
-    pub async fn stop(mut self) -> Result<(), ClusterError> {
-        self.control.get_mut().input = None;
-        let mut child = self.child.take().expect("running until stopped");
+    pub async fn stop(self) -> crate::Result<()> {
+        self.close().await
+    }
+
+    /// [`LocalCluster::stop`] through a shared reference, for holders that
+    /// cannot give the cluster up (a binding's handle): later orders fail
+    /// with "the cluster is stopped", a second close does nothing.
+    pub async fn close(&self) -> crate::Result<()> {
+        let mut control = self.control.lock().await;
+        control.input = None;
+        let Some(mut child) = control.child.take() else {
+            return Ok(());
+        };
         let status = tokio::time::timeout(STOP_WITHIN, child.wait()).await;
         match status {
             Ok(Ok(status)) if status.success() => {
                 let _ = std::fs::remove_dir_all(&self.data_dir);
                 Ok(())
             }
-            Ok(Ok(status)) => Err(ClusterError::new(
+            Ok(Ok(status)) => Err(failure(
                 format!(
                     "the cluster ended {status}; logs in {}",
                     self.data_dir.display()
                 ),
                 Some(&self.data_dir),
             )),
-            Ok(Err(err)) => Err(ClusterError::new(format!("waiting for up: {err}"), None)),
+            Ok(Err(err)) => Err(failure(format!("waiting for up: {err}"), None)),
             Err(_) => {
                 let _ = child.start_kill();
-                Err(ClusterError::new(
+                Err(failure(
                     format!(
                         "the cluster did not stop within {STOP_WITHIN:?}; logs in {}",
                         self.data_dir.display()
@@ -487,10 +494,11 @@ impl Drop for LocalCluster {
     /// 60 s, on this thread: a test that ends leaves nothing running. The
     /// data directory goes unless the thread is panicking.
     fn drop(&mut self) {
-        let Some(mut child) = self.child.take() else {
+        let control = self.control.get_mut();
+        control.input = None;
+        let Some(mut child) = control.child.take() else {
             return;
         };
-        self.control.get_mut().input = None;
         let started = Instant::now();
         let mut clean = false;
         while started.elapsed() < STOP_WITHIN {

@@ -143,6 +143,7 @@ async fn a_local_cluster_serves_every_replica_and_survives_a_killed_owner() {
     // Bad orders say what is wrong and change nothing.
     let err = cluster.kill_replica("gw-9").await.unwrap_err();
     assert!(err.to_string().contains(r#"no replica "gw-9""#), "{err}");
+    assert_eq!(err.code(), "invalid_config");
     let err = cluster.kill_host("h-0").await.unwrap_err();
     assert!(err.to_string().contains("the hosts are []"), "{err}");
 
@@ -167,6 +168,15 @@ async fn two_clusters_run_at_once_and_bad_options_are_refused() {
         err.to_string().contains("replicas must be at least 1"),
         "{err}"
     );
+    assert_eq!(err.code(), "invalid_config");
+    for bad in [
+        options().isolation("bogus"),
+        options().config_delivery("sometimes"),
+    ] {
+        let err = LocalCluster::start(bad).await.err().unwrap();
+        assert_eq!(err.code(), "invalid_config", "{err}");
+        assert!(err.to_string().contains("must be"), "{err}");
+    }
     let err = LocalCluster::start(options().gateway_bin("/nonexistent/openshell-gateway"))
         .await
         .err()
@@ -176,11 +186,13 @@ async fn two_clusters_run_at_once_and_bad_options_are_refused() {
             .contains("/nonexistent/openshell-gateway does not exist"),
         "{err}"
     );
-    let err = LocalCluster::start(options().isolation("bogus"))
+    // A gateway that exits at once: the start fails and keeps its logs.
+    let err = LocalCluster::start(options().gateway_bin("/bin/false"))
         .await
         .err()
         .unwrap();
     assert!(err.to_string().contains("did not start"), "{err}");
+    assert_eq!(err.code(), "cluster");
     let logs = err
         .logs()
         .expect("a failed start keeps its logs")

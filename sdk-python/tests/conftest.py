@@ -29,6 +29,8 @@ from openshell_sdk import AsyncClient, Client
 ROOT = Path(__file__).resolve().parents[2]
 BIN_DIR = Path(os.environ.get("OPENSHELL_BIN_DIR", ROOT / "target" / "debug"))
 START_TIMEOUT = 90.0
+# openshell_sdk.testing (and its pytest plugin) run this checkout's gateway.
+os.environ.setdefault("OPENSHELL_GATEWAY_BIN", str(BIN_DIR / "openshell-gateway"))
 STOP_TIMEOUT = 30.0
 
 

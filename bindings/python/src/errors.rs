@@ -48,6 +48,13 @@ pub fn to_py(py: Python<'_>, err: &openshell_sdk::Error) -> PyErr {
             metadata,
         ))
     });
+    let built = built.and_then(|instance| {
+        // A local cluster's failure names the directory its logs were kept in.
+        if let Some(logs) = err.logs() {
+            instance.setattr("logs", logs.display().to_string())?;
+        }
+        Ok(instance)
+    });
     match built {
         Ok(instance) => PyErr::from_value(instance),
         Err(import_failed) => {

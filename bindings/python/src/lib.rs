@@ -19,7 +19,9 @@
 //!   `ConfigSession` whose pushed or polled snapshots Python answers one at a
 //!   time with an explicit acknowledgement; and its host form
 //!   ([`host_session`]): a shared supervisor host's `HostSession`, whose
-//!   assigned sandboxes' snapshots Python answers the same way.
+//!   assigned sandboxes' snapshots Python answers the same way;
+//! - the core's local test cluster ([`testing`]): start, fault orders and
+//!   stop of a real cluster, for `openshell_sdk.testing`.
 //!
 //! Protobuf messages cross as `bytes` and are `protobuf` objects in Python.
 //!
@@ -76,6 +78,7 @@ mod errors;
 mod handles;
 mod host_session;
 mod runtime;
+mod testing;
 mod token;
 mod waker;
 
@@ -112,6 +115,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<handles::RawStreamHandle>()?;
     m.add_class::<config_session::NativeConfigSession>()?;
     m.add_class::<host_session::NativeHostSession>()?;
+    m.add_class::<testing::NativeLocalCluster>()?;
     m.add_class::<waker::Ready>()?;
     m.add_function(wrap_pyfunction!(runtime_info, m)?)?;
     m.add_function(wrap_pyfunction!(_shutdown_runtime, m)?)?;

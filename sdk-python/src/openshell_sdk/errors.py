@@ -23,6 +23,7 @@ __all__ = [
     "AlreadyExistsError",
     "AuthError",
     "CallCancelledError",
+    "ClusterError",
     "ConnectError",
     "DataLossError",
     "DeadlineExceededError",
@@ -237,6 +238,16 @@ class IoError(OpenShellError):
     """``io``: a local socket failed (for example binding a forward's listener)."""
 
 
+class ClusterError(OpenShellError):
+    """``cluster``: a local test cluster (:mod:`openshell_sdk.testing`) failed to start,
+    carry out a fault, or stop cleanly.
+
+    ``logs`` is the directory where the cluster's logs were kept, when there is one.
+    """
+
+    logs: str | None = None
+
+
 _CLASSES: dict[str, type[OpenShellError]] = {
     "not_found": NotFoundError,
     "invalid_argument": InvalidArgumentError,
@@ -262,6 +273,7 @@ _CLASSES: dict[str, type[OpenShellError]] = {
     "auth": AuthError,
     "stream_closed": StreamClosedError,
     "io": IoError,
+    "cluster": ClusterError,
 }
 
 
