@@ -18,8 +18,8 @@ pub struct OsCompletion {
     pub status: i32,
     /// The response message (encoded protobuf; see each export).
     pub value: OsBytes,
-    /// An owned `OsStream` or `OsForward` for the exports that make one,
-    /// otherwise null.
+    /// An owned `OsStream`, `OsForward` or `OsLocalCluster` for the exports
+    /// that make one, otherwise null.
     pub handle: *mut c_void,
     /// The replica that answered a raw unary call, when known.
     pub served_by: OsBytes,

@@ -16,19 +16,21 @@
 //!   `OsForward` → [`openshell_forward_free`], `OsErrorBox` →
 //!   [`openshell_error_free`], `OsOwnedBytes` → [`openshell_bytes_free`].
 //!   `OsConfigSession` → [`openshell_config_session_free`], `OsHostSession`
-//!   → [`openshell_host_session_free`]. An
+//!   → [`openshell_host_session_free`], `OsLocalCluster` →
+//!   [`openshell_local_cluster_free`]. An
 //!   `OsTokenReply` is consumed by [`openshell_token_reply`], an
 //!   `OsApplyReply` by [`openshell_apply_reply`].
 //! - **A completion is borrowed for the duration of its callback**: its
 //!   `value`, `served_by` and `error` views are valid only until the
 //!   callback returns (copy what you keep). Its `handle`, when not null, is
-//!   an owned `OsStream` or `OsForward`.
+//!   an owned `OsStream`, `OsForward` or `OsLocalCluster`.
 //!
 //! # Async calls and threads
 //!
 //! The library owns one multi-thread tokio runtime, started on first use.
 //! An async export (`openshell_client_call`, `_open`, `_raw_unary`,
-//! `_raw_stream`, `_forward`, `openshell_stream_next`, `_send`) checks its
+//! `_raw_stream`, `_forward`, `openshell_stream_next`, `_send`,
+//! `openshell_local_cluster_start`, `_fault`, `_owner_of`, `_close`) checks its
 //! arguments, copies them, spawns the work and returns at once:
 //!
 //! - it returns [`OS_OK`] and later calls `callback(user_data, completion)`
@@ -57,9 +59,16 @@
 //! Every export catches panics: a synchronous one returns [`OS_PANIC`], an
 //! async one completes with error code `panic`. Errors carry the core's
 //! stable string code (`not_found`, `invalid_argument`, `unavailable`,
-//! `invalid_config`, `cancelled`, `deadline_exceeded`, ...), the gRPC status,
-//! the message (never a token), whether a retry may succeed, and the replica
-//! that served the call.
+//! `invalid_config`, `cancelled`, `deadline_exceeded`, `cluster`, ...), the
+//! gRPC status, the message (never a token), whether a retry may succeed,
+//! the replica that served the call, and for `cluster` the directory of the
+//! local cluster's kept logs.
+//!
+//! # Local clusters
+//!
+//! `openshell_local_cluster_*` (`testing.rs`) start and drive the core's
+//! local test cluster (the reference gateway's `up`), for tests of code that
+//! uses the SDK.
 //!
 //! # Messages
 //!
@@ -74,6 +83,7 @@ mod complete;
 mod host;
 mod session;
 mod stream;
+mod testing;
 mod types;
 
 pub use call::{OsCallOptions, OsClient};
@@ -82,4 +92,5 @@ pub use complete::*;
 pub use host::*;
 pub use session::*;
 pub use stream::*;
+pub use testing::*;
 pub use types::*;

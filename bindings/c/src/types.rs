@@ -105,6 +105,9 @@ pub struct OsError {
     pub grpc_status: i32,
     /// Whether the same call may succeed if retried later.
     pub retryable: bool,
+    /// Code `cluster`: the directory with the local cluster's logs, kept
+    /// for reading (empty otherwise).
+    pub logs: OsBytes,
 }
 
 /// An error owned by the library's side of a completion or an `OsErrorBox`.
@@ -115,6 +118,7 @@ pub(crate) struct ErrorParts {
     pub served_by: String,
     pub grpc_status: i32,
     pub retryable: bool,
+    pub logs: String,
 }
 
 impl ErrorParts {
@@ -125,6 +129,10 @@ impl ErrorParts {
             served_by: err.served_by().unwrap_or_default().to_owned(),
             grpc_status: err.grpc_code() as i32,
             retryable: err.retryable(),
+            logs: err
+                .logs()
+                .map(|dir| dir.display().to_string())
+                .unwrap_or_default(),
         }
     }
 
@@ -140,6 +148,7 @@ impl ErrorParts {
             served_by: String::new(),
             grpc_status: 13,
             retryable: false,
+            logs: String::new(),
         }
     }
 
@@ -150,6 +159,7 @@ impl ErrorParts {
             served_by: OsBytes::of(self.served_by.as_bytes()),
             grpc_status: self.grpc_status,
             retryable: self.retryable,
+            logs: OsBytes::of(self.logs.as_bytes()),
         }
     }
 
@@ -160,6 +170,7 @@ impl ErrorParts {
             served_by: OsBytes::empty(),
             grpc_status: 0,
             retryable: false,
+            logs: OsBytes::empty(),
         }
     }
 }

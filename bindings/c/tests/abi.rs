@@ -397,3 +397,75 @@ fn a_host_session_refuses_bad_input_with_invalid_config_and_runs_until_cancelled
         openshell_host_session_free(session);
     }
 }
+
+/// What a local cluster's start completed with: (status, code, logs).
+#[derive(Default)]
+struct Started(Mutex<Option<(i32, String, String)>>);
+
+unsafe extern "C" fn record_start(user_data: usize, completion: *const OsCompletion) {
+    let started = unsafe { &*(user_data as *const Started) };
+    let c = unsafe { &*completion };
+    let text = |b: OsBytes| match b.len {
+        0 => String::new(),
+        n => String::from_utf8_lossy(unsafe { std::slice::from_raw_parts(b.ptr, n) }).into_owned(),
+    };
+    if !c.handle.is_null() {
+        unsafe { openshell_local_cluster_free(c.handle as *mut OsLocalCluster) };
+    }
+    *started.0.lock().unwrap() = Some((c.status, text(c.error.code), text(c.error.logs)));
+}
+
+fn start_cluster(replicas: u32, gateway_bin: &str) -> (i32, String, String) {
+    let started = Started::default();
+    let options = OsLocalClusterOptions {
+        replicas,
+        hosts: 0,
+        config_delivery: empty(),
+        isolation: empty(),
+        restart_crashed: false,
+        gateway_bin: bytes(gateway_bin),
+    };
+    let status = unsafe {
+        openshell_local_cluster_start(
+            options,
+            Some(record_start),
+            &started as *const Started as usize,
+        )
+    };
+    assert_eq!(status, OS_OK);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        if let Some(outcome) = started.0.lock().unwrap().take() {
+            return outcome;
+        }
+        assert!(Instant::now() < deadline, "no completion within 60 s");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn a_local_cluster_start_reports_bad_options_and_a_failed_start_with_its_logs() {
+    let (status, code, logs) = start_cluster(0, "/bin/false");
+    assert_eq!(
+        (status, code.as_str(), logs.as_str()),
+        (OS_ERROR, "invalid_config", "")
+    );
+    // `up` exits at once: the start fails, its logs kept and named.
+    let (status, code, logs) = start_cluster(1, "/bin/false");
+    assert_eq!((status, code.as_str()), (OS_ERROR, "cluster"));
+    assert!(
+        std::path::Path::new(&logs).join("up.log").is_file(),
+        "{logs}"
+    );
+    std::fs::remove_dir_all(&logs).unwrap();
+    let refused = unsafe {
+        openshell_local_cluster_fault(
+            std::ptr::null(),
+            OS_FAULT_KILL_REPLICA,
+            empty(),
+            Some(record),
+            0,
+        )
+    };
+    assert_eq!(refused, OS_INVALID);
+}

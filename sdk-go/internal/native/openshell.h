@@ -59,6 +59,44 @@
 // (`stdin` or `resize`); close-send closes stdin.
 #define OS_STREAM_INTERACTIVE 3
 
+// [`openshell_local_cluster_text`]: the edge's URL.
+#define OS_CLUSTER_ENDPOINT 1
+
+// The data directory (store, sandboxes, logs under `up/`).
+#define OS_CLUSTER_DATA_DIR 2
+
+// The replica ids, each followed by a NUL byte.
+#define OS_CLUSTER_REPLICA_IDS 3
+
+// The shared host ids, each followed by a NUL byte (empty without hosts).
+#define OS_CLUSTER_HOST_IDS 4
+
+// [`openshell_local_cluster_fault`]: SIGTERM to replica `id`; down until
+// started.
+#define OS_FAULT_STOP_REPLICA 1
+
+// SIGKILL to replica `id`; down until started.
+#define OS_FAULT_KILL_REPLICA 2
+
+// Starts replica `id` again on its old ports; completes once it serves.
+#define OS_FAULT_START_REPLICA 3
+
+// The edge loses its route to replica `id` (hinted calls to it take the
+// unrouted retry).
+#define OS_FAULT_CUT_ROUTE 4
+
+// Gives the edge its route to replica `id` back.
+#define OS_FAULT_RESTORE_ROUTE 5
+
+// Stops and starts the edge (`id` is ignored).
+#define OS_FAULT_RESTART_EDGE 6
+
+// SIGKILL to shared host `id`; down until started.
+#define OS_FAULT_KILL_HOST 7
+
+// Starts shared host `id` again.
+#define OS_FAULT_START_HOST 8
+
 // Accepted: the callback of an async export will fire exactly once.
 #define OS_OK 0
 
@@ -101,6 +139,10 @@ typedef struct OsForward OsForward;
 // A host session. Run it with [`openshell_host_session_run`]; free it
 // with [`openshell_host_session_free`].
 typedef struct OsHostSession OsHostSession;
+
+// A running local cluster. Close it with [`openshell_local_cluster_close`],
+// free it with [`openshell_local_cluster_free`].
+typedef struct OsLocalCluster OsLocalCluster;
 
 // A stream. Receive with [`openshell_stream_next`], send with
 // [`openshell_stream_send`]; free with [`openshell_stream_free`].
@@ -169,6 +211,9 @@ typedef struct OsError {
   int32_t grpc_status;
   // Whether the same call may succeed if retried later.
   bool retryable;
+  // Code `cluster`: the directory with the local cluster's logs, kept
+  // for reading (empty otherwise).
+  struct OsBytes logs;
 } OsError;
 
 // What an async export reports. Borrowed for the duration of the callback.
@@ -177,8 +222,8 @@ typedef struct OsCompletion {
   int32_t status;
   // The response message (encoded protobuf; see each export).
   struct OsBytes value;
-  // An owned `OsStream` or `OsForward` for the exports that make one,
-  // otherwise null.
+  // An owned `OsStream`, `OsForward` or `OsLocalCluster` for the exports
+  // that make one, otherwise null.
   void *handle;
   // The replica that answered a raw unary call, when known.
   struct OsBytes served_by;
@@ -300,6 +345,25 @@ typedef struct OsConfigSessionStats {
   uint64_t sessions_accepted;
   uint64_t redirects;
 } OsConfigSessionStats;
+
+// Options of a local cluster, passed by value; empty strings mean the
+// default.
+typedef struct OsLocalClusterOptions {
+  // Gateway replicas (`gw-0`..), at least 1.
+  uint32_t replicas;
+  // Shared supervisor hosts (`h-0`..); 0 runs one supervisor process per
+  // sandbox.
+  uint32_t hosts;
+  // `push` (empty: the default) or `poll`.
+  struct OsBytes config_delivery;
+  // `auto` (empty: the default), `namespaces` or `none`.
+  struct OsBytes isolation;
+  // Start a process that died unasked again (`up --restart always`).
+  bool restart_crashed;
+  // The `openshell-gateway` to run (its `openshell-supervisor` beside
+  // it); empty: `OPENSHELL_GATEWAY_BIN`, then `PATH`.
+  struct OsBytes gateway_bin;
+} OsLocalClusterOptions;
 
 #ifdef __cplusplus
 extern "C" {
@@ -521,6 +585,44 @@ void openshell_stream_cancel(const struct OsStream *stream);
 
 // Cancels and frees a stream (null is ignored).
 void openshell_stream_free(struct OsStream *stream);
+
+// Starts a local cluster; the completion's `handle` is the
+// `OsLocalCluster`, once it serves.
+int32_t openshell_local_cluster_start(struct OsLocalClusterOptions options,
+                                      OsCallback callback,
+                                      size_t user_data);
+
+// One text of the cluster (`OS_CLUSTER_*`; empty for an unknown `which`);
+// free with `openshell_bytes_free`.
+struct OsOwnedBytes openshell_local_cluster_text(const struct OsLocalCluster *cluster,
+                                                 int32_t which);
+
+// One fault order (`OS_FAULT_*`) on replica or host `id`; completes once
+// `up` carried it out (`value` empty).
+int32_t openshell_local_cluster_fault(const struct OsLocalCluster *cluster,
+                                      uint32_t fault,
+                                      struct OsBytes id,
+                                      OsCallback callback,
+                                      size_t user_data);
+
+// The replica holding `sandbox`'s supervisor session, as the gateway
+// reports it: the completion's `value` is its id, empty when no replica
+// holds it now (or the cluster has one replica).
+int32_t openshell_local_cluster_owner_of(const struct OsLocalCluster *cluster,
+                                         struct OsBytes sandbox,
+                                         OsCallback callback,
+                                         size_t user_data);
+
+// Stops every process of the cluster and removes its data directory
+// (kept, with its path in the error's `logs`, when the stop was not
+// clean). Later orders fail; a second close completes at once.
+int32_t openshell_local_cluster_close(const struct OsLocalCluster *cluster,
+                                      OsCallback callback,
+                                      size_t user_data);
+
+// Frees the handle (null is ignored). A cluster not closed is stopped
+// when the last call using it ends, on that thread, waiting up to 60 s.
+void openshell_local_cluster_free(struct OsLocalCluster *cluster);
 
 // Frees bytes returned by the library (a zeroed value is ignored).
 void openshell_bytes_free(struct OsOwnedBytes bytes);
