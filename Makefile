@@ -94,9 +94,12 @@ conformance: build python typescript conformance-go
 check-docs: build python typescript go-native
 	$(PYTHON) docs-check/check_docs.py
 
-# `pip install ./sdk-python` into a clean venv (PEP 517 abi3 wheel, release).
-check-wheel:
-	bash scripts/check-wheel.sh
+# The wheel with the gateway's executables inside (scripts/build-wheel.sh,
+# debug: it reuses `make python`'s build) in a clean venv without cargo: a
+# user's pytest file on the plugin's cluster, as root and as uid 65534, and a
+# SIGKILLed holder of a cluster leaving nothing (scripts/check-wheel.sh).
+check-wheel: build python
+	CARGO_TARGET_DIR=$(TARGET_DIR) MATURIN=$(VENV)/bin/maturin bash scripts/check-wheel.sh
 
 # ---------------------------------------------------------------- TypeScript
 # SDK (sdk-typescript, package @openshell/sdk, over the napi-rs addon in

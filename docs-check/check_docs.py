@@ -553,15 +553,19 @@ def block_env(ctx: Context, block: Block) -> dict[str, str]:
 
 
 def check_python(ctx: Context, blocks: list[Block]) -> None:
+    """Each block runs as a program; a block of pytest tests runs under pytest."""
     for block in blocks:
-        path = ctx.work / "python" / f"{block.name.replace('-', '_')}.py"
+        tests = re.search(r"^def test_", block.text, re.MULTILINE) is not None
+        stem = block.name.replace("-", "_")
+        path = ctx.work / "python" / (f"test_{stem}.py" if tests else f"{stem}.py")
         write_if_changed(path, block.text)
         env = block_env(ctx, block)
         log = ctx.work / "logs" / f"{block.name}.log"
         started = time.monotonic()
-        rc = run_logged(
-            [str(ctx.python), str(path)], ctx, log, SNIPPET_TIMEOUT, env=env, cwd=ctx.work
-        )
+        argv = [str(ctx.python), str(path)]
+        if tests:
+            argv = [str(ctx.python), "-m", "pytest", "-q", "-p", "no:cacheprovider", str(path)]
+        rc = run_logged(argv, ctx, log, SNIPPET_TIMEOUT, env=env, cwd=ctx.work)
         took = f"({time.monotonic() - started:.1f} s)"
         ctx.report(block, "ok" if rc == 0 else "FAIL", took if rc == 0 else f"exit {rc}")
 
