@@ -416,16 +416,23 @@ warnings = "deny"
 {workspace_profiles()}"""
     write_if_changed(crate / "Cargo.toml", manifest)
     write_if_changed(crate / "Cargo.lock", (ROOT / "Cargo.lock").read_text(encoding="utf-8"))
-    bins = crate / "src" / "bin"
-    wanted = {f"{b.name}.rs" for b in blocks}
-    if bins.exists():
-        for stale in bins.iterdir():
-            if stale.name not in wanted:
-                stale.unlink()
     write_if_changed(crate / "src" / "lib.rs", "")
-    for block in blocks:
-        write_if_changed(bins / f"{block.name}.rs", block.text)
+    for folder, kind in ((crate / "src" / "bin", False), (crate / "tests", True)):
+        mine = [b for b in blocks if is_rust_test(b) == kind]
+        wanted = {f"{b.name}.rs" for b in mine}
+        if folder.exists():
+            for stale in folder.iterdir():
+                if stale.name not in wanted:
+                    stale.unlink()
+        for block in mine:
+            write_if_changed(folder / f"{block.name}.rs", block.text)
     return crate
+
+
+def is_rust_test(block: Block) -> bool:
+    """A block of tests (`#[test]`/`#[tokio::test]`, no `main`): an integration test."""
+    has_tests = re.search(r"^#\[(tokio::)?test\]", block.text, re.MULTILINE) is not None
+    return has_tests and re.search(r"^(async )?fn main\(", block.text, re.MULTILINE) is None
 
 
 def check_rust(ctx: Context, blocks: list[Block]) -> None:
@@ -434,23 +441,22 @@ def check_rust(ctx: Context, blocks: list[Block]) -> None:
     crate = rust_crate(ctx, blocks)
     print(f"check-docs: compiling {len(blocks)} rust block(s) in {crate}", flush=True)
     for block in blocks:
-        print(f"check-docs:   src/bin/{block.name}.rs is {block.where}", flush=True)
-    cargo = [
-        os.environ.get("CARGO", "cargo"),
-        "build",
-        "--manifest-path",
-        str(crate / "Cargo.toml"),
-    ]
-    build = subprocess.run([*cargo, "--bins"], env=ctx.env, cwd=crate)
+        where = "tests" if is_rust_test(block) else "src/bin"
+        print(f"check-docs:   {where}/{block.name}.rs is {block.where}", flush=True)
+    cargo = os.environ.get("CARGO", "cargo")
+    manifest = ["--manifest-path", str(crate / "Cargo.toml")]
+    build = subprocess.run([cargo, "build", *manifest, "--bins", "--tests"], env=ctx.env, cwd=crate)
     if build.returncode != 0:
         for block in blocks:
             ctx.report(block, "FAIL", "(the scratch crate does not compile: see above)")
         return
     for block in blocks:
-        binary = ctx.bin_dir / block.name
+        argv = [str(ctx.bin_dir / block.name)]
+        if is_rust_test(block):
+            argv = [cargo, "test", "-q", *manifest, "--test", block.name]
         log = ctx.work / "logs" / f"{block.name}.log"
         started = time.monotonic()
-        rc = run_logged([str(binary)], ctx, log, SNIPPET_TIMEOUT, cwd=ctx.work)
+        rc = run_logged(argv, ctx, log, SNIPPET_TIMEOUT, cwd=ctx.work)
         took = f"({time.monotonic() - started:.1f} s)"
         ctx.report(block, "ok" if rc == 0 else "FAIL", took if rc == 0 else f"exit {rc}")
 
