@@ -31,6 +31,8 @@ export interface ErrorDetails {
   retryable: boolean;
   servedBy: string | null;
   metadata: ReadonlyArray<readonly [string, string]>;
+  /** A `cluster` error's kept log directory (the addon sends `null` otherwise). */
+  logs?: string | null;
 }
 
 /** A failed call. `code` is the core's stable code (`not_found`, `cancelled`, ...). */
@@ -73,6 +75,20 @@ export class UnavailableError extends OpenShellError {}
 export class InvalidConfigError extends OpenShellError {}
 export class OutputLimitError extends OpenShellError {}
 
+/**
+ * A local test cluster (`@openshell/sdk/testing`) failed to start, to carry
+ * out a fault, or to stop cleanly (code `cluster`).
+ */
+export class ClusterError extends OpenShellError {
+  /** The directory the cluster's logs were kept in, when they were. */
+  readonly logs?: string;
+
+  constructor(details: ErrorDetails, options?: { cause?: unknown }) {
+    super(details, options);
+    if (typeof details.logs === "string") this.logs = details.logs;
+  }
+}
+
 const classes: Record<string, new (d: ErrorDetails, o?: { cause?: unknown }) => OpenShellError> = {
   not_found: NotFoundError,
   already_exists: AlreadyExistsError,
@@ -86,6 +102,7 @@ const classes: Record<string, new (d: ErrorDetails, o?: { cause?: unknown }) => 
   connect: ConnectError,
   invalid_config: InvalidConfigError,
   output_limit: OutputLimitError,
+  cluster: ClusterError,
 };
 
 const marker = native.errorMarker();

@@ -31,6 +31,7 @@ export {
   AlreadyExistsError,
   AuthError,
   CancelledError,
+  ClusterError,
   ConnectError,
   DeadlineExceededError,
   type ErrorDetails,

@@ -227,6 +227,33 @@ export interface NativeHostSession {
   close(): void;
 }
 
+export interface NativeLocalClusterOptions {
+  replicas?: number;
+  hosts?: number;
+  configDelivery?: string;
+  isolation?: string;
+  restartCrashed?: boolean;
+  gatewayBin?: string;
+}
+
+export interface NativeLocalCluster {
+  readonly endpoint: string;
+  readonly dataDir: string;
+  readonly replicaIds: string[];
+  readonly hostIds: string[];
+  ownerOf(sandbox: string): Promise<string | null>;
+  stopReplica(id: string): Promise<void>;
+  killReplica(id: string): Promise<void>;
+  startReplica(id: string): Promise<void>;
+  cutRoute(id: string): Promise<void>;
+  restoreRoute(id: string): Promise<void>;
+  restartEdge(): Promise<void>;
+  killHost(id: string): Promise<void>;
+  startHost(id: string): Promise<void>;
+  close(): Promise<void>;
+  closeBlocking(): void;
+}
+
 type Ms = number | undefined | null;
 type Cancel = CancelToken | undefined | null;
 
@@ -297,6 +324,9 @@ export interface NativeModule {
     options: NativeHostSessionOptions,
     apply: (update: NativeHostUpdate) => void,
   ) => NativeHostSession;
+  NativeLocalCluster: {
+    start(options: NativeLocalClusterOptions): Promise<NativeLocalCluster>;
+  };
   nativeVersion(): string;
   errorMarker(): string;
   descriptorSet(): Buffer;

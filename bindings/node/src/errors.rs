@@ -2,10 +2,11 @@
 //!
 //! napi's own error carries a coarse `Status`, so the core's error crosses
 //! as a rejection whose message is a marker followed by JSON:
-//! `{"code","message","grpcStatus","retryable","servedBy","metadata"}`.
+//! `{"code","message","grpcStatus","retryable","servedBy","metadata","logs"}`.
 //! `@openshell/sdk` turns every such rejection into an `OpenShellError`
-//! (with `code`, `grpcStatus`, `message`, `servedBy`) before user code sees
-//! it; nothing else reads the marker. The JSON carries the core's message,
+//! (with `code`, `grpcStatus`, `message`, `servedBy`; a `cluster` error's
+//! `ClusterError` also `logs`, the directory a local cluster's logs were
+//! kept in) before user code sees it; nothing else reads the marker. The JSON carries the core's message,
 //! which never contains a token (the core scrubs them).
 
 use std::future::Future;
@@ -44,14 +45,19 @@ pub fn to_napi(err: &openshell_sdk::Error) -> napi::Error {
         })
         .unwrap_or_default();
     let served_by = err.served_by().map(escape).unwrap_or_else(|| "null".into());
+    let logs = err
+        .logs()
+        .map(|dir| escape(&dir.display().to_string()))
+        .unwrap_or_else(|| "null".into());
     let json = format!(
-        "{{\"code\":{},\"message\":{},\"grpcStatus\":{},\"retryable\":{},\"servedBy\":{},\"metadata\":[{}]}}",
+        "{{\"code\":{},\"message\":{},\"grpcStatus\":{},\"retryable\":{},\"servedBy\":{},\"metadata\":[{}],\"logs\":{}}}",
         escape(err.code()),
         escape(&err.message()),
         err.grpc_code() as i32,
         err.retryable(),
         served_by,
         metadata,
+        logs,
     );
     napi::Error::new(Status::GenericFailure, format!("{MARKER}{json}"))
 }

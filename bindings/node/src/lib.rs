@@ -18,7 +18,10 @@
 //!   core's config session, each snapshot answered from JavaScript (through
 //!   `nextUpdate()` or a weak apply callback); and a shared supervisor
 //!   host's session, [`host_session::NativeHostSession`], whose assigned
-//!   sandboxes' snapshots go to a weak apply callback the same way.
+//!   sandboxes' snapshots go to a weak apply callback the same way;
+//! - a local test cluster, [`testing::NativeLocalCluster`]: the core's
+//!   `testing::LocalCluster` (`openshell-gateway up` and its faults) for
+//!   `@openshell/sdk/testing`.
 //!
 //! Messages cross as encoded protobuf `Buffer`s, 64-bit counters as
 //! `bigint`, durations as milliseconds.
@@ -52,6 +55,7 @@ mod config_session;
 mod errors;
 mod handles;
 mod host_session;
+mod testing;
 mod token;
 mod values;
 
