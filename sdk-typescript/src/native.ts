@@ -1,5 +1,7 @@
 // The native addon (bindings/node) and the shape of what it exports. Not a
-// public API: everything here is wrapped by the modules next to it.
+// public API: everything here is wrapped by the modules next to it. The
+// addon comes from OPENSHELL_SDK_NATIVE, else the platform package, else
+// the install script's build in native/ (a checkout).
 import { existsSync } from "node:fs";
 import { createRequire } from "node:module";
 import { dirname, join } from "node:path";
@@ -333,14 +335,47 @@ export interface NativeModule {
   panicForTest(): Promise<void>;
 }
 
+const require = createRequire(import.meta.url);
+
+/** The folder of an installed `@openshell/sdk-<name>`, or null. */
+function installed(name: string): string | null {
+  try {
+    return dirname(require.resolve(`@openshell/sdk-${name}/package.json`));
+  } catch {
+    return null;
+  }
+}
+
+let platformPackage: { dir: string | null } | null = null;
+
+/**
+ * The folder of this platform's package (`@openshell/sdk-<platform>`, an
+ * optional dependency of a published release: the addon, and the gateway
+ * and supervisor executables under `bin/`), or null when it is not
+ * installed (a checkout). When only one C library variant is installed it
+ * is this machine's (npm installs by `libc`), so no detection is needed.
+ */
+export function platformPackageDir(): string | null {
+  if (platformPackage === null) {
+    const found = platformSuffixes()
+      .map((suffix) => installed(`${platformBase()}${suffix}`))
+      .filter((dir) => dir !== null);
+    const dir = found.length === 1 ? (found[0] ?? null) : installed(platformName());
+    platformPackage = { dir };
+  }
+  return platformPackage.dir;
+}
+
 function load(): NativeModule {
-  const require = createRequire(import.meta.url);
   const explicit = process.env.OPENSHELL_SDK_NATIVE;
   if (explicit) return require(explicit) as NativeModule;
+  // A release: the platform package's addon (its `main`).
+  const packaged = platformPackageDir();
+  if (packaged !== null) return require(packaged) as NativeModule;
+  // A checkout: the addon the install script built (native/). When only
+  // one C library variant was built, it is this machine's.
   const packageDir = join(dirname(fileURLToPath(import.meta.url)), "..", "..");
   const addon = (name: string) => join(packageDir, "native", `openshell-sdk.${name}.node`);
-  // An addon built here for this platform and architecture: when only one
-  // C library variant exists, it is this machine's, no detection needed.
   const built = platformSuffixes()
     .map((suffix) => addon(`${platformBase()}${suffix}`))
     .filter((file) => existsSync(file));
@@ -348,15 +383,11 @@ function load(): NativeModule {
   const platform = platformName();
   const local = addon(platform);
   if (existsSync(local)) return require(local) as NativeModule;
-  try {
-    return require(`@openshell/sdk-${platform}`) as NativeModule;
-  } catch (cause) {
-    throw new Error(
-      `@openshell/sdk: no native addon for ${platform} (looked for ${local} and the package ` +
-        `@openshell/sdk-${platform}); reinstall the package so its install script can build it`,
-      { cause },
-    );
-  }
+  throw new Error(
+    `@openshell/sdk: no native addon for ${platform} (looked for the package ` +
+      `@openshell/sdk-${platform} and ${local}); install the release's platform package, or ` +
+      "reinstall from a checkout so the install script can build the addon",
+  );
 }
 
 export const native: NativeModule = load();
