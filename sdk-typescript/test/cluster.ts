@@ -278,7 +278,8 @@ export async function until(
   }
 }
 
-function running(pid: number): boolean {
+/** Whether `pid` runs (a zombie has exited: only its reaping is pending). */
+export function running(pid: number): boolean {
   try {
     const stat = readFileSync(`/proc/${pid}/stat`, "utf8");
     return !(stat.split(") ").pop() ?? "").startsWith("Z");

@@ -10,5 +10,6 @@ import "./lifetime.js";
 import "./config.js";
 import "./ssh.js";
 import "./host.js";
+import "./testing.js";
 
 after(stopCluster);
