@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"example.invalid/openshell/sdk-go/internal/native"
 )
@@ -23,6 +24,10 @@ var (
 	ErrInvalidConfig      = errors.New("openshell: invalid configuration")
 	ErrOutputLimit        = errors.New("openshell: output limit exceeded")
 	ErrStreamClosed       = errors.New("openshell: stream closed")
+	// ErrCluster matches a failure of a local test cluster (package
+	// openshelltest): it did not start, an order failed, or it did not stop
+	// cleanly. Error.Logs names the directory of its kept logs.
+	ErrCluster = errors.New("openshell: local cluster failed")
 	// ErrClosed matches a call on a closed Client (or a stream or session
 	// closed before or during the call), and a call that Close cancelled
 	// while it ran (such an error matches context.Canceled too).
@@ -46,6 +51,7 @@ var sentinels = map[string]error{
 	"invalid_config":      ErrInvalidConfig,
 	"output_limit":        ErrOutputLimit,
 	"stream_closed":       ErrStreamClosed,
+	"cluster":             ErrCluster,
 }
 
 // GRPCCode is a gRPC status code (the numbering of google.golang.org/grpc/codes).
@@ -55,7 +61,7 @@ type GRPCCode uint32
 type Error struct {
 	// Code is the core's stable string code: "not_found", "invalid_argument",
 	// "unavailable", "connect", "invalid_config", "cancelled",
-	// "deadline_exceeded", "output_limit", "auth", ...
+	// "deadline_exceeded", "output_limit", "auth", "cluster", ...
 	Code string
 	// GRPCStatus is the gateway's status, or the nearest one for a local failure.
 	GRPCStatus GRPCCode
@@ -65,16 +71,23 @@ type Error struct {
 	Retryable bool
 	// ServedBy names the replica that produced the error, when known.
 	ServedBy string
+	// Logs is the directory of a local cluster's logs, kept for reading
+	// (code "cluster"; empty when nothing was kept).
+	Logs string
 	// closed marks a call on a closed client or handle, or one that a
 	// Close cancelled while it ran.
 	closed bool
 }
 
 func (e *Error) Error() string {
-	if e.ServedBy != "" {
-		return fmt.Sprintf("openshell: %s: %s (served by %s)", e.Code, e.Message, e.ServedBy)
+	msg := e.Message
+	if e.Logs != "" && !strings.Contains(msg, e.Logs) {
+		msg += "; logs in " + e.Logs
 	}
-	return fmt.Sprintf("openshell: %s: %s", e.Code, e.Message)
+	if e.ServedBy != "" {
+		return fmt.Sprintf("openshell: %s: %s (served by %s)", e.Code, msg, e.ServedBy)
+	}
+	return fmt.Sprintf("openshell: %s: %s", e.Code, msg)
 }
 
 // Is matches the sentinel of the error's code, context.Canceled for a
@@ -102,6 +115,7 @@ func fromNative(e *native.Error) *Error {
 		Message:    e.Message,
 		Retryable:  e.Retryable,
 		ServedBy:   e.ServedBy,
+		Logs:       e.Logs,
 		closed:     e.Closed,
 	}
 }

@@ -73,6 +73,8 @@ type Error struct {
 	// Closed is set when the call failed because its client (or the
 	// handle it used) was closed, before or while it ran.
 	Closed bool
+	// Logs is the directory of a local cluster's kept logs (code cluster).
+	Logs string
 }
 
 // Completion is a copied OsCompletion.
@@ -123,6 +125,7 @@ func errorOf(e C.OsError) *Error {
 		ServedBy:   goString(e.served_by),
 		GRPCStatus: int(e.grpc_status),
 		Retryable:  bool(e.retryable),
+		Logs:       goString(e.logs),
 	}
 }
 
