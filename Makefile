@@ -126,8 +126,14 @@ test-typescript: build typescript
 # `npm install` of a clean copy of sdk-typescript (no node_modules, dist or
 # native) into a temporary project, as on a fresh machine
 # (scripts/check-npm-install.sh); the working tree's sdk-typescript is untouched.
-check-npm-install:
+# Then the packages a release publishes (scripts/pack-npm.sh, from the debug
+# build): @openshell/sdk and @openshell/sdk-<platform> (the addon, the gateway
+# and the supervisor) installed from their tarballs with no cargo and no
+# install script, and a user's node:test file using startLocalCluster
+# (scripts/check-npm-packages.sh).
+check-npm-install: build typescript
 	CARGO_TARGET_DIR=$(TARGET_DIR) bash scripts/check-npm-install.sh
+	CARGO_TARGET_DIR=$(TARGET_DIR) bash scripts/check-npm-packages.sh
 
 # ---------------------------------------------------------------- Go SDK
 # (sdk-go, module example.invalid/openshell/sdk-go, over the C ABI in
