@@ -388,6 +388,26 @@ impl LocalCluster {
         self.order("start", self.host(id)?).await
     }
 
+    /// Every replica's store calls wait `delay` first (a slow database),
+    /// until [`LocalCluster::restore_store`]; a delay past a call's
+    /// deadline (5 s) makes it fail `unavailable`.
+    pub async fn slow_store(&self, delay: Duration) -> crate::Result<()> {
+        self.order("slow-store", &delay.as_millis().to_string())
+            .await
+    }
+
+    /// The store stops answering (a frozen or unreachable database): every
+    /// call that needs it fails `unavailable` after its deadline (5 s),
+    /// naming the store, until [`LocalCluster::restore_store`].
+    pub async fn cut_store(&self) -> crate::Result<()> {
+        self.order("cut-store", "").await
+    }
+
+    /// Ends [`LocalCluster::slow_store`] and [`LocalCluster::cut_store`].
+    pub async fn restore_store(&self) -> crate::Result<()> {
+        self.order("restore-store", "").await
+    }
+
     fn replica<'a>(&self, id: &'a str) -> crate::Result<&'a str> {
         match self.replicas.iter().any(|r| r == id) {
             true => Ok(id),
@@ -415,7 +435,7 @@ impl LocalCluster {
         let Some(input) = control.input.as_mut() else {
             return Err(failure("the cluster is stopped", None));
         };
-        let line = format!("{verb} {name}\n");
+        let line = format!("{verb} {name}").trim_end().to_owned() + "\n";
         let sent = async {
             input.write_all(line.as_bytes()).await?;
             input.flush().await

@@ -289,3 +289,67 @@ async fn a_dropped_cluster_stops_and_cleans_up() {
     assert!(!data_dir.exists(), "the drop removes the data directory");
     assert_stopped(&pids, Duration::from_secs(10)).await;
 }
+
+#[tokio::test]
+async fn a_slow_or_cut_store_is_what_clients_see_and_heals() {
+    let cluster = LocalCluster::start(options().replicas(2)).await.unwrap();
+    let client = cluster.client().await.unwrap();
+    let sandbox = ready_sandbox(&client).await;
+    let exec = || ExecRequest::new(&sandbox, ["true"]);
+    let begun = Instant::now();
+    client.exec(exec(), CallOptions::new()).await.unwrap();
+    let fast = begun.elapsed();
+
+    // Slow: every call that reads the store waits, and still succeeds.
+    cluster
+        .slow_store(Duration::from_millis(400))
+        .await
+        .unwrap();
+    let begun = Instant::now();
+    client.exec(exec(), CallOptions::new()).await.unwrap();
+    let slow = begun.elapsed();
+    assert!(
+        slow >= Duration::from_millis(400),
+        "{slow:?} (unfaulted {fast:?})"
+    );
+
+    // Cut: a create fails `unavailable` after the store's deadline, naming
+    // the store and nothing of its address; nothing is created.
+    cluster.cut_store().await.unwrap();
+    let begun = Instant::now();
+    let err = client
+        .sandboxes()
+        .create(
+            CreateSandbox::new().name("during-the-cut"),
+            CallOptions::new(),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "unavailable", "{err}");
+    assert!(err.to_string().contains("store"), "{err}");
+    assert!(
+        begun.elapsed() < Duration::from_secs(15),
+        "{:?}",
+        begun.elapsed()
+    );
+
+    // Restored: the cluster serves again without a manual step.
+    cluster.restore_store().await.unwrap();
+    client.exec(exec(), CallOptions::new()).await.unwrap();
+    let err = client
+        .sandboxes()
+        .get("during-the-cut", CallOptions::new())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        err.code(),
+        "not_found",
+        "the cut create left a sandbox: {err}"
+    );
+    let err = cluster
+        .slow_store(Duration::from_secs(601))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "cluster", "{err}");
+    cluster.stop().await.unwrap();
+}

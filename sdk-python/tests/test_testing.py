@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from conftest import process_running
 
-from openshell_sdk import Client, ClusterError, InvalidConfigError
+from openshell_sdk import Client, ClusterError, InvalidConfigError, UnavailableError
 from openshell_sdk.testing import AsyncLocalCluster, LocalCluster
 
 
@@ -130,6 +130,34 @@ def test_the_next_test_gets_the_shared_cluster_healed(
     assert states(openshell_cluster)["gw-1"] == "running"
     name = ready_sandbox(openshell_client)
     assert count_run(openshell_client, name) == "1"
+
+
+@pytest.mark.openshell_cluster(replicas=1)
+def test_a_slow_or_cut_store_is_what_clients_see(
+    openshell_cluster: LocalCluster, openshell_client: Client
+) -> None:
+    cluster, client = openshell_cluster, openshell_client
+    name = ready_sandbox(client)
+    cluster.slow_store(0.4)
+    begun = time.monotonic()
+    assert client.exec(name, ["true"]).exit_code == 0
+    assert time.monotonic() - begun >= 0.4
+    cluster.cut_store()
+    with pytest.raises(UnavailableError, match="store"):
+        client.sandboxes.create(name="made-during-the-cut")
+    cluster.restore_store()
+    assert client.exec(name, ["true"]).exit_code == 0
+    assert "made-during-the-cut" not in [s.name for s in client.sandboxes.list()]
+    with pytest.raises(InvalidConfigError, match="store delay"):
+        cluster.slow_store(-1)
+    cluster.cut_store()  # left for the fixture to undo
+
+
+@pytest.mark.openshell_cluster(replicas=1)
+def test_the_fixture_restored_the_store(openshell_client: Client) -> None:
+    begun = time.monotonic()
+    ready_sandbox(openshell_client)
+    assert time.monotonic() - begun < 30
 
 
 def test_bad_options_are_refused_and_a_failed_start_keeps_its_logs() -> None:

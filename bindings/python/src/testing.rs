@@ -14,6 +14,7 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::Duration;
 
 use openshell_sdk::testing::{LocalCluster, LocalClusterOptions};
 use pyo3::prelude::*;
@@ -160,6 +161,25 @@ impl NativeLocalCluster {
             self.blocking,
             async move { cluster.restart_edge().await },
         )
+    }
+
+    /// Every replica's store calls wait `delay_ms` first (0 with
+    /// `cut=False` restores the store); `cut=True` makes them fail after
+    /// their deadline, as on a frozen database.
+    fn set_store<'py>(
+        &self,
+        py: Python<'py>,
+        delay_ms: u64,
+        cut: bool,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let cluster = self.cluster.clone();
+        run(py, self.blocking, async move {
+            match (cut, delay_ms) {
+                (true, _) => cluster.cut_store().await,
+                (false, 0) => cluster.restore_store().await,
+                (false, ms) => cluster.slow_store(Duration::from_millis(ms)).await,
+            }
+        })
     }
 
     /// Stops every process and removes the data directory (kept, with its

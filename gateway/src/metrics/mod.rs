@@ -86,6 +86,10 @@ pub struct Metrics {
     pub token_lookups: Family<TokenLookupLabels, Counter>,
     /// Push config delivery (config_delivery.rs).
     pub config: config::ConfigMetrics,
+    /// The injected store fault in force (`--store-fault-file`): its delay
+    /// in milliseconds, and 1 while the store is cut.
+    pub store_fault_delay_ms: Gauge,
+    pub store_fault_down: Gauge,
 }
 
 impl Metrics {
@@ -192,7 +196,21 @@ impl Metrics {
             let _ = token_lookups.get_or_create(&TokenLookupLabels { source });
         }
         let config = config::ConfigMetrics::register(&mut registry);
+        let store_fault_delay_ms = Gauge::default();
+        let store_fault_down = Gauge::default();
+        registry.register(
+            "openshell_store_fault_delay_ms",
+            "Delay injected before every store call, in milliseconds (test fault)",
+            store_fault_delay_ms.clone(),
+        );
+        registry.register(
+            "openshell_store_fault_down",
+            "1 while the store is cut by an injected fault (test fault)",
+            store_fault_down.clone(),
+        );
         Arc::new(Self {
+            store_fault_delay_ms,
+            store_fault_down,
             registry,
             isolation,
             ring_members,

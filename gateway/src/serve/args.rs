@@ -143,6 +143,13 @@ pub struct ServeArgs {
     /// others).
     #[arg(long)]
     pub stop_sandboxes_if_orphaned: bool,
+    /// Test fault: a JSON file `{"delay_ms": N, "down": bool}`, re-read
+    /// every 100 ms (`up --control stdin` writes it on `slow-store` and
+    /// `cut-store`): every store call waits `delay_ms` first, and while
+    /// `down` fails after its deadline as on a frozen database. No file: no
+    /// fault.
+    #[arg(long, hide = true)]
+    pub store_fault_file: Option<PathBuf>,
     /// Write `{"grpc":..,"metrics":..,"replica_id":..,"pid":..}` here once serving.
     #[arg(long)]
     pub ready_file: Option<PathBuf>,

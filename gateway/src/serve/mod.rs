@@ -138,6 +138,13 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let supervisor_ca = args.supervisor_ca.clone().or_else(|| args.tls_cert.clone());
 
     let metrics = Metrics::new();
+    if let Some(file) = args.store_fault_file.clone() {
+        tokio::spawn(follow_store_fault(
+            file,
+            store.fault().clone(),
+            metrics.clone(),
+        ));
+    }
     let sessions = Sessions::new(
         metrics.clone(),
         Duration::from_millis(args.heartbeat_ms.max(100)),
@@ -620,4 +627,34 @@ fn check_server_certificate(pem: &[u8]) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// Applies the store fault file (`--store-fault-file`) as it changes, every
+/// 100 ms, for the life of the process; a missing or unreadable file is no
+/// fault.
+async fn follow_store_fault(
+    file: std::path::PathBuf,
+    fault: Arc<crate::store::StoreFault>,
+    metrics: Arc<Metrics>,
+) {
+    let mut ticks = tokio::time::interval(Duration::from_millis(100));
+    loop {
+        ticks.tick().await;
+        let wanted: serde_json::Value = std::fs::read_to_string(&file)
+            .ok()
+            .and_then(|text| serde_json::from_str(&text).ok())
+            .unwrap_or_default();
+        let delay = Duration::from_millis(wanted["delay_ms"].as_u64().unwrap_or(0));
+        let down = wanted["down"].as_bool().unwrap_or(false);
+        if fault.delay() != delay || fault.down() != down {
+            tracing::warn!(
+                delay_ms = delay.as_millis() as u64,
+                down,
+                "test fault: the store is slowed or cut"
+            );
+        }
+        fault.set(delay, down);
+        metrics.store_fault_delay_ms.set(delay.as_millis() as i64);
+        metrics.store_fault_down.set(i64::from(down));
+    }
 }

@@ -38,7 +38,7 @@ pub use hosts::HostSeat;
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use openshell_proto::Sandbox;
@@ -355,11 +355,49 @@ impl Default for StoreOptions {
     }
 }
 
+/// A store fault injected for tests (`serve --store-fault-file`, set by
+/// `up`'s `slow-store`/`cut-store` orders): every call waits `delay` first,
+/// and while `down` it waits for its deadline and fails as a frozen server
+/// would ([`StoreError::TimedOut`]). Off unless set.
+#[derive(Debug, Default)]
+pub struct StoreFault {
+    delay_ms: AtomicU64,
+    down: AtomicBool,
+}
+
+impl StoreFault {
+    pub fn set(&self, delay: Duration, down: bool) {
+        self.delay_ms
+            .store(delay.as_millis() as u64, Ordering::SeqCst);
+        self.down.store(down, Ordering::SeqCst);
+    }
+
+    pub fn delay(&self) -> Duration {
+        Duration::from_millis(self.delay_ms.load(Ordering::SeqCst))
+    }
+
+    pub fn down(&self) -> bool {
+        self.down.load(Ordering::SeqCst)
+    }
+
+    /// What a call meets before it reaches the database.
+    async fn meet(&self) {
+        let delay = self.delay();
+        if !delay.is_zero() {
+            tokio::time::sleep(delay).await;
+        }
+        if self.down() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
 #[derive(Clone)]
 pub struct Store {
     pool: AnyPool,
     dialect: Dialect,
     deadline: Duration,
+    fault: Arc<StoreFault>,
     /// Bumped whenever a sandbox token hash is written (see
     /// [`Store::token_writes`]).
     token_writes: Arc<AtomicU64>,
@@ -428,10 +466,16 @@ impl Store {
             pool,
             dialect,
             deadline,
+            fault: Arc::default(),
             token_writes: Arc::new(AtomicU64::new(0)),
         };
         store.migrate().await?;
         Ok(store)
+    }
+
+    /// The injected fault every call of this store meets (none by default).
+    pub fn fault(&self) -> &Arc<StoreFault> {
+        &self.fault
     }
 
     /// The deadline of one call.
@@ -461,7 +505,11 @@ impl Store {
         &self,
         call: impl Future<Output = Result<T, StoreError>>,
     ) -> Result<T, StoreError> {
-        match tokio::time::timeout(self.deadline, call).await {
+        let faulted = async {
+            self.fault.meet().await;
+            call.await
+        };
+        match tokio::time::timeout(self.deadline, faulted).await {
             Ok(Err(StoreError::Db(sqlx::Error::PoolTimedOut))) | Err(_) => Err(self.timed_out()),
             Ok(result) => result,
         }

@@ -10,6 +10,12 @@
 //!   ID is answered "not forwarded" by the edge (the SDKs' single unrouted
 //!   retry) and unhinted calls go to the other replicas. Streams already
 //!   open through the edge keep running.
+//! - `slow-store MS`, `cut-store`, `restore-store`: every replica's store
+//!   calls wait MS milliseconds first, or (cut) fail after their deadline
+//!   as on a frozen database, or neither. `up` writes the fault file the
+//!   replicas follow (`serve --store-fault-file`) and answers once every
+//!   running replica reports the fault in force on its metrics
+//!   ([`StoreFaults`]).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::PathBuf;
@@ -120,19 +126,109 @@ impl EdgeRoutes {
     }
 }
 
+/// The store fault every replica follows, in the file they re-read.
+pub struct StoreFaults {
+    file: PathBuf,
+    /// Replica id -> its metrics address.
+    replicas: BTreeMap<String, String>,
+}
+
+impl StoreFaults {
+    pub fn new(file: PathBuf) -> Self {
+        Self {
+            file,
+            replicas: BTreeMap::new(),
+        }
+    }
+
+    /// The file, as a replica's argument.
+    pub fn file_arg(&self) -> String {
+        self.file.display().to_string()
+    }
+
+    pub fn add(&mut self, id: &str, metrics: &str) {
+        self.replicas.insert(id.to_owned(), metrics.to_owned());
+    }
+
+    /// Writes the fault, then waits (at most 10 s) until every running
+    /// replica has it in force.
+    async fn set(&self, delay_ms: u64, down: bool, board: &Board) -> Result<String, String> {
+        let text = serde_json::json!({ "delay_ms": delay_ms, "down": down }).to_string();
+        let tmp = self.file.with_extension("json.tmp");
+        std::fs::write(&tmp, text)
+            .and_then(|()| std::fs::rename(&tmp, &self.file))
+            .map_err(|err| format!("writing {}: {err}", self.file.display()))?;
+        let done = match (down, delay_ms) {
+            (true, _) => "store cut".to_owned(),
+            (false, 0) => "store restored".to_owned(),
+            (false, ms) => format!("store slowed by {ms} ms"),
+        };
+        let begun = Instant::now();
+        while begun.elapsed() < Duration::from_secs(10) {
+            let mut all = true;
+            for (id, addr) in &self.replicas {
+                if board.pid_of(id).is_none() {
+                    continue; // a replica started later reads the file first
+                }
+                let delay = gauge(addr, "openshell_store_fault_delay_ms").await;
+                let cut = gauge(addr, "openshell_store_fault_down").await;
+                if delay != Some(delay_ms as f64) || cut != Some(f64::from(u8::from(down))) {
+                    all = false;
+                    break;
+                }
+            }
+            if all {
+                return Ok(done);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        Err(format!(
+            "the replicas did not take the store fault within 10 s ({done} in the file)"
+        ))
+    }
+}
+
 /// One parsed order line.
 #[derive(Debug, PartialEq, Eq)]
 enum Parsed<'a> {
     Process(&'static [Action], &'a str),
     Route { cut: bool, id: &'a str },
+    Store { delay_ms: u64, down: bool },
 }
 
-const USAGE: &str = "an order is `stop|kill|start|restart NAME` or `cut-route|restore-route ID`";
+const USAGE: &str = "an order is `stop|kill|start|restart NAME`, `cut-route|restore-route ID`, \
+                     `slow-store MS`, `cut-store` or `restore-store`";
+
+/// The longest store delay an order may set (beyond any call's deadline).
+const MAX_STORE_DELAY_MS: u64 = 600_000;
 
 fn parse(line: &str) -> Result<Parsed<'_>, String> {
     use Action::{Kill, Start, Stop};
     let mut words = line.split_whitespace();
     let (verb, name) = match (words.next(), words.next(), words.next()) {
+        (Some("cut-store"), None, None) => {
+            return Ok(Parsed::Store {
+                delay_ms: 0,
+                down: true,
+            });
+        }
+        (Some("restore-store"), None, None) => {
+            return Ok(Parsed::Store {
+                delay_ms: 0,
+                down: false,
+            });
+        }
+        (Some("slow-store"), Some(ms), None) => {
+            return match ms.parse::<u64>() {
+                Ok(delay_ms) if delay_ms <= MAX_STORE_DELAY_MS => Ok(Parsed::Store {
+                    delay_ms,
+                    down: false,
+                }),
+                _ => Err(format!(
+                    "slow-store takes milliseconds, 0 to {MAX_STORE_DELAY_MS}, not {ms:?}"
+                )),
+            };
+        }
         (Some(verb), Some(name), None) => (verb, name),
         _ => return Err(USAGE.into()),
     };
@@ -155,7 +251,8 @@ fn parse(line: &str) -> Result<Parsed<'_>, String> {
         }
         other => {
             return Err(format!(
-                "unknown order {other:?}: stop, kill, start, restart, cut-route or restore-route"
+                "unknown order {other:?}: stop, kill, start, restart, cut-route, \
+                 restore-route, slow-store, cut-store or restore-store"
             ));
         }
     };
@@ -167,6 +264,7 @@ fn parse(line: &str) -> Result<Parsed<'_>, String> {
 pub async fn take_orders(
     orders: HashMap<String, mpsc::Sender<process::Order>>,
     mut routes: EdgeRoutes,
+    store: StoreFaults,
     board: Arc<Board>,
     ended: CancellationToken,
 ) {
@@ -176,6 +274,7 @@ pub async fn take_orders(
         let answer = match parse(&line) {
             Err(err) => Err(err),
             Ok(Parsed::Route { cut, id }) => routes.set(id, cut, &board).await,
+            Ok(Parsed::Store { delay_ms, down }) => store.set(delay_ms, down, &board).await,
             Ok(Parsed::Process(actions, name)) => match orders.get(name) {
                 None => Err(format!("no process named {name:?}")),
                 Some(tx) => {
@@ -240,6 +339,35 @@ mod tests {
                 .contains("stop|kill|start|restart NAME")
         );
         assert!(parse("kill gw-1 now").is_err());
+        assert_eq!(
+            parse("slow-store 250").unwrap(),
+            Parsed::Store {
+                delay_ms: 250,
+                down: false
+            }
+        );
+        assert_eq!(
+            parse("cut-store").unwrap(),
+            Parsed::Store {
+                delay_ms: 0,
+                down: true
+            }
+        );
+        assert_eq!(
+            parse("restore-store").unwrap(),
+            Parsed::Store {
+                delay_ms: 0,
+                down: false
+            }
+        );
+        for bad in [
+            "slow-store",
+            "slow-store soon",
+            "slow-store 600001",
+            "cut-store now",
+        ] {
+            assert!(parse(bad).is_err(), "{bad}");
+        }
         assert!(parse("explode gw-1").unwrap_err().contains("unknown order"));
     }
 

@@ -206,6 +206,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         run_dir.join("edge.ready.json"),
     );
     let mut metrics_addrs = Vec::new();
+    let mut store_faults = control::StoreFaults::new(run_dir.join("store-fault.json"));
     let result = async {
         for i in 0..args.replicas {
             let id = format!("gw-{i}");
@@ -228,8 +229,18 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             .args(["--isolation", isolation])
             .args(["--driver", if args.hosts > 0 { "hosts" } else { "process" }])
             .args(
+                (args.expose_sandbox_tokens || args.control == Control::Stdin)
+                    .then_some("--allow-test-flags"),
+            )
+            .args(
                 args.expose_sandbox_tokens
-                    .then_some(["--allow-test-flags", "--expose-sandbox-tokens"])
+                    .then_some("--expose-sandbox-tokens"),
+            )
+            // Orders on stdin may slow or cut the store (`slow-store`,
+            // `cut-store`): every replica follows the fault file.
+            .args(
+                (args.control == Control::Stdin)
+                    .then(|| ["--store-fault-file".into(), store_faults.file_arg()])
                     .into_iter()
                     .flatten(),
             )
@@ -256,6 +267,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             spec.set_value("--listen", url.trim_start_matches("http://"));
             spec.set_value("--metrics-listen", &metrics);
             routes.add(&id, &url);
+            store_faults.add(&id, &metrics);
             metrics_addrs.push(metrics);
         }
         if args.replicas > 1 {
@@ -352,6 +364,7 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
         tokio::spawn(control::take_orders(
             orders,
             routes,
+            store_faults,
             board.clone(),
             input_ended.clone(),
         ));

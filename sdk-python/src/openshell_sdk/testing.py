@@ -3,7 +3,9 @@
 :class:`LocalCluster` (blocking code) and :class:`AsyncLocalCluster` (asyncio)
 start the reference gateway's developer cluster: ``replicas`` gateway
 replicas behind an edge on a free loopback port, a fresh data directory, and
-with ``hosts`` shared supervisor hosts. Leaving the ``with`` block stops every
+with ``hosts`` shared supervisor hosts. Faults on demand: replicas stopped, killed
+and started, the edge's route to a replica cut, the edge restarted, shared
+hosts killed, the store slowed or cut. Leaving the ``with`` block stops every
 process by PID and removes the directory; a test process that dies (even by
 SIGKILL) takes the cluster with it. ::
 
@@ -36,6 +38,7 @@ from typing import Any, Literal, TypeVar, cast
 from . import _native
 from ._async_client import AsyncClient
 from ._sync_client import Client
+from .errors import InvalidConfigError
 
 __all__ = ["GATEWAY_BIN_ENV", "AsyncLocalCluster", "LocalCluster", "bundled_gateway"]
 
@@ -151,6 +154,7 @@ class LocalCluster(_Facts):
         self._cluster = None
         self._down: set[str] = set()
         self._cut: set[str] = set()
+        self._store_faulted = False
 
     def start(self) -> LocalCluster:
         """Starts the cluster and returns once it serves (idempotent)."""
@@ -221,6 +225,23 @@ class LocalCluster(_Facts):
         _ready(self._handle().start_host(host_id))
         self._down.discard(host_id)
 
+    def slow_store(self, delay: float) -> None:
+        """Every replica's store calls wait ``delay`` seconds first, until
+        :meth:`restore_store` (past a call's 5 s deadline it fails ``unavailable``)."""
+        _ready(self._handle().set_store(_millis(delay), False))
+        self._store_faulted = True
+
+    def cut_store(self) -> None:
+        """The store stops answering (a frozen database): calls that need it fail
+        ``unavailable`` after their deadline, until :meth:`restore_store`."""
+        _ready(self._handle().set_store(0, True))
+        self._store_faulted = True
+
+    def restore_store(self) -> None:
+        """Ends :meth:`slow_store` and :meth:`cut_store`."""
+        _ready(self._handle().set_store(0, False))
+        self._store_faulted = False
+
     def heal(self) -> None:
         """Undoes the faults ordered through this object: starts every replica and
         host it stopped or killed, and restores every route it cut."""
@@ -231,6 +252,8 @@ class LocalCluster(_Facts):
                 self.start_replica(name)
         for replica_id in sorted(self._cut):
             self.restore_route(replica_id)
+        if self._store_faulted:
+            self.restore_store()
 
 
 class AsyncLocalCluster(_Facts):
@@ -316,6 +339,20 @@ class AsyncLocalCluster(_Facts):
         """Starts a killed host again."""
         await self._handle().start_host(host_id)
 
+    async def slow_store(self, delay: float) -> None:
+        """Every replica's store calls wait ``delay`` seconds first, until
+        :meth:`restore_store` (past a call's 5 s deadline it fails ``unavailable``)."""
+        await self._handle().set_store(_millis(delay), False)
+
+    async def cut_store(self) -> None:
+        """The store stops answering (a frozen database): calls that need it fail
+        ``unavailable`` after their deadline, until :meth:`restore_store`."""
+        await self._handle().set_store(0, True)
+
+    async def restore_store(self) -> None:
+        """Ends :meth:`slow_store` and :meth:`cut_store`."""
+        await self._handle().set_store(0, False)
+
 
 _T = TypeVar("_T")
 
@@ -325,3 +362,11 @@ def _ready(awaitable: Awaitable[_T]) -> _T:
     if not isinstance(awaitable, _native.Ready):
         raise TypeError("a blocking cluster handle returned a pending awaitable")
     return cast(_T, awaitable.result())
+
+
+def _millis(seconds: float) -> int:
+    if not (0 <= seconds <= 600):
+        raise InvalidConfigError(
+            "a store delay is 0 to 600 seconds", code="invalid_config", grpc_status=3
+        )
+    return round(seconds * 1000)
