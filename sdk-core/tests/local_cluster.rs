@@ -353,3 +353,61 @@ async fn a_slow_or_cut_store_is_what_clients_see_and_heals() {
     assert_eq!(err.code(), "cluster", "{err}");
     cluster.stop().await.unwrap();
 }
+
+/// An exec that is retried (bounded) until it succeeds; the attempts it took.
+async fn exec_eventually(client: &Client, sandbox: &str, within: Duration) -> (String, u32) {
+    let begun = Instant::now();
+    let mut attempts = 0;
+    loop {
+        attempts += 1;
+        let request = ExecRequest::new(sandbox, ["sh", "-c", "echo run >> runs; wc -l < runs"]);
+        match client.exec(request, CallOptions::new()).await {
+            Ok(out) => return (out.stdout_text().trim().to_owned(), attempts),
+            Err(err) if begun.elapsed() < within => {
+                let _ = err;
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            Err(err) => panic!("no exec on {sandbox} within {within:?}: {err}"),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_stopped_replica_and_a_killed_host_are_what_clients_see() {
+    let cluster = LocalCluster::start(options().replicas(2).hosts(2))
+        .await
+        .unwrap();
+    assert_eq!(cluster.host_ids(), ["h-0", "h-1"]);
+    let client = cluster.client().await.unwrap();
+    let sandbox = ready_sandbox(&client).await;
+    assert_eq!(count_run(&client, &sandbox, "runs").await, "1");
+
+    // SIGTERM to the owner: its sessions are redirected before it goes,
+    // so the next exec needs no retry and runs once.
+    let owner = cluster.owner_of(&sandbox).await.unwrap().expect("an owner");
+    cluster.stop_replica(&owner).await.unwrap();
+    assert_eq!(count_run(&client, &sandbox, "runs").await, "2");
+    cluster.start_replica(&owner).await.unwrap();
+
+    // Both hosts die: an exec is refused `unavailable` (no supervisor
+    // session); started again, the hosts serve the sandbox again.
+    for host in ["h-0", "h-1"] {
+        cluster.kill_host(host).await.unwrap();
+    }
+    let request = ExecRequest::new(&sandbox, ["true"]);
+    let err = client
+        .exec(
+            request,
+            CallOptions::new().deadline(Duration::from_secs(20)),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "unavailable", "{err}");
+    for host in ["h-0", "h-1"] {
+        cluster.start_host(host).await.unwrap();
+    }
+    // The sandbox's files outlive its host process; the refused exec never ran.
+    let (count, attempts) = exec_eventually(&client, &sandbox, Duration::from_secs(60)).await;
+    assert_eq!(count, "3", "after {attempts} attempts");
+    cluster.stop().await.unwrap();
+}
