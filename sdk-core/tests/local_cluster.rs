@@ -325,7 +325,11 @@ async fn a_slow_or_cut_store_is_what_clients_see_and_heals() {
         )
         .await
         .unwrap_err();
-    assert_eq!(err.code(), "unavailable", "{err}");
+    // No session (unavailable), or the sandbox already marked not ready.
+    assert!(
+        matches!(err.code(), "unavailable" | "failed_precondition"),
+        "{err}"
+    );
     assert!(err.to_string().contains("store"), "{err}");
     assert!(
         begun.elapsed() < Duration::from_secs(15),
@@ -389,8 +393,8 @@ async fn a_stopped_replica_and_a_killed_host_are_what_clients_see() {
     assert_eq!(count_run(&client, &sandbox, "runs").await, "2");
     cluster.start_replica(&owner).await.unwrap();
 
-    // Both hosts die: an exec is refused `unavailable` (no supervisor
-    // session); started again, the hosts serve the sandbox again.
+    // Both hosts die: an exec is refused; started again, the hosts serve
+    // the sandbox again.
     for host in ["h-0", "h-1"] {
         cluster.kill_host(host).await.unwrap();
     }
@@ -402,7 +406,11 @@ async fn a_stopped_replica_and_a_killed_host_are_what_clients_see() {
         )
         .await
         .unwrap_err();
-    assert_eq!(err.code(), "unavailable", "{err}");
+    // No session (unavailable), or the sandbox already marked not ready.
+    assert!(
+        matches!(err.code(), "unavailable" | "failed_precondition"),
+        "{err}"
+    );
     for host in ["h-0", "h-1"] {
         cluster.start_host(host).await.unwrap();
     }

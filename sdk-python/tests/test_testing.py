@@ -12,7 +12,13 @@ from pathlib import Path
 import pytest
 from conftest import process_running
 
-from openshell_sdk import Client, ClusterError, InvalidConfigError, UnavailableError
+from openshell_sdk import (
+    Client,
+    ClusterError,
+    FailedPreconditionError,
+    InvalidConfigError,
+    UnavailableError,
+)
 from openshell_sdk.testing import AsyncLocalCluster, LocalCluster
 
 
@@ -158,6 +164,39 @@ def test_the_fixture_restored_the_store(openshell_client: Client) -> None:
     begun = time.monotonic()
     ready_sandbox(openshell_client)
     assert time.monotonic() - begun < 30
+
+
+@pytest.mark.openshell_cluster(replicas=2, hosts=2, isolated=True)
+def test_a_stopped_replica_and_killed_hosts_are_what_clients_see(
+    openshell_cluster: LocalCluster, openshell_client: Client
+) -> None:
+    cluster, client = openshell_cluster, openshell_client
+    assert cluster.host_ids == ["h-0", "h-1"]
+    name = ready_sandbox(client)
+    assert count_run(client, name) == "1"
+    # SIGTERM: the owner redirects its sessions first; no retry, one run.
+    owner = cluster.owner_of(name)
+    assert owner is not None
+    cluster.stop_replica(owner)
+    assert count_run(client, name) == "2"
+    cluster.start_replica(owner)
+    # Every host dies: the exec is refused (no session yet, or the sandbox
+    # already marked not ready); back, the sandbox is served again.
+    for host in cluster.host_ids:
+        cluster.kill_host(host)
+    with pytest.raises((UnavailableError, FailedPreconditionError)):
+        client.exec(name, ["true"], timeout=20)
+    for host in cluster.host_ids:
+        cluster.start_host(host)
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            assert count_run(client, name) == "3", "the refused exec never ran"
+            break
+        except (UnavailableError, FailedPreconditionError):
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
 
 
 def test_bad_options_are_refused_and_a_failed_start_keeps_its_logs() -> None:
