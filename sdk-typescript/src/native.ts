@@ -252,6 +252,9 @@ export interface NativeLocalCluster {
   restartEdge(): Promise<void>;
   killHost(id: string): Promise<void>;
   startHost(id: string): Promise<void>;
+  slowStore(delayMs: number): Promise<void>;
+  cutStore(): Promise<void>;
+  restoreStore(): Promise<void>;
   close(): Promise<void>;
   closeBlocking(): void;
 }

@@ -200,6 +200,33 @@ export class LocalCluster implements AsyncDisposable {
   }
 
   /**
+   * Every replica's store calls wait `delayMs` first (a slow database),
+   * until `restoreStore()`; a delay past a call's deadline (5 s) makes it
+   * fail `unavailable`. A delay outside 0 to 600000 ms rejects with an
+   * `InvalidConfigError`.
+   */
+  slowStore(delayMs: number): Promise<void> {
+    return call(() => {
+      if (typeof delayMs !== "number") throw invalidArgument("delayMs must be a number");
+      return this.#native.slowStore(delayMs);
+    });
+  }
+
+  /**
+   * The store stops answering (a frozen or unreachable database): every
+   * call that needs it fails `unavailable` after its deadline (5 s), naming
+   * the store, until `restoreStore()`.
+   */
+  cutStore(): Promise<void> {
+    return call(() => this.#native.cutStore());
+  }
+
+  /** Ends `slowStore` and `cutStore`. */
+  restoreStore(): Promise<void> {
+    return call(() => this.#native.restoreStore());
+  }
+
+  /**
    * Stops every process of the cluster by PID and removes the data
    * directory; idempotent. Rejects with a `ClusterError` (the directory
    * kept, its path in `logs`) when the cluster did not stop cleanly.

@@ -6,7 +6,14 @@ import assert from "node:assert/strict";
 import { existsSync, readdirSync, readFileSync, rmSync } from "node:fs";
 import { join } from "node:path";
 import { describe, test } from "node:test";
-import { type Client, ClusterError, InvalidConfigError, OpenShellError } from "../src/index.js";
+import {
+  type Client,
+  ClusterError,
+  InvalidConfigError,
+  NotFoundError,
+  OpenShellError,
+  UnavailableError,
+} from "../src/index.js";
 import { type LocalCluster, startLocalCluster } from "../src/testing.js";
 import { binDir, running, sleep } from "./cluster.js";
 
@@ -117,6 +124,70 @@ describe("@openshell/sdk/testing", () => {
     const noHost = await rejection(cluster.killHost("h-0"));
     assert.ok(noHost instanceof InvalidConfigError);
     assert.match(noHost.message, /the hosts are/);
+  });
+
+  test("a stopped owner costs no exec; killed hosts refuse one, started again they serve", async () => {
+    await using cluster = await startLocalCluster({
+      replicas: 2,
+      hosts: 2,
+      gatewayBin: gatewayBin(),
+    });
+    assert.deepEqual(cluster.hostIds, ["h-0", "h-1"]);
+    await using client = cluster.client();
+    const sandbox = await readySandbox(client);
+    assert.equal(await countRun(client, sandbox), "1");
+
+    // SIGTERM to the owner: its sessions are redirected before it goes, so
+    // the next exec runs once.
+    const owner = await cluster.ownerOf(sandbox);
+    assert.ok(owner !== null, "no owner");
+    await cluster.stopReplica(owner);
+    assert.equal(await countRun(client, sandbox), "2");
+    await cluster.startReplica(owner);
+
+    // Both hosts die: an exec is refused (no session, or the sandbox is
+    // already not ready) and never runs.
+    for (const host of cluster.hostIds) await cluster.killHost(host);
+    const refused = await rejection(client.exec(sandbox, ["true"], { timeoutMs: 20_000 }));
+    assert.ok(["unavailable", "failed_precondition"].includes(refused.code), refused.message);
+    for (const host of cluster.hostIds) await cluster.startHost(host);
+    // The sandbox's files outlive its host process.
+    const deadline = Date.now() + 60_000;
+    let count: string | null = null;
+    for (let attempt = 0; count === null && attempt < 300; attempt++) {
+      try {
+        count = await countRun(client, sandbox);
+      } catch (err) {
+        if (Date.now() > deadline) throw err;
+        await sleep(200);
+      }
+    }
+    assert.equal(count, "3", "the refused exec ran, or no exec after the hosts came back");
+  });
+
+  test("a slow or cut store is what clients see, until restored", async () => {
+    await using cluster = await startLocalCluster({ replicas: 1, gatewayBin: gatewayBin() });
+    await using client = cluster.client();
+    const sandbox = await readySandbox(client);
+    await cluster.slowStore(400);
+    let begun = Date.now();
+    assert.equal((await client.exec(sandbox, ["true"])).exitCode, 0);
+    assert.ok(Date.now() - begun >= 400, `a slow store took ${Date.now() - begun} ms`);
+
+    await cluster.cutStore();
+    begun = Date.now();
+    const cut = await rejection(client.sandboxes.create({ name: "made-during-the-cut" }));
+    assert.ok(cut instanceof UnavailableError, `${cut.code}: ${cut.message}`);
+    assert.match(cut.message, /store/);
+    assert.ok(Date.now() - begun < 15_000, `the cut create took ${Date.now() - begun} ms`);
+
+    await cluster.restoreStore();
+    assert.equal((await client.exec(sandbox, ["true"])).exitCode, 0);
+    const none = await rejection(client.sandboxes.get("made-during-the-cut"));
+    assert.ok(none instanceof NotFoundError, "the create during the cut left a sandbox");
+    const bad = await rejection(cluster.slowStore(-1));
+    assert.ok(bad instanceof InvalidConfigError);
+    assert.match(bad.message, /store delay/);
   });
 
   test("bad options are refused; a failed start keeps its logs", async () => {

@@ -17,13 +17,14 @@
 //! everything `up` started.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use napi::bindgen_prelude::PromiseRaw;
 use napi::{Env, Result};
 use napi_derive::napi;
 use openshell_sdk::testing::{LocalCluster, LocalClusterOptions};
 
-use crate::errors::{guard, guard_sync, to_napi};
+use crate::errors::{guard, guard_sync, invalid, to_napi};
 
 /// What `@openshell/sdk/testing` passes to start a cluster (absent: the
 /// core's default).
@@ -190,6 +191,32 @@ impl NativeLocalCluster {
     pub fn restart_edge<'e>(&self, env: &'e Env) -> Result<PromiseRaw<'e, ()>> {
         let cluster = self.cluster();
         env.spawn_future(guard(async move { cluster.restart_edge().await }))
+    }
+
+    /// Every replica's store calls wait `delay_ms` first, until
+    /// `restoreStore()` (past a call's 5 s deadline they fail `unavailable`).
+    #[napi]
+    pub fn slow_store<'e>(&self, env: &'e Env, delay_ms: f64) -> Result<PromiseRaw<'e, ()>> {
+        if !(delay_ms.is_finite() && (0.0..=600_000.0).contains(&delay_ms)) {
+            return Err(invalid("a store delay is 0 to 600000 ms"));
+        }
+        let delay = Duration::from_millis(delay_ms.round() as u64);
+        let cluster = self.cluster();
+        env.spawn_future(guard(async move { cluster.slow_store(delay).await }))
+    }
+
+    /// The store stops answering (a frozen database) until `restoreStore()`.
+    #[napi]
+    pub fn cut_store<'e>(&self, env: &'e Env) -> Result<PromiseRaw<'e, ()>> {
+        let cluster = self.cluster();
+        env.spawn_future(guard(async move { cluster.cut_store().await }))
+    }
+
+    /// Ends `slowStore` and `cutStore`.
+    #[napi]
+    pub fn restore_store<'e>(&self, env: &'e Env) -> Result<PromiseRaw<'e, ()>> {
+        let cluster = self.cluster();
+        env.spawn_future(guard(async move { cluster.restore_store().await }))
     }
 
     /// Stops every process and removes the data directory (kept, with its
