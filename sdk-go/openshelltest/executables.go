@@ -36,6 +36,9 @@ const (
 	gatewayExe = "openshell-gateway"
 	// The supervisor the gateway starts for each sandbox, found beside it.
 	supervisorExe = "openshell-supervisor"
+	// The sandboxes' init the supervisor runs when it is beside it (else
+	// the supervisor itself is the init).
+	sandboxInitExe = "openshell-sandbox-init"
 )
 
 var platform = runtime.GOOS + "_" + runtime.GOARCH
@@ -173,6 +176,9 @@ func installed(dir, version string) (string, error) {
 // renamed into place; a directory already there is used as it is.
 func installTo(src, root, version string) (string, error) {
 	names := []string{gatewayExe, supervisorExe}
+	if isFile(filepath.Join(src, sandboxInitExe)) {
+		names = append(names, sandboxInitExe)
+	}
 	sum := sha256.New()
 	for _, name := range names {
 		f, err := os.Open(filepath.Join(src, name))

@@ -14,7 +14,7 @@ import (
 // left.
 func TestCarriedExecutablesAreCopiedOnceAtomically(t *testing.T) {
 	src, root := t.TempDir(), t.TempDir()
-	for _, name := range []string{gatewayExe, supervisorExe} {
+	for _, name := range []string{gatewayExe, supervisorExe, sandboxInitExe} {
 		// As the module cache holds them: read-only, no executable bit.
 		if err := os.WriteFile(filepath.Join(src, name), []byte("#!/bin/sh\necho "+name+"\n"), 0o444); err != nil {
 			t.Fatal(err)
@@ -44,7 +44,7 @@ func TestCarriedExecutablesAreCopiedOnceAtomically(t *testing.T) {
 	if !strings.HasPrefix(filepath.Base(dir), "v1.2.3-") || filepath.Base(filepath.Dir(dir)) != platform {
 		t.Fatalf("copied to %s", dir)
 	}
-	for _, name := range []string{gatewayExe, supervisorExe} {
+	for _, name := range []string{gatewayExe, supervisorExe, sandboxInitExe} {
 		st, err := os.Stat(filepath.Join(dir, name))
 		if err != nil {
 			t.Fatal(err)
