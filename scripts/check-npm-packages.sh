@@ -12,7 +12,11 @@
 #   3. a Node process holding a cluster, killed with SIGKILL, leaves no
 #      gateway, edge or supervisor behind within 60 s.
 # "Ours": a process whose /proc/PID/exe lies inside the temporary project.
+# `scripts/check-npm-packages.sh --profile release` checks a release build's
+# packages the same way (built beforehand; make test never builds release).
 set -euo pipefail
+profile=debug
+if [ "${1:-}" = "--profile" ]; then profile=$2; fi
 cd "$(dirname "$0")/.."
 root=$(pwd)
 export CARGO_TARGET_DIR="${CARGO_TARGET_DIR:-$root/target}"
@@ -26,7 +30,7 @@ cleanup() {
 trap cleanup EXIT
 chmod 755 "$tmp"
 
-bash scripts/pack-npm.sh --profile debug --out "$tmp/packs" | tee "$tmp/pack.log" | grep -v '^/'
+bash scripts/pack-npm.sh --profile "$profile" --out "$tmp/packs" | tee "$tmp/pack.log" | grep -v '^/'
 main=$(ls "$tmp"/packs/openshell-sdk-[0-9]*.tgz)
 platform=$(ls "$tmp"/packs/openshell-sdk-*.tgz | grep -v "^$main$")
 if tar -xzOf "$main" package/package.json | grep -Eq '"(pre|post)?install"'; then

@@ -16,7 +16,8 @@
 # Everything comes from builds that exist already: target/<profile>/ (the
 # addon, `cargo build -p openshell-sdk-node`, and the executables, `cargo
 # build --bins`, with --release for release) and sdk-typescript/dist (`make
-# typescript`). Binaries are copied without their debug info. Prints each
+# typescript`). Binaries are copied without their debug info (release:
+# without symbols either). Prints each
 # tarball's and executable's size; the tarballs' paths are the last lines.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -67,9 +68,15 @@ rm -f "$out"/openshell-sdk-*.tgz
 pkg="$stage/platform"
 mkdir -p "$pkg/bin"
 cp "sdk-typescript/npm/$platform/package.json" "$pkg/"
-strip --strip-debug -o "$pkg/openshell-sdk.$platform.node" "$built/$library"
+# debug keeps its symbols (readable backtraces); release is stripped whole
+# (the addon keeps the dynamic symbols Node loads it by).
+case "$profile" in
+  debug) strip_exe=(--strip-debug) strip_lib=(--strip-debug) ;;
+  release) strip_exe=(--strip-all) strip_lib=(--strip-unneeded) ;;
+esac
+strip "${strip_lib[@]}" -o "$pkg/openshell-sdk.$platform.node" "$built/$library"
 for exe in openshell-gateway openshell-supervisor; do
-  strip --strip-debug -o "$pkg/bin/$exe" "$built/$exe"
+  strip "${strip_exe[@]}" -o "$pkg/bin/$exe" "$built/$exe"
   chmod 0755 "$pkg/bin/$exe"
 done
 
@@ -99,9 +106,9 @@ for dir in "$pkg" "$main"; do
 done
 kib() { echo "$(($(stat -c %s "$1") / 1024)) KiB"; }
 for exe in openshell-gateway openshell-supervisor; do
-  echo "pack-npm: $exe ($profile, debug info stripped): $(kib "$pkg/bin/$exe")"
+  echo "pack-npm: $exe ($profile, strip ${strip_exe[*]}): $(kib "$pkg/bin/$exe")"
 done
-echo "pack-npm: addon openshell-sdk.$platform.node: $(kib "$pkg/openshell-sdk.$platform.node")"
+echo "pack-npm: addon openshell-sdk.$platform.node ($profile, strip ${strip_lib[*]}): $(kib "$pkg/openshell-sdk.$platform.node")"
 for tarball in "$out"/openshell-sdk-*.tgz; do
   unpacked=$(tar -xzOf "$tarball" | wc -c)
   echo "pack-npm: $(basename "$tarball"): $(kib "$tarball") packed, $((unpacked / 1024)) KiB unpacked"
