@@ -7,6 +7,12 @@
 #
 # Defaults: $CARGO_TARGET_DIR/go-release, v0.0.0-ci (what `make
 # check-go-release` writes with scripts/release-go.sh --profile debug).
+#
+# Two checks: a program whose call reaches the linked core, and a _test.go
+# with openshelltest.Start(t) and no OPENSHELL_GATEWAY_BIN, which runs the
+# gateway the release carries (copied into a fresh user cache directory):
+# an exec on each of 3 replicas, the owner of a sandbox killed, the next
+# exec on it runs. Afterwards no process runs from that cache directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -58,6 +64,90 @@ func main() {
 	fmt.Println("check-go-consumer: ok (the linked core answered with", e.Code+")")
 }
 GO
+cat > consumer_test.go <<'GO'
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"maps"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	openshell "example.invalid/openshell/sdk-go"
+	"example.invalid/openshell/sdk-go/openshelltest"
+)
+
+func countRun(t *testing.T, ctx context.Context, client *openshell.Client, sandbox string) string {
+	t.Helper()
+	out, err := client.Exec(ctx, openshell.ExecRequest{
+		Sandbox: sandbox, Command: []string{"sh", "-c", "echo run >> runs; wc -l < runs"}})
+	if err != nil {
+		t.Fatalf("exec in %s: %v", sandbox, err)
+	}
+	return strings.TrimSpace(string(out.Stdout))
+}
+
+func TestTheReleaseRunsAClusterOfItsOwn(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	cluster := openshelltest.Start(t)
+	client := cluster.Client()
+
+	// The gateway runs from the user cache, copied there from the module.
+	var status struct {
+		PID int `json:"pid"`
+	}
+	b, err := os.ReadFile(filepath.Join(cluster.DataDir(), "up", "status.json"))
+	if err != nil || json.Unmarshal(b, &status) != nil {
+		t.Fatalf("status file: %v", err)
+	}
+	exe, _ := os.Readlink("/proc/" + strconv.Itoa(status.PID) + "/exe")
+	cache, _ := os.UserCacheDir()
+	if !strings.HasPrefix(exe, filepath.Join(cache, "openshell")+"/") {
+		t.Fatalf("the gateway runs from %s, not from the user cache %s", exe, cache)
+	}
+	t.Logf("gateway: %s", exe)
+
+	on := map[string]string{}
+	for i := 0; i < 15 && len(on) < 3; i++ {
+		sandbox, err := client.Sandboxes().Create(ctx, openshell.CreateSandbox{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := client.Sandboxes().WaitReady(ctx, sandbox.Name); err != nil {
+			t.Fatal(err)
+		}
+		owner, err := cluster.OwnerOf(ctx, sandbox.Name)
+		if err != nil || owner == "" {
+			t.Fatalf("owner %q: %v", owner, err)
+		}
+		if _, seen := on[owner]; !seen {
+			on[owner] = sandbox.Name
+		}
+	}
+	if len(on) != 3 {
+		t.Fatalf("owners: %v", on)
+	}
+	for _, sandbox := range on {
+		if got := countRun(t, ctx, client, sandbox); got != "1" {
+			t.Fatalf("counted %s", got)
+		}
+	}
+	owner := slices.Sorted(maps.Keys(on))[0]
+	if err := cluster.KillReplica(ctx, owner); err != nil {
+		t.Fatal(err)
+	}
+	if got := countRun(t, ctx, client, on[owner]); got != "2" {
+		t.Fatalf("the exec after %s was killed counted %s (want 2: once)", owner, got)
+	}
+}
+GO
 # cargo off PATH: only the Go toolchain and the system's tools (cc, ld).
 export PATH="$(dirname "$GO"):/usr/local/bin:/usr/bin:/bin"
 if command -v cargo >/dev/null 2>&1; then
@@ -67,10 +157,47 @@ fi
 # The release's proxy, then the local module cache, then the public Go module
 # proxy for what neither holds (tidy also resolves the test imports of the
 # dependencies, which `go mod download` does not fetch on a fresh machine).
-export GOPROXY="file://$proxy,file://$cache,https://proxy.golang.org" GOSUMDB=off GOFLAGS="-mod=mod -modcacherw" GOTOOLCHAIN=local
+export GOPROXY="file://$proxy,file://$cache,https://proxy.golang.org" GOSUMDB=off GOFLAGS="-mod=mod" GOTOOLCHAIN=local
 export GOMODCACHE="$tmp/modcache"  # a fresh module cache: the SDK really comes from the proxy
 export CGO_ENABLED=1
 "$GO" mod tidy
 "$GO" build -o consumer .
 echo "check-go-consumer: built $(stat -c %s consumer) bytes against $version from $proxy"
 ./consumer
+
+# openshelltest with nothing but the release: no variable, no gateway on
+# PATH, and a fresh user cache directory for the copied executables.
+unset OPENSHELL_GATEWAY_BIN
+if command -v openshell-gateway >/dev/null 2>&1; then
+  echo "check-go-consumer: an openshell-gateway is on PATH ($(command -v openshell-gateway))" >&2
+  exit 1
+fi
+export XDG_CACHE_HOME="$tmp/cache"
+began=$SECONDS
+"$GO" test -count=1 -v -timeout 10m . 2>&1 | tee "$tmp/test.log"
+grep -q -- '--- PASS: TestTheReleaseRunsAClusterOfItsOwn' "$tmp/test.log"
+copied=("$XDG_CACHE_HOME"/openshell/sdk-go/*/*/)
+for exe in openshell-gateway openshell-supervisor openshell-sandbox-init; do
+  if [ ! -x "${copied[0]}$exe" ]; then
+    echo "check-go-consumer: $exe was not copied, executable, under $XDG_CACHE_HOME" >&2
+    exit 1
+  fi
+done
+echo "check-go-consumer: openshelltest ran the release's executables (copied to ${copied[0]}) in $((SECONDS - began)) s"
+# No process of the cluster is left: none runs an executable of that
+# directory (checked for at most 10 s).
+for _ in $(seq 100); do
+  left=()
+  for exe in /proc/[0-9]*/exe; do
+    target=$(readlink "$exe" 2>/dev/null) || continue
+    pid=${exe#/proc/}
+    case "$target" in "$XDG_CACHE_HOME"/*) left+=("${pid%/exe}") ;; esac
+  done
+  [ ${#left[@]} -eq 0 ] && break
+  sleep 0.1
+done
+if [ ${#left[@]} -ne 0 ]; then
+  echo "check-go-consumer: processes still run from $XDG_CACHE_HOME: ${left[*]}" >&2
+  exit 1
+fi
+echo "check-go-consumer: ok (no process runs from the copied executables' directory)"

@@ -7,9 +7,15 @@
 #    (only linux_amd64 can be built here); archives of other platforms, built
 #    on their own runners, are taken from $OPENSHELL_GO_ARCHIVES/<goos>_<goarch>/
 #    libopenshell_c.a when that directory exists.
+#    The reference gateway's executables (openshell-gateway, the
+#    openshell-supervisor it starts per sandbox and the sandboxes' init
+#    openshell-sandbox-init: what openshelltest runs) are built with it and
+#    stripped of debug info; other platforms' are taken from the same
+#    directory.
 # 2. Makes a release commit: HEAD's tree plus every platform's archive at
 #    sdk-go/internal/native/lib/<goos>_<goarch>/libopenshell_c.a (the path the
-#    cgo LDFLAGS of sdk-go/internal/native name), with HEAD as parent. The work
+#    cgo LDFLAGS of sdk-go/internal/native name) and its executables beside it
+#    (where openshelltest looks for them), with HEAD as parent. The work
 #    tree, the index and HEAD are untouched; with --tag the commit is tagged
 #    sdk-go/VERSION (the tag form Go expects for a module in a subdirectory).
 # 3. Writes a module proxy directory for that commit to DIR (default
@@ -51,16 +57,19 @@ if ! [[ "$version" =~ ^v[0-9]+\.[0-9]+\.[0-9]+(-[0-9A-Za-z.-]+)?$ ]]; then
 fi
 
 host="$("$GO" env GOOS)_$("$GO" env GOARCH)"
-echo "release-go: building the $profile static library for $host"
+echo "release-go: building the $profile static library and executables for $host"
+packages=(-p openshell-c -p openshell-gateway -p openshell-supervisor)
 if [ "$profile" = release ]; then
-  cargo build -q --release -p openshell-c
+  cargo build -q --release "${packages[@]}"
 else
-  cargo build -q -p openshell-c
+  cargo build -q "${packages[@]}"
 fi
-declare -A archives=(["$host"]="$CARGO_TARGET_DIR/$profile/libopenshell_c.a")
+EXECUTABLES=(openshell-gateway openshell-supervisor openshell-sandbox-init)
+# platform -> the directory holding its libopenshell_c.a and executables.
+declare -A platforms=(["$host"]="$CARGO_TARGET_DIR/$profile")
 if [ -n "${OPENSHELL_GO_ARCHIVES:-}" ] && [ -d "$OPENSHELL_GO_ARCHIVES" ]; then
   for dir in "$OPENSHELL_GO_ARCHIVES"/*_*; do
-    [ -f "$dir/libopenshell_c.a" ] && archives["$(basename "$dir")"]="$dir/libopenshell_c.a"
+    [ -f "$dir/libopenshell_c.a" ] && platforms["$(basename "$dir")"]="$dir"
   done
 fi
 
@@ -79,15 +88,30 @@ if [ "$scratch" = 1 ]; then
 fi
 export GIT_INDEX_FILE="$index"
 git read-tree HEAD
-for platform in "${!archives[@]}"; do
-  archive="${archives[$platform]}"
-  blob=$(git hash-object -w "$archive")
-  git update-index --add --cacheinfo "100644,$blob,sdk-go/internal/native/lib/$platform/libopenshell_c.a"
-  printf 'release-go: %-12s %s (%s bytes)\n' "$platform" "$archive" "$(stat -c %s "$archive")"
+for platform in "${!platforms[@]}"; do
+  from="${platforms[$platform]}"
+  lib="sdk-go/internal/native/lib/$platform"
+  blob=$(git hash-object -w "$from/libopenshell_c.a")
+  git update-index --add --cacheinfo "100644,$blob,$lib/libopenshell_c.a"
+  printf 'release-go: %-12s %-26s %10s bytes (%s)\n' "$platform" libopenshell_c.a \
+    "$(stat -c %s "$from/libopenshell_c.a")" "$from"
+  for exe in "${EXECUTABLES[@]}"; do
+    if [ ! -f "$from/$exe" ]; then
+      echo "release-go: $from/$exe is missing (each platform ships its executables)" >&2
+      exit 1
+    fi
+    # Debug info is most of a debug build's size; the symbols stay.
+    mkdir -p "$tmp/strip/$platform"
+    objcopy --strip-debug "$from/$exe" "$tmp/strip/$platform/$exe"
+    blob=$(git hash-object -w "$tmp/strip/$platform/$exe")
+    git update-index --add --cacheinfo "100755,$blob,$lib/$exe"
+    printf 'release-go: %-12s %-26s %10s bytes (stripped of debug info, %s before)\n' \
+      "$platform" "$exe" "$(stat -c %s "$tmp/strip/$platform/$exe")" "$(stat -c %s "$from/$exe")"
+  done
 done
 tree=$(git write-tree)
 unset GIT_INDEX_FILE
-commit=$(git commit-tree "$tree" -p HEAD -m "release: sdk-go $version (static archives: ${!archives[*]})")
+commit=$(git commit-tree "$tree" -p HEAD -m "release: sdk-go $version (static archives and executables: ${!platforms[*]})")
 echo "release-go: release commit $commit"
 if [ "$tag" = 1 ]; then
   git tag "sdk-go/$version" "$commit"
@@ -104,6 +128,10 @@ printf '{"Version":"%s","Time":"%s"}\n' "$version" "$(git show -s --format=%cI "
 python3 - "$tmp/tree/sdk-go" "$MODULE@$version" "$dest/$version.zip" <<'PY'
 import os, sys, zipfile
 src, prefix, target = sys.argv[1:]
+# The go command refuses a module zip over 500 MiB, or whose files add up
+# to more than that.
+LIMIT = 500 << 20
+unzipped = 0
 with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as z:
     for base, dirs, files in os.walk(src):
         # A directory with its own go.mod is another module (sdk-go/bench).
@@ -112,6 +140,12 @@ with zipfile.ZipFile(target, "w", zipfile.ZIP_DEFLATED) as z:
             path = os.path.join(base, name)
             rel = os.path.relpath(path, src)
             z.write(path, f"{prefix}/{rel}")
+            unzipped += os.path.getsize(path)
+zipped = os.path.getsize(target)
+print(f"release-go: module zip {zipped} bytes ({zipped / 1e6:.1f} MB), "
+      f"{unzipped} bytes unzipped ({unzipped / 1e6:.1f} MB); Go's limit is {LIMIT} bytes for each")
+if zipped > LIMIT or unzipped > LIMIT:
+    sys.exit("release-go: the module zip is over Go's 500 MiB limit")
 PY
 ( ls "$dest"/*.info 2>/dev/null | xargs -n1 basename | sed 's/\.info$//' ) > "$dest/list"
 echo "release-go: GOPROXY=file://$out ($(stat -c %s "$dest/$version.zip") bytes zipped)"
