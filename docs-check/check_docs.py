@@ -13,7 +13,8 @@ Fenced blocks are taken by language:
   run with ``node``.
 - ``go``: each block is the ``main.go`` of a scratch module that requires
   sdk-go from the tree (a ``replace`` directive; ``make go-native`` has
-  linked the static library), run with ``go run``.
+  linked the static library), run with ``go run``; a block of tests
+  (``func Test...``) is the module's ``readme_test.go``, run with ``go test``.
 - ``sh``: the blocks of one README run in order, command by command, from
   the repository root (see ``ShellRunner``).
 - ``text``: output, not run. Any other language is an error.
@@ -635,7 +636,9 @@ def go_binary() -> str:
 
 
 def check_go(ctx: Context, blocks: list[Block]) -> None:
-    """Each block is main.go of its own module over sdk-go from the tree."""
+    """Each block is main.go of its own module over sdk-go from the tree, run
+    with ``go run``; a block of tests (``func Test...``) is its readme_test.go,
+    run with ``go test``."""
     for block in blocks:
         base = ctx.work / "go" / block.name
         base.mkdir(parents=True, exist_ok=True)
@@ -645,11 +648,15 @@ def check_go(ctx: Context, blocks: list[Block]) -> None:
         )
         write_if_changed(base / "go.mod", go_mod)
         write_if_changed(base / "go.sum", (ROOT / "sdk-go" / "go.sum").read_text())
-        write_if_changed(base / "main.go", block.text)
+        tests = re.search(r"^func Test", block.text, re.MULTILINE) is not None
+        source, other = ("readme_test.go", "main.go") if tests else ("main.go", "readme_test.go")
+        (base / other).unlink(missing_ok=True)
+        write_if_changed(base / source, block.text)
         log = ctx.work / "logs" / f"{block.name}.log"
         started = time.monotonic()
         env = dict(block_env(ctx, block), GOFLAGS="-mod=mod")
-        rc = run_logged([go_binary(), "run", "."], ctx, log, SNIPPET_TIMEOUT, env=env, cwd=base)
+        argv = [go_binary(), "test", "-count=1", "-v", "."] if tests else [go_binary(), "run", "."]
+        rc = run_logged(argv, ctx, log, SNIPPET_TIMEOUT, env=env, cwd=base)
         took = f"({time.monotonic() - started:.1f} s)"
         ctx.report(block, "ok" if rc == 0 else "FAIL", took if rc == 0 else f"exit {rc}")
 
