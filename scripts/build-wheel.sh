@@ -5,7 +5,8 @@
 #
 #   scripts/build-wheel.sh [--profile debug|release] [--out DIR]
 #
-# The executables (openshell-gateway, openshell-supervisor) are taken from
+# The executables (openshell-gateway, openshell-supervisor and the sandboxes'
+# init, openshell-sandbox-init) are taken from
 # target/<profile>/ (built already: `cargo build --bins`, with --release for
 # release), copied without their debug info, and removed from the source tree
 # again after the build. debug reuses `make python`'s build of the extension;
@@ -32,10 +33,15 @@ bundle="$root/sdk-python/src/openshell_sdk/_bin"
 trap 'rm -rf "$bundle"' EXIT
 rm -rf "$bundle"
 mkdir -p "$bundle"
-for exe in openshell-gateway openshell-supervisor; do
+for exe in openshell-gateway openshell-supervisor openshell-sandbox-init; do
   built="$CARGO_TARGET_DIR/$profile/$exe"
   [ -x "$built" ] || { echo "build-wheel: $built is missing: cargo build --bins first" >&2; exit 1; }
-  strip --strip-debug -o "$bundle/$exe" "$built"
+  # Release wheels lose their symbols too; debug ones keep them (backtraces).
+  if [ "$profile" = release ]; then
+    strip --strip-all -o "$bundle/$exe" "$built"
+  else
+    strip --strip-debug -o "$bundle/$exe" "$built"
+  fi
 done
 rm -rf "$out"
 mkdir -p "$out"
