@@ -15,6 +15,7 @@
 
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::time::Duration;
 
 use openshell_sdk::Error;
 use openshell_sdk::testing::{LocalCluster, LocalClusterOptions};
@@ -75,6 +76,11 @@ pub const OS_FAULT_RESTART_EDGE: u32 = 6;
 pub const OS_FAULT_KILL_HOST: u32 = 7;
 /// Starts shared host `id` again.
 pub const OS_FAULT_START_HOST: u32 = 8;
+/// The store stops answering: every call that needs it fails `unavailable`
+/// after its deadline (5 s), naming the store (`id` is ignored).
+pub const OS_FAULT_CUT_STORE: u32 = 9;
+/// Ends a slow or cut store (`id` is ignored).
+pub const OS_FAULT_RESTORE_STORE: u32 = 10;
 
 fn options_of(options: &OsLocalClusterOptions) -> Result<LocalClusterOptions, Error> {
     let mut out = LocalClusterOptions::new()
@@ -169,8 +175,32 @@ pub unsafe extern "C" fn openshell_local_cluster_fault(
                 OS_FAULT_RESTART_EDGE => cluster.restart_edge().await,
                 OS_FAULT_KILL_HOST => cluster.kill_host(&id).await,
                 OS_FAULT_START_HOST => cluster.start_host(&id).await,
+                OS_FAULT_CUT_STORE => cluster.cut_store().await,
+                OS_FAULT_RESTORE_STORE => cluster.restore_store().await,
                 other => Err(Error::invalid_config(format!("unknown fault {other}"))),
             }?;
+            Ok(Outcome::Value(Vec::new()))
+        }
+    })
+}
+
+/// Every replica's store calls wait `delay_ms` first (a slow database)
+/// until `OS_FAULT_RESTORE_STORE`; a delay past a call's deadline (5 s)
+/// makes it fail `unavailable`. Completes once `up` carried it out.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn openshell_local_cluster_slow_store(
+    cluster: *const OsLocalCluster,
+    delay_ms: u64,
+    callback: OsCallback,
+    user_data: usize,
+) -> i32 {
+    let Some(c) = (unsafe { cluster.as_ref() }) else {
+        return OS_INVALID;
+    };
+    start(callback, user_data, || {
+        let cluster = c.cluster.clone();
+        async move {
+            cluster.slow_store(Duration::from_millis(delay_ms)).await?;
             Ok(Outcome::Value(Vec::new()))
         }
     })

@@ -97,6 +97,13 @@
 // Starts shared host `id` again.
 #define OS_FAULT_START_HOST 8
 
+// The store stops answering: every call that needs it fails `unavailable`
+// after its deadline (5 s), naming the store (`id` is ignored).
+#define OS_FAULT_CUT_STORE 9
+
+// Ends a slow or cut store (`id` is ignored).
+#define OS_FAULT_RESTORE_STORE 10
+
 // Accepted: the callback of an async export will fire exactly once.
 #define OS_OK 0
 
@@ -604,6 +611,14 @@ int32_t openshell_local_cluster_fault(const struct OsLocalCluster *cluster,
                                       struct OsBytes id,
                                       OsCallback callback,
                                       size_t user_data);
+
+// Every replica's store calls wait `delay_ms` first (a slow database)
+// until `OS_FAULT_RESTORE_STORE`; a delay past a call's deadline (5 s)
+// makes it fail `unavailable`. Completes once `up` carried it out.
+int32_t openshell_local_cluster_slow_store(const struct OsLocalCluster *cluster,
+                                           uint64_t delay_ms,
+                                           OsCallback callback,
+                                           size_t user_data);
 
 // The replica holding `sandbox`'s supervisor session, as the gateway
 // reports it: the completion's `value` is its id, empty when no replica
