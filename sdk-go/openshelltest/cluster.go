@@ -296,6 +296,29 @@ func (c *Cluster) StartHost(ctx context.Context, id string) error {
 	return c.fault(ctx, native.FaultStartHost, id)
 }
 
+// SlowStore makes every replica's store calls wait delay first (a slow
+// database) until RestoreStore; a delay past a call's deadline (5 s) makes
+// it fail with ErrUnavailable. The delay is whole milliseconds, at least 1.
+func (c *Cluster) SlowStore(ctx context.Context, delay time.Duration) error {
+	if delay < time.Millisecond {
+		return &openshell.Error{Code: "invalid_config", GRPCStatus: 3,
+			Message: fmt.Sprintf("the store delay must be at least 1 ms, not %v", delay)}
+	}
+	return c.wait(ctx, func() *native.Error { return c.n.SlowStore(delay) })
+}
+
+// CutStore makes the store stop answering (a frozen or unreachable
+// database): every call that needs it fails with ErrUnavailable after its
+// deadline (5 s), naming the store, until RestoreStore.
+func (c *Cluster) CutStore(ctx context.Context) error {
+	return c.fault(ctx, native.FaultCutStore, "")
+}
+
+// RestoreStore ends SlowStore and CutStore.
+func (c *Cluster) RestoreStore(ctx context.Context) error {
+	return c.fault(ctx, native.FaultRestoreStore, "")
+}
+
 // Stop closes the clients of Client and Dial, stops every process of the
 // cluster (hosts, the edge and replicas, then the sandbox supervisors) and
 // removes the data directory. It fails with ErrCluster, keeping the

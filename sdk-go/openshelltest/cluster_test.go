@@ -280,6 +280,9 @@ func TestThreeReplicasServeAndAKilledOwnerCostsNoExec(t *testing.T) {
 	for try := 0; ; try++ {
 		out, err := client.Exec(ctx, openshell.ExecRequest{Sandbox: sandbox, Command: []string{"sh", "-c", "wc -l < runs"}})
 		if err == nil {
+			if !out.Success() {
+				t.Fatalf("the exec after the edge restart exited %d: %q", out.ExitCode, out.Stderr)
+			}
 			counted = strings.TrimSpace(string(out.Stdout))
 			break
 		}
@@ -362,6 +365,112 @@ func TestStoppedReplicaAndOptionsReachTheCluster(t *testing.T) {
 				t.Fatalf("%s runs without %q: %s", p.Name, want, args)
 			}
 		}
+	}
+}
+
+func TestASlowOrCutStoreIsWhatClientsSee(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t, 5*time.Minute)
+	c := openshelltest.Start(t, openshelltest.WithReplicas(1))
+	client := c.Client()
+	sandbox, err := readySandbox(ctx, client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.SlowStore(ctx, 400*time.Millisecond); err != nil {
+		t.Fatal(err)
+	}
+	begun := time.Now()
+	if got := countRun(t, ctx, client, sandbox); got != "1" {
+		t.Fatalf("counted %s", got)
+	}
+	if took := time.Since(begun); took < 400*time.Millisecond {
+		t.Fatalf("an exec on a slow store took %v", took)
+	}
+
+	if err := c.CutStore(ctx); err != nil {
+		t.Fatal(err)
+	}
+	begun = time.Now()
+	_, err = client.Sandboxes().Create(ctx, openshell.CreateSandbox{Name: "made-during-the-cut"})
+	requireCode(t, err, openshell.ErrUnavailable, "unavailable", "store")
+	if took := time.Since(begun); took > 15*time.Second {
+		t.Fatalf("the create on a cut store took %v", took)
+	}
+	if err := c.RestoreStore(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if got := countRun(t, ctx, client, sandbox); got != "2" {
+		t.Fatalf("counted %s after the store came back", got)
+	}
+	_, err = client.Sandboxes().Get(ctx, "made-during-the-cut")
+	requireCode(t, err, openshell.ErrNotFound, "not_found", "")
+	requireCode(t, c.SlowStore(ctx, -time.Second), openshell.ErrInvalidConfig, "invalid_config", "store delay")
+}
+
+func TestAStoppedReplicaAndKilledHostsAreWhatClientsSee(t *testing.T) {
+	t.Parallel()
+	ctx := testContext(t, 5*time.Minute)
+	c := openshelltest.Start(t, openshelltest.WithReplicas(2), openshelltest.WithHosts(2))
+	if got := c.HostIDs(); !slices.Equal(got, []string{"h-0", "h-1"}) {
+		t.Fatalf("hosts %v", got)
+	}
+	client := c.Client()
+	sandbox, err := readySandbox(ctx, client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := countRun(t, ctx, client, sandbox); got != "1" {
+		t.Fatalf("counted %s", got)
+	}
+	// SIGTERM: the owner redirects its sessions first; no retry, one run.
+	owner, err := c.OwnerOf(ctx, sandbox)
+	if err != nil || owner == "" {
+		t.Fatalf("owner %q, %v", owner, err)
+	}
+	if err := c.StopReplica(ctx, owner); err != nil {
+		t.Fatal(err)
+	}
+	if got := countRun(t, ctx, client, sandbox); got != "2" {
+		t.Fatalf("the exec after a stopped owner counted %s", got)
+	}
+	if err := c.StartReplica(ctx, owner); err != nil {
+		t.Fatal(err)
+	}
+	// Every host dies: the exec is refused (no session yet, or the sandbox
+	// already marked not ready) and never runs; back, the sandbox serves.
+	for _, host := range c.HostIDs() {
+		if err := c.KillHost(ctx, host); err != nil {
+			t.Fatal(err)
+		}
+	}
+	refused, cancel := context.WithTimeout(ctx, 20*time.Second)
+	_, err = client.Exec(refused, openshell.ExecRequest{Sandbox: sandbox, Command: []string{"sh", "-c", "echo run >> runs"}})
+	cancel()
+	if !errors.Is(err, openshell.ErrUnavailable) && !errors.Is(err, openshell.ErrFailedPrecondition) {
+		t.Fatalf("an exec with every host down: %v (want unavailable or failed_precondition)", err)
+	}
+	for _, host := range c.HostIDs() {
+		if err := c.StartHost(ctx, host); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for try := 0; ; try++ {
+		out, err := client.Exec(ctx, openshell.ExecRequest{Sandbox: sandbox, Command: []string{"sh", "-c", "echo run >> runs; wc -l < runs"}})
+		if err == nil {
+			if got := strings.TrimSpace(string(out.Stdout)); got != "3" {
+				t.Fatalf("counted %s after the hosts came back (want 3: the refused exec never ran)", got)
+			}
+			break
+		}
+		if !errors.Is(err, openshell.ErrUnavailable) && !errors.Is(err, openshell.ErrFailedPrecondition) {
+			t.Fatal(err)
+		}
+		if try >= 300 || time.Now().After(deadline) {
+			t.Fatalf("no exec within 60 s of the hosts' start: %v", err)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }
 

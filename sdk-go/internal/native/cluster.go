@@ -8,6 +8,7 @@ import "C"
 import (
 	"strings"
 	"sync"
+	"time"
 	"unsafe"
 )
 
@@ -21,6 +22,8 @@ const (
 	FaultRestartEdge  = uint32(C.OS_FAULT_RESTART_EDGE)
 	FaultKillHost     = uint32(C.OS_FAULT_KILL_HOST)
 	FaultStartHost    = uint32(C.OS_FAULT_START_HOST)
+	FaultCutStore     = uint32(C.OS_FAULT_CUT_STORE)
+	FaultRestoreStore = uint32(C.OS_FAULT_RESTORE_STORE)
 )
 
 // Texts of openshell_local_cluster_text.
@@ -118,6 +121,13 @@ func (c *LocalCluster) start(f func(p *C.OsLocalCluster, cb C.OsCallback, ud C.s
 func (c *LocalCluster) Fault(fault uint32, id string) *Error {
 	return c.start(func(p *C.OsLocalCluster, cb C.OsCallback, ud C.size_t) C.int32_t {
 		return C.openshell_local_cluster_fault(p, C.uint32_t(fault), stringOf(id), cb, ud)
+	}).Err
+}
+
+// SlowStore delays every store call of the replicas by delay.
+func (c *LocalCluster) SlowStore(delay time.Duration) *Error {
+	return c.start(func(p *C.OsLocalCluster, cb C.OsCallback, ud C.size_t) C.int32_t {
+		return C.openshell_local_cluster_slow_store(p, C.uint64_t(delay.Milliseconds()), cb, ud)
 	}).Err
 }
 
