@@ -74,31 +74,58 @@ type cluster struct {
 	tmp      string
 }
 
+// startCluster starts the shared cluster, again elsewhere (at most three
+// times) when a port it was given was taken meanwhile: the edge's port is
+// picked free a moment before up binds it, and other packages' clusters
+// bind ports at the same time.
 func startCluster() (*cluster, error) {
+	var err error
+	for range 3 {
+		var c *cluster
+		var taken bool
+		if c, taken, err = startClusterOnce(); !taken {
+			return c, err
+		}
+	}
+	return nil, err
+}
+
+// portTaken tells whether a process of a failed up could not bind its port.
+func portTaken(dataDir string) bool {
+	logs, _ := filepath.Glob(filepath.Join(dataDir, "up", "*.log"))
+	for _, log := range logs {
+		if b, err := os.ReadFile(log); err == nil && strings.Contains(string(b), "Address already in use") {
+			return true
+		}
+	}
+	return false
+}
+
+func startClusterOnce() (*cluster, bool, error) {
 	bin, err := gatewayBinary()
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	tmp, err := os.MkdirTemp("", "openshell-go-test-")
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	port, err := freePort()
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	listen := fmt.Sprintf("127.0.0.1:%d", port)
 	cmd := exec.Command(bin, "up", "--replicas", "3", "--listen", listen, "--data-dir", filepath.Join(tmp, "data"))
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	if err := cmd.Start(); err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	done := make(chan struct{})
 	ready := make(chan struct{})
@@ -133,17 +160,23 @@ func startCluster() (*cluster, error) {
 	c := &cluster{endpoint: "http://" + listen, cmd: cmd, done: done, tmp: tmp}
 	select {
 	case <-ready:
-		return c, nil
+		return c, false, nil
 	case <-done:
 		// The last lines may still be in the pipe: let the scanner finish.
 		select {
 		case <-scanned:
 		case <-time.After(5 * time.Second):
 		}
-		return nil, fmt.Errorf("openshell-gateway up exited:\n%s", tailText())
+		taken := portTaken(filepath.Join(tmp, "data"))
+		err := fmt.Errorf("openshell-gateway up exited (port taken: %v; logs in %s):\n%s", taken, tmp, tailText())
+		if taken {
+			fmt.Fprintln(os.Stderr, err, "\ntrying again on other ports")
+			_ = os.RemoveAll(tmp)
+		}
+		return nil, taken, err
 	case <-time.After(90 * time.Second):
 		c.stop()
-		return nil, fmt.Errorf("openshell-gateway up did not start in 90 s")
+		return nil, false, fmt.Errorf("openshell-gateway up did not start in 90 s")
 	}
 }
 
