@@ -58,11 +58,13 @@ started=$(date +%s)
   echo "check-npm-packages: FAILED: npm install of the tarballs" >&2
   exit 1
 }
-gateway=$(ls "$project"/node_modules/@openshell/sdk-*/bin/openshell-gateway 2>/dev/null || true)
-[ -n "$gateway" ] && [ -x "$gateway" ] || {
-  echo "check-npm-packages: no executable gateway in the installed platform package" >&2
-  exit 1
-}
+for exe in openshell-gateway openshell-supervisor openshell-sandbox-init; do
+  found=$(ls "$project"/node_modules/@openshell/sdk-*/bin/$exe 2>/dev/null || true)
+  [ -n "$found" ] && [ -x "$found" ] || {
+    echo "check-npm-packages: no executable $exe in the installed platform package" >&2
+    exit 1
+  }
+done
 echo "check-npm-packages: installed both tarballs in $(($(date +%s) - started)) s"
 
 # Every live process running an executable from the project.

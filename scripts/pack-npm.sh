@@ -6,8 +6,9 @@
 #
 #   @openshell/sdk-<platform>  (sdk-typescript/npm/<platform>/package.json:
 #       os, cpu, libc) the addon openshell-sdk.<platform>.node, and the
-#       reference gateway's executables bin/openshell-gateway and
-#       bin/openshell-supervisor (mode 0755) that @openshell/sdk/testing runs;
+#       reference gateway's executables that @openshell/sdk/testing runs
+#       (mode 0755): bin/openshell-gateway, bin/openshell-supervisor and the
+#       sandboxes' init bin/openshell-sandbox-init;
 #   @openshell/sdk  the compiled package (dist/src, src for the source maps)
 #       with no install script, the platform package named in its
 #       optionalDependencies at the release version (what `napi pre-publish`
@@ -53,7 +54,8 @@ case "$platform" in
   win32-*) library=openshell_sdk_node.dll ;;
   *) library=libopenshell_sdk_node.so ;;
 esac
-for file in "$library" openshell-gateway openshell-supervisor; do
+executables=(openshell-gateway openshell-supervisor openshell-sandbox-init)
+for file in "$library" "${executables[@]}"; do
   [ -f "$built/$file" ] || {
     echo "pack-npm: $built/$file is missing: cargo build --bins -p openshell-sdk-node first" >&2
     exit 1
@@ -75,7 +77,7 @@ case "$profile" in
   release) strip_exe=(--strip-all) strip_lib=(--strip-unneeded) ;;
 esac
 strip "${strip_lib[@]}" -o "$pkg/openshell-sdk.$platform.node" "$built/$library"
-for exe in openshell-gateway openshell-supervisor; do
+for exe in "${executables[@]}"; do
   strip "${strip_exe[@]}" -o "$pkg/bin/$exe" "$built/$exe"
   chmod 0755 "$pkg/bin/$exe"
 done
@@ -105,7 +107,7 @@ for dir in "$pkg" "$main"; do
   (cd "$dir" && npm pack --ignore-scripts --silent --pack-destination "$out" >/dev/null)
 done
 kib() { echo "$(($(stat -c %s "$1") / 1024)) KiB"; }
-for exe in openshell-gateway openshell-supervisor; do
+for exe in "${executables[@]}"; do
   echo "pack-npm: $exe ($profile, strip ${strip_exe[*]}): $(kib "$pkg/bin/$exe")"
 done
 echo "pack-npm: addon openshell-sdk.$platform.node ($profile, strip ${strip_lib[*]}): $(kib "$pkg/openshell-sdk.$platform.node")"
