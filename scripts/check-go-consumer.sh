@@ -12,7 +12,8 @@
 # with openshelltest.Start(t) and no OPENSHELL_GATEWAY_BIN, which runs the
 # gateway the release carries (copied into a fresh user cache directory):
 # an exec on each of 3 replicas, the owner of a sandbox killed, the next
-# exec on it runs. Afterwards no process runs from that cache directory.
+# exec on it runs; as root and as uid 65534. Afterwards no process runs
+# from that cache directory.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$(pwd)
@@ -166,38 +167,61 @@ echo "check-go-consumer: built $(stat -c %s consumer) bytes against $version fro
 ./consumer
 
 # openshelltest with nothing but the release: no variable, no gateway on
-# PATH, and a fresh user cache directory for the copied executables.
+# PATH, and a fresh user cache directory for the copied executables; as
+# root, then as an unprivileged user (uid 65534, isolation falls back).
 unset OPENSHELL_GATEWAY_BIN
 if command -v openshell-gateway >/dev/null 2>&1; then
   echo "check-go-consumer: an openshell-gateway is on PATH ($(command -v openshell-gateway))" >&2
   exit 1
 fi
-export XDG_CACHE_HOME="$tmp/cache"
-began=$SECONDS
-"$GO" test -count=1 -v -timeout 10m . 2>&1 | tee "$tmp/test.log"
-grep -q -- '--- PASS: TestTheReleaseRunsAClusterOfItsOwn' "$tmp/test.log"
-copied=("$XDG_CACHE_HOME"/openshell/sdk-go/*/*/)
-for exe in openshell-gateway openshell-supervisor openshell-sandbox-init; do
-  if [ ! -x "${copied[0]}$exe" ]; then
-    echo "check-go-consumer: $exe was not copied, executable, under $XDG_CACHE_HOME" >&2
-    exit 1
-  fi
-done
-echo "check-go-consumer: openshelltest ran the release's executables (copied to ${copied[0]}) in $((SECONDS - began)) s"
-# No process of the cluster is left: none runs an executable of that
-# directory (checked for at most 10 s).
-for _ in $(seq 100); do
-  left=()
+"$GO" test -c -o consumer.test .
+
+# The processes running an executable under $1.
+running_from() {
+  local exe target pid
   for exe in /proc/[0-9]*/exe; do
     target=$(readlink "$exe" 2>/dev/null) || continue
     pid=${exe#/proc/}
-    case "$target" in "$XDG_CACHE_HOME"/*) left+=("${pid%/exe}") ;; esac
+    case "$target" in "$1"/*) echo "${pid%/exe}" ;; esac
   done
-  [ ${#left[@]} -eq 0 ] && break
-  sleep 0.1
-done
-if [ ${#left[@]} -ne 0 ]; then
-  echo "check-go-consumer: processes still run from $XDG_CACHE_HOME: ${left[*]}" >&2
-  exit 1
+}
+
+# Runs the consumer's test with its own HOME and user cache directory ($1),
+# as the user of the command prefix that follows, then checks that the
+# executables were copied there and that no process runs from them (at most
+# 10 s after the test ended).
+run_test() {
+  local home=$1 began=$SECONDS
+  shift
+  mkdir -p "$home"
+  [ "$(id -u)" = 0 ] && [ $# -gt 0 ] && chown 65534:65534 "$home"
+  env HOME="$home" XDG_CACHE_HOME="$home/cache" "$@" ./consumer.test -test.v -test.count=1 \
+    -test.timeout=10m 2>&1 | tee "$home.log"
+  grep -q -- '--- PASS: TestTheReleaseRunsAClusterOfItsOwn' "$home.log"
+  local copied=("$home"/cache/openshell/sdk-go/*/*/)
+  for exe in openshell-gateway openshell-supervisor openshell-sandbox-init; do
+    if [ ! -x "${copied[0]}$exe" ]; then
+      echo "check-go-consumer: $exe was not copied, executable, under $home/cache" >&2
+      exit 1
+    fi
+  done
+  echo "check-go-consumer: openshelltest ran the release's executables (copied to ${copied[0]}) in $((SECONDS - began)) s"
+  for _ in $(seq 100); do
+    [ -z "$(running_from "$home/cache")" ] && break
+    sleep 0.1
+  done
+  if [ -n "$(running_from "$home/cache")" ]; then
+    echo "check-go-consumer: processes still run from $home/cache: $(running_from "$home/cache" | tr '\n' ' ')" >&2
+    exit 1
+  fi
+  echo "check-go-consumer: no process runs from the copied executables' directory"
+}
+
+echo "check-go-consumer: openshelltest.Start(t) as $(id -un)"
+run_test "$tmp/home"
+if [ "$(id -u)" = 0 ]; then
+  echo "check-go-consumer: the same as uid 65534"
+  chmod 755 "$tmp"  # the module cache and the test binary, readable by that user
+  run_test "$tmp/nobody" setpriv --reuid=65534 --regid=65534 --clear-groups
 fi
-echo "check-go-consumer: ok (no process runs from the copied executables' directory)"
+echo "check-go-consumer: ok"
