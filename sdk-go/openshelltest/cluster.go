@@ -222,8 +222,9 @@ func (c *Cluster) Dial(ctx context.Context, opts ...openshell.Option) (*openshel
 }
 
 // Client is Dial for a test: the options are checked before any I/O, so
-// an error is a mistake of the caller, and it fails the test of Start (a
-// cluster of New panics instead).
+// an error is a mistake of the caller, and it fails the test of Start
+// (t.Fatalf: call it from the test's goroutine; a cluster of New panics
+// instead).
 func (c *Cluster) Client(opts ...openshell.Option) *openshell.Client {
 	client, err := c.Dial(context.Background(), opts...)
 	if err != nil {
