@@ -130,6 +130,36 @@ impl LocalClusterOptions {
     }
 }
 
+/// One fault order, for callers that choose the fault at run time (the
+/// bindings); [`LocalCluster::fault`] carries it out. Each is also a method
+/// of its own ([`LocalCluster::kill_replica`], ...).
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Fault {
+    /// [`LocalCluster::stop_replica`].
+    StopReplica(String),
+    /// [`LocalCluster::kill_replica`].
+    KillReplica(String),
+    /// [`LocalCluster::start_replica`].
+    StartReplica(String),
+    /// [`LocalCluster::cut_route`].
+    CutRoute(String),
+    /// [`LocalCluster::restore_route`].
+    RestoreRoute(String),
+    /// [`LocalCluster::restart_edge`].
+    RestartEdge,
+    /// [`LocalCluster::kill_host`].
+    KillHost(String),
+    /// [`LocalCluster::start_host`].
+    StartHost(String),
+    /// [`LocalCluster::slow_store`].
+    SlowStore(Duration),
+    /// [`LocalCluster::cut_store`].
+    CutStore,
+    /// [`LocalCluster::restore_store`].
+    RestoreStore,
+}
+
 /// The gateway executable: the option, `OPENSHELL_GATEWAY_BIN`, then `PATH`.
 pub fn find_gateway(explicit: Option<&Path>) -> crate::Result<PathBuf> {
     let named = explicit
@@ -406,6 +436,23 @@ impl LocalCluster {
     /// Ends [`LocalCluster::slow_store`] and [`LocalCluster::cut_store`].
     pub async fn restore_store(&self) -> crate::Result<()> {
         self.order("restore-store", "").await
+    }
+
+    /// Carries out one [`Fault`].
+    pub async fn fault(&self, fault: Fault) -> crate::Result<()> {
+        match fault {
+            Fault::StopReplica(id) => self.stop_replica(&id).await,
+            Fault::KillReplica(id) => self.kill_replica(&id).await,
+            Fault::StartReplica(id) => self.start_replica(&id).await,
+            Fault::CutRoute(id) => self.cut_route(&id).await,
+            Fault::RestoreRoute(id) => self.restore_route(&id).await,
+            Fault::RestartEdge => self.restart_edge().await,
+            Fault::KillHost(id) => self.kill_host(&id).await,
+            Fault::StartHost(id) => self.start_host(&id).await,
+            Fault::SlowStore(delay) => self.slow_store(delay).await,
+            Fault::CutStore => self.cut_store().await,
+            Fault::RestoreStore => self.restore_store().await,
+        }
     }
 
     fn replica<'a>(&self, id: &'a str) -> crate::Result<&'a str> {

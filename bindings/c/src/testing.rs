@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use openshell_sdk::Error;
-use openshell_sdk::testing::{LocalCluster, LocalClusterOptions};
+use openshell_sdk::testing::{Fault, LocalCluster, LocalClusterOptions};
 
 use crate::complete::{OsCallback, Outcome, start};
 use crate::types::{OS_INVALID, OsBytes, OsOwnedBytes};
@@ -166,19 +166,20 @@ pub unsafe extern "C" fn openshell_local_cluster_fault(
         let id = unsafe { id.to_string("replica or host id") };
         async move {
             let id = id?;
-            match fault {
-                OS_FAULT_STOP_REPLICA => cluster.stop_replica(&id).await,
-                OS_FAULT_KILL_REPLICA => cluster.kill_replica(&id).await,
-                OS_FAULT_START_REPLICA => cluster.start_replica(&id).await,
-                OS_FAULT_CUT_ROUTE => cluster.cut_route(&id).await,
-                OS_FAULT_RESTORE_ROUTE => cluster.restore_route(&id).await,
-                OS_FAULT_RESTART_EDGE => cluster.restart_edge().await,
-                OS_FAULT_KILL_HOST => cluster.kill_host(&id).await,
-                OS_FAULT_START_HOST => cluster.start_host(&id).await,
-                OS_FAULT_CUT_STORE => cluster.cut_store().await,
-                OS_FAULT_RESTORE_STORE => cluster.restore_store().await,
-                other => Err(Error::invalid_config(format!("unknown fault {other}"))),
-            }?;
+            let order = match fault {
+                OS_FAULT_STOP_REPLICA => Fault::StopReplica(id),
+                OS_FAULT_KILL_REPLICA => Fault::KillReplica(id),
+                OS_FAULT_START_REPLICA => Fault::StartReplica(id),
+                OS_FAULT_CUT_ROUTE => Fault::CutRoute(id),
+                OS_FAULT_RESTORE_ROUTE => Fault::RestoreRoute(id),
+                OS_FAULT_RESTART_EDGE => Fault::RestartEdge,
+                OS_FAULT_KILL_HOST => Fault::KillHost(id),
+                OS_FAULT_START_HOST => Fault::StartHost(id),
+                OS_FAULT_CUT_STORE => Fault::CutStore,
+                OS_FAULT_RESTORE_STORE => Fault::RestoreStore,
+                other => return Err(Error::invalid_config(format!("unknown fault {other}"))),
+            };
+            cluster.fault(order).await?;
             Ok(Outcome::Value(Vec::new()))
         }
     })
@@ -200,7 +201,9 @@ pub unsafe extern "C" fn openshell_local_cluster_slow_store(
     start(callback, user_data, || {
         let cluster = c.cluster.clone();
         async move {
-            cluster.slow_store(Duration::from_millis(delay_ms)).await?;
+            cluster
+                .fault(Fault::SlowStore(Duration::from_millis(delay_ms)))
+                .await?;
             Ok(Outcome::Value(Vec::new()))
         }
     })

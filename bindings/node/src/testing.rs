@@ -22,7 +22,7 @@ use std::time::Duration;
 use napi::bindgen_prelude::PromiseRaw;
 use napi::{Env, Result};
 use napi_derive::napi;
-use openshell_sdk::testing::{LocalCluster, LocalClusterOptions};
+use openshell_sdk::testing::{Fault, LocalCluster, LocalClusterOptions};
 
 use crate::errors::{guard, guard_sync, invalid, to_napi};
 
@@ -40,18 +40,6 @@ pub struct NativeLocalClusterOptions {
     pub gateway_bin: Option<String>,
 }
 
-/// One fault order on the cluster.
-#[derive(Clone, Copy)]
-enum Fault {
-    StopReplica,
-    KillReplica,
-    StartReplica,
-    CutRoute,
-    RestoreRoute,
-    KillHost,
-    StartHost,
-}
-
 #[napi]
 pub struct NativeLocalCluster {
     cluster: Arc<LocalCluster>,
@@ -66,19 +54,9 @@ impl NativeLocalCluster {
         self.cluster.clone()
     }
 
-    fn fault<'e>(&self, env: &'e Env, fault: Fault, id: String) -> Result<PromiseRaw<'e, ()>> {
+    fn fault<'e>(&self, env: &'e Env, fault: Fault) -> Result<PromiseRaw<'e, ()>> {
         let cluster = self.cluster();
-        env.spawn_future(guard(async move {
-            match fault {
-                Fault::StopReplica => cluster.stop_replica(&id).await,
-                Fault::KillReplica => cluster.kill_replica(&id).await,
-                Fault::StartReplica => cluster.start_replica(&id).await,
-                Fault::CutRoute => cluster.cut_route(&id).await,
-                Fault::RestoreRoute => cluster.restore_route(&id).await,
-                Fault::KillHost => cluster.kill_host(&id).await,
-                Fault::StartHost => cluster.start_host(&id).await,
-            }
-        }))
+        env.spawn_future(guard(async move { cluster.fault(fault).await }))
     }
 }
 
@@ -154,43 +132,42 @@ impl NativeLocalCluster {
 
     #[napi]
     pub fn stop_replica<'e>(&self, env: &'e Env, id: String) -> Result<PromiseRaw<'e, ()>> {
-        self.fault(env, Fault::StopReplica, id)
+        self.fault(env, Fault::StopReplica(id))
     }
 
     #[napi]
     pub fn kill_replica<'e>(&self, env: &'e Env, id: String) -> Result<PromiseRaw<'e, ()>> {
-        self.fault(env, Fault::KillReplica, id)
+        self.fault(env, Fault::KillReplica(id))
     }
 
     #[napi]
     pub fn start_replica<'e>(&self, env: &'e Env, id: String) -> Result<PromiseRaw<'e, ()>> {
-        self.fault(env, Fault::StartReplica, id)
+        self.fault(env, Fault::StartReplica(id))
     }
 
     #[napi]
     pub fn cut_route<'e>(&self, env: &'e Env, id: String) -> Result<PromiseRaw<'e, ()>> {
-        self.fault(env, Fault::CutRoute, id)
+        self.fault(env, Fault::CutRoute(id))
     }
 
     #[napi]
     pub fn restore_route<'e>(&self, env: &'e Env, id: String) -> Result<PromiseRaw<'e, ()>> {
-        self.fault(env, Fault::RestoreRoute, id)
+        self.fault(env, Fault::RestoreRoute(id))
     }
 
     #[napi]
     pub fn kill_host<'e>(&self, env: &'e Env, id: String) -> Result<PromiseRaw<'e, ()>> {
-        self.fault(env, Fault::KillHost, id)
+        self.fault(env, Fault::KillHost(id))
     }
 
     #[napi]
     pub fn start_host<'e>(&self, env: &'e Env, id: String) -> Result<PromiseRaw<'e, ()>> {
-        self.fault(env, Fault::StartHost, id)
+        self.fault(env, Fault::StartHost(id))
     }
 
     #[napi]
     pub fn restart_edge<'e>(&self, env: &'e Env) -> Result<PromiseRaw<'e, ()>> {
-        let cluster = self.cluster();
-        env.spawn_future(guard(async move { cluster.restart_edge().await }))
+        self.fault(env, Fault::RestartEdge)
     }
 
     /// Every replica's store calls wait `delay_ms` first, until
@@ -201,22 +178,19 @@ impl NativeLocalCluster {
             return Err(invalid("a store delay is 0 to 600000 ms"));
         }
         let delay = Duration::from_millis(delay_ms.round() as u64);
-        let cluster = self.cluster();
-        env.spawn_future(guard(async move { cluster.slow_store(delay).await }))
+        self.fault(env, Fault::SlowStore(delay))
     }
 
     /// The store stops answering (a frozen database) until `restoreStore()`.
     #[napi]
     pub fn cut_store<'e>(&self, env: &'e Env) -> Result<PromiseRaw<'e, ()>> {
-        let cluster = self.cluster();
-        env.spawn_future(guard(async move { cluster.cut_store().await }))
+        self.fault(env, Fault::CutStore)
     }
 
     /// Ends `slowStore` and `cutStore`.
     #[napi]
     pub fn restore_store<'e>(&self, env: &'e Env) -> Result<PromiseRaw<'e, ()>> {
-        let cluster = self.cluster();
-        env.spawn_future(guard(async move { cluster.restore_store().await }))
+        self.fault(env, Fault::RestoreStore)
     }
 
     /// Stops every process and removes the data directory (kept, with its

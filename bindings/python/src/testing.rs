@@ -16,7 +16,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-use openshell_sdk::testing::{LocalCluster, LocalClusterOptions};
+use openshell_sdk::testing::{Fault, LocalCluster, LocalClusterOptions};
 use pyo3::prelude::*;
 
 use crate::waker::run;
@@ -31,32 +31,10 @@ pub struct NativeLocalCluster {
     host_ids: Vec<String>,
 }
 
-/// One fault order on the cluster.
-#[derive(Clone, Copy)]
-enum Fault {
-    StopReplica,
-    KillReplica,
-    StartReplica,
-    CutRoute,
-    RestoreRoute,
-    KillHost,
-    StartHost,
-}
-
 impl NativeLocalCluster {
-    fn fault<'py>(&self, py: Python<'py>, fault: Fault, id: String) -> PyResult<Bound<'py, PyAny>> {
+    fn fault<'py>(&self, py: Python<'py>, fault: Fault) -> PyResult<Bound<'py, PyAny>> {
         let cluster = self.cluster.clone();
-        run(py, self.blocking, async move {
-            match fault {
-                Fault::StopReplica => cluster.stop_replica(&id).await,
-                Fault::KillReplica => cluster.kill_replica(&id).await,
-                Fault::StartReplica => cluster.start_replica(&id).await,
-                Fault::CutRoute => cluster.cut_route(&id).await,
-                Fault::RestoreRoute => cluster.restore_route(&id).await,
-                Fault::KillHost => cluster.kill_host(&id).await,
-                Fault::StartHost => cluster.start_host(&id).await,
-            }
-        })
+        run(py, self.blocking, async move { cluster.fault(fault).await })
     }
 }
 
@@ -127,31 +105,31 @@ impl NativeLocalCluster {
     }
 
     fn stop_replica<'py>(&self, py: Python<'py>, id: String) -> PyResult<Bound<'py, PyAny>> {
-        self.fault(py, Fault::StopReplica, id)
+        self.fault(py, Fault::StopReplica(id))
     }
 
     fn kill_replica<'py>(&self, py: Python<'py>, id: String) -> PyResult<Bound<'py, PyAny>> {
-        self.fault(py, Fault::KillReplica, id)
+        self.fault(py, Fault::KillReplica(id))
     }
 
     fn start_replica<'py>(&self, py: Python<'py>, id: String) -> PyResult<Bound<'py, PyAny>> {
-        self.fault(py, Fault::StartReplica, id)
+        self.fault(py, Fault::StartReplica(id))
     }
 
     fn cut_route<'py>(&self, py: Python<'py>, id: String) -> PyResult<Bound<'py, PyAny>> {
-        self.fault(py, Fault::CutRoute, id)
+        self.fault(py, Fault::CutRoute(id))
     }
 
     fn restore_route<'py>(&self, py: Python<'py>, id: String) -> PyResult<Bound<'py, PyAny>> {
-        self.fault(py, Fault::RestoreRoute, id)
+        self.fault(py, Fault::RestoreRoute(id))
     }
 
     fn kill_host<'py>(&self, py: Python<'py>, id: String) -> PyResult<Bound<'py, PyAny>> {
-        self.fault(py, Fault::KillHost, id)
+        self.fault(py, Fault::KillHost(id))
     }
 
     fn start_host<'py>(&self, py: Python<'py>, id: String) -> PyResult<Bound<'py, PyAny>> {
-        self.fault(py, Fault::StartHost, id)
+        self.fault(py, Fault::StartHost(id))
     }
 
     fn restart_edge<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyAny>> {
@@ -172,14 +150,14 @@ impl NativeLocalCluster {
         delay_ms: u64,
         cut: bool,
     ) -> PyResult<Bound<'py, PyAny>> {
-        let cluster = self.cluster.clone();
-        run(py, self.blocking, async move {
+        self.fault(
+            py,
             match (cut, delay_ms) {
-                (true, _) => cluster.cut_store().await,
-                (false, 0) => cluster.restore_store().await,
-                (false, ms) => cluster.slow_store(Duration::from_millis(ms)).await,
-            }
-        })
+                (true, _) => Fault::CutStore,
+                (false, 0) => Fault::RestoreStore,
+                (false, ms) => Fault::SlowStore(Duration::from_millis(ms)),
+            },
+        )
     }
 
     /// Stops every process and removes the data directory (kept, with its

@@ -96,9 +96,28 @@ class _Options:
 
 
 class _Facts:
-    """What every cluster form reports without a call."""
+    """The options, and what every cluster form reports without a call."""
 
     _cluster: _native.NativeLocalCluster | None
+
+    def __init__(
+        self,
+        replicas: int = 3,
+        hosts: int = 0,
+        config_delivery: ConfigDelivery = "push",
+        isolation: Isolation = "auto",
+        *,
+        restart_crashed: bool = False,
+        gateway_bin: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self._options = _Options(
+            replicas, hosts, config_delivery, isolation, restart_crashed, gateway_bin
+        )
+        self._cluster = None
+        # The faults ordered through this object, for LocalCluster.heal().
+        self._down: set[str] = set()
+        self._cut: set[str] = set()
+        self._store_faulted = False
 
     def _handle(self) -> _native.NativeLocalCluster:
         if self._cluster is None:
@@ -137,24 +156,6 @@ class LocalCluster(_Facts):
     with the logs' directory in ``.logs``; bad options raise
     :class:`openshell_sdk.errors.InvalidConfigError`.
     """
-
-    def __init__(
-        self,
-        replicas: int = 3,
-        hosts: int = 0,
-        config_delivery: ConfigDelivery = "push",
-        isolation: Isolation = "auto",
-        *,
-        restart_crashed: bool = False,
-        gateway_bin: str | os.PathLike[str] | None = None,
-    ) -> None:
-        self._options = _Options(
-            replicas, hosts, config_delivery, isolation, restart_crashed, gateway_bin
-        )
-        self._cluster = None
-        self._down: set[str] = set()
-        self._cut: set[str] = set()
-        self._store_faulted = False
 
     def start(self) -> LocalCluster:
         """Starts the cluster and returns once it serves (idempotent)."""
@@ -261,21 +262,6 @@ class AsyncLocalCluster(_Facts):
 
     Same options and faults as :class:`LocalCluster`, as coroutines.
     """
-
-    def __init__(
-        self,
-        replicas: int = 3,
-        hosts: int = 0,
-        config_delivery: ConfigDelivery = "push",
-        isolation: Isolation = "auto",
-        *,
-        restart_crashed: bool = False,
-        gateway_bin: str | os.PathLike[str] | None = None,
-    ) -> None:
-        self._options = _Options(
-            replicas, hosts, config_delivery, isolation, restart_crashed, gateway_bin
-        )
-        self._cluster = None
 
     async def start(self) -> AsyncLocalCluster:
         """Starts the cluster and returns once it serves (idempotent)."""
