@@ -23,6 +23,7 @@ import (
 	"runtime/debug"
 	"strings"
 	"sync"
+	"syscall"
 	"unicode"
 
 	openshell "example.invalid/openshell/sdk-go"
@@ -162,11 +163,15 @@ var install struct {
 // cache directory.
 func installed(dir, version string) (string, error) {
 	install.once.Do(func() {
-		cache, err := os.UserCacheDir()
-		if err != nil {
-			cache = os.TempDir()
+		root := filepath.Join("openshell", "sdk-go")
+		if cache, err := os.UserCacheDir(); err == nil {
+			root = filepath.Join(cache, root)
+		} else {
+			// No home: a directory of this user's own in the shared
+			// temporary directory (installTo refuses one someone else made).
+			root = filepath.Join(os.TempDir(), fmt.Sprintf("openshell-sdk-go-%d", os.Geteuid()))
 		}
-		install.bin, install.err = installTo(dir, filepath.Join(cache, "openshell", "sdk-go"), version)
+		install.bin, install.err = installTo(dir, root, version)
 	})
 	return install.bin, install.err
 }
@@ -194,11 +199,22 @@ func installTo(src, root, version string) (string, error) {
 	key := strings.NewReplacer("/", "_", string(os.PathSeparator), "_").Replace(version) + "-" +
 		hex.EncodeToString(sum.Sum(nil))[:16]
 	dest := filepath.Join(root, platform, key)
-	if complete(dest, names) {
-		return filepath.Join(dest, gatewayExe), nil
-	}
 	if err := os.MkdirAll(filepath.Dir(dest), 0o755); err != nil {
 		return "", err
+	}
+	// Executables are run from here: every directory on the way must be
+	// this user's and writable by nobody else, or another local user could
+	// swap them.
+	for dir := filepath.Dir(dest); ; dir = filepath.Dir(dir) {
+		if !owned(dir) {
+			return "", fmt.Errorf("refusing %s: not this user's, or writable by others", dir)
+		}
+		if dir == root || dir == filepath.Dir(dir) {
+			break
+		}
+	}
+	if complete(dest, names) {
+		return filepath.Join(dest, gatewayExe), nil
 	}
 	tmp, err := os.MkdirTemp(filepath.Dir(dest), key+".tmp-")
 	if err != nil {
@@ -224,13 +240,31 @@ func installTo(src, root, version string) (string, error) {
 	return filepath.Join(dest, gatewayExe), nil
 }
 
+// complete is whether dir holds every executable, all of this user's and
+// writable by nobody else.
 func complete(dir string, names []string) bool {
+	if !owned(dir) {
+		return false
+	}
 	for _, name := range names {
-		if !isFile(filepath.Join(dir, name)) {
+		path := filepath.Join(dir, name)
+		if !isFile(path) || !owned(path) {
 			return false
 		}
 	}
 	return true
+}
+
+// owned is whether path itself (not a symlink's target) belongs to this
+// user and no one else may write it.
+func owned(path string) bool {
+	st, err := os.Lstat(path)
+	if err != nil {
+		return false
+	}
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	return ok && int(sys.Uid) == os.Geteuid() && st.Mode()&os.ModeSymlink == 0 &&
+		st.Mode().Perm()&0o022 == 0
 }
 
 func isFile(path string) bool {

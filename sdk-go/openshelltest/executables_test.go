@@ -84,3 +84,24 @@ func TestModuleCachePathsAreEscaped(t *testing.T) {
 		t.Fatal(got)
 	}
 }
+
+func TestACacheOthersMayWriteIsRefused(t *testing.T) {
+	src := t.TempDir()
+	for _, name := range []string{gatewayExe, supervisorExe} {
+		if err := os.WriteFile(filepath.Join(src, name), []byte("#!/bin/sh\n"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	root := filepath.Join(t.TempDir(), "cache")
+	if err := os.MkdirAll(filepath.Join(root, platform), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// Another user could swap what is run from a directory anyone may write.
+	if err := os.Chmod(filepath.Join(root, platform), 0o777); err != nil {
+		t.Fatal(err)
+	}
+	_, err := installTo(src, root, "v1.2.3")
+	if err == nil || !strings.Contains(err.Error(), "writable by others") {
+		t.Fatalf("installTo into a world-writable cache: %v", err)
+	}
+}
