@@ -10,7 +10,8 @@
 #    The reference gateway's executables (openshell-gateway, the
 #    openshell-supervisor it starts per sandbox and the sandboxes' init
 #    openshell-sandbox-init: what openshelltest runs) are built with it and
-#    stripped of debug info; other platforms' are taken from the same
+#    stripped (a release whole, a debug build of its debug info); other
+#    platforms' are taken from the same
 #    directory.
 # 2. Makes a release commit: HEAD's tree plus every platform's archive at
 #    sdk-go/internal/native/lib/<goos>_<goarch>/libopenshell_c.a (the path the
@@ -100,12 +101,17 @@ for platform in "${!platforms[@]}"; do
       echo "release-go: $from/$exe is missing (each platform ships its executables)" >&2
       exit 1
     fi
-    # Debug info is most of a debug build's size; the symbols stay.
     mkdir -p "$tmp/strip/$platform"
-    objcopy --strip-debug "$from/$exe" "$tmp/strip/$platform/$exe"
+    # A release loses its symbols too (as the wheel's and npm's do); a
+    # debug build keeps them for backtraces.
+    if [ "$profile" = release ]; then
+      objcopy --strip-all "$from/$exe" "$tmp/strip/$platform/$exe"
+    else
+      objcopy --strip-debug "$from/$exe" "$tmp/strip/$platform/$exe"
+    fi
     blob=$(git hash-object -w "$tmp/strip/$platform/$exe")
     git update-index --add --cacheinfo "100755,$blob,$lib/$exe"
-    printf 'release-go: %-12s %-26s %10s bytes (stripped of debug info, %s before)\n' \
+    printf 'release-go: %-12s %-26s %10s bytes (stripped, %s before)\n' \
       "$platform" "$exe" "$(stat -c %s "$tmp/strip/$platform/$exe")" "$(stat -c %s "$from/$exe")"
   done
 done
