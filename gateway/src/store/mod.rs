@@ -61,6 +61,16 @@ impl Dialect {
         }
     }
 
+    /// [`Dialect::now_ms`] fixed for the whole statement, so that an index
+    /// can be searched by it (PostgreSQL's `statement_timestamp()`; SQLite's
+    /// `'now'` already is).
+    fn statement_now_ms(self) -> &'static str {
+        match self {
+            Dialect::Sqlite => Dialect::Sqlite.now_ms(),
+            Dialect::Postgres => "CAST(EXTRACT(EPOCH FROM statement_timestamp()) * 1000 AS BIGINT)",
+        }
+    }
+
     pub(crate) fn lock_row(self) -> &'static str {
         match self {
             Dialect::Sqlite => "",
@@ -242,6 +252,17 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     CREATE INDEX hosts_token_hash ON hosts (token_hash);
     ALTER TABLE sandboxes ADD COLUMN host_id TEXT;
     CREATE INDEX sandboxes_host_id ON sandboxes (host_id)",
+    ),
+    // The purge of ended SSH sessions (ssh_sessions.rs) searches these
+    // instead of reading every session: the revoked ones, and those with an
+    // expiry by it. Partial, so sessions that are live and never expire
+    // stay out of both.
+    (
+        5,
+        "CREATE INDEX ssh_sessions_revoked ON ssh_sessions (revoked) WHERE revoked > 0;
+    CREATE INDEX ssh_sessions_expiring ON ssh_sessions (expires_ms) WHERE expires_ms > 0",
+        "CREATE INDEX ssh_sessions_revoked ON ssh_sessions (revoked) WHERE revoked > 0;
+    CREATE INDEX ssh_sessions_expiring ON ssh_sessions (expires_ms) WHERE expires_ms > 0",
     ),
 ];
 
