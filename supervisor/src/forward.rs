@@ -15,9 +15,10 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::pin::pin;
 use std::time::Duration;
 
-use bytes::{Buf, BufMut, Bytes, BytesMut};
+use bytes::{BufMut, Bytes, BytesMut};
 use futures::{Stream, StreamExt};
 use openshell_proto::{RelayEof, RelayFrame, TcpRelayTarget, relay_frame};
+use openshell_sdk::wire::write_all_vectored;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot};
@@ -246,40 +247,6 @@ pub async fn pump<T, S>(
             }
         }
     }
-}
-
-/// Writes every buffer, in order, with as few (vectored) writes as the
-/// socket takes.
-async fn write_all_vectored<W: tokio::io::AsyncWrite + Unpin>(
-    writer: &mut W,
-    bufs: &mut [Bytes],
-) -> std::io::Result<()> {
-    let mut first = 0;
-    while first < bufs.len() {
-        if bufs[first].is_empty() {
-            first += 1;
-            continue;
-        }
-        let slices: Vec<std::io::IoSlice<'_>> = bufs[first..]
-            .iter()
-            .map(|b| std::io::IoSlice::new(b))
-            .collect();
-        let mut written = writer.write_vectored(&slices).await?;
-        if written == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        while written > 0 {
-            let len = bufs[first].len();
-            if written >= len {
-                written -= len;
-                first += 1;
-            } else {
-                bufs[first].advance(written);
-                written = 0;
-            }
-        }
-    }
-    Ok(())
 }
 
 #[cfg(test)]

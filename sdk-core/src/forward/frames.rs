@@ -1,11 +1,10 @@
 //! A forward connection's frames: socket reads that are gRPC messages
-//! already (headers written into room in front of the data), the read
-//! blocks they are cut from, and vectored writes of received frames.
+//! already (headers written into room in front of the data) and the read
+//! blocks they are cut from. Received frames go to the socket through
+//! [`crate::wire::write_all_vectored`].
 
-use std::io::IoSlice;
-
-use bytes::{Buf, BufMut, Bytes, BytesMut};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use bytes::{BufMut, Bytes, BytesMut};
+use tokio::io::AsyncReadExt;
 
 use super::MAX_FRAME;
 use crate::wire::{PREFIX_LEN, write_prefix};
@@ -110,37 +109,6 @@ fn data_header(len: usize) -> Vec<u8> {
     prost::encoding::encode_varint(len as u64, &mut header);
     debug_assert!(header.len() <= HEADER_ROOM - PREFIX_LEN);
     header
-}
-
-/// Writes every buffer, in order, with as few (vectored) writes as the
-/// socket takes.
-pub(super) async fn write_all_vectored<W: tokio::io::AsyncWrite + Unpin>(
-    writer: &mut W,
-    bufs: &mut [Bytes],
-) -> std::io::Result<()> {
-    let mut first = 0;
-    while first < bufs.len() {
-        if bufs[first].is_empty() {
-            first += 1;
-            continue;
-        }
-        let slices: Vec<IoSlice<'_>> = bufs[first..].iter().map(|b| IoSlice::new(b)).collect();
-        let mut written = writer.write_vectored(&slices).await?;
-        if written == 0 {
-            return Err(std::io::ErrorKind::WriteZero.into());
-        }
-        while written > 0 {
-            let len = bufs[first].len();
-            if written >= len {
-                written -= len;
-                first += 1;
-            } else {
-                bufs[first].advance(written);
-                written = 0;
-            }
-        }
-    }
-    Ok(())
 }
 
 /// The message of one gRPC-framed frame, after checking its prefix.
@@ -249,25 +217,6 @@ mod tests {
             .unwrap();
         assert!(blocks.spares.is_empty());
         drop(held);
-    }
-
-    #[tokio::test]
-    async fn vectored_writes_deliver_every_buffer_in_order() {
-        // A pipe smaller than the data forces partial vectored writes.
-        let (mut writer, mut reader) = tokio::io::duplex(1000);
-        let mut bufs: Vec<Bytes> = (0..20u8)
-            .map(|i| Bytes::from(vec![i; 777]))
-            .chain([Bytes::new()])
-            .collect();
-        let expected: Vec<u8> = bufs.iter().flat_map(|b| b.to_vec()).collect();
-        let reading = tokio::spawn(async move {
-            let mut got = Vec::new();
-            reader.read_to_end(&mut got).await.unwrap();
-            got
-        });
-        write_all_vectored(&mut writer, &mut bufs).await.unwrap();
-        drop(writer);
-        assert_eq!(reading.await.unwrap(), expected);
     }
 
     #[test]

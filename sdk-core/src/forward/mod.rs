@@ -46,7 +46,8 @@ use crate::raw::{CallContext, RawSender, decode};
 
 mod frames;
 
-use frames::{ReadBlocks, read_data_frame, write_all_vectored};
+use crate::wire::write_all_vectored;
+use frames::{ReadBlocks, read_data_frame};
 
 /// Largest payload of one `data` frame: the chunk size of the public
 /// protocol, which every gateway accepts.

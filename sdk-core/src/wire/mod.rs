@@ -19,7 +19,9 @@
 //!   the checks of the response head, as `tonic::client::Grpc` does them;
 //! - [`ResponseBody`], [`response`] and [`check_request`]: the server side,
 //!   a streamed answer of [`Outbound`] messages ending in its status
-//!   trailers.
+//!   trailers;
+//! - [`write_all_vectored`]: received messages written to a socket in
+//!   vectored writes, without copying them together.
 //!
 //! Everything here is plain gRPC over HTTP/2, uncompressed: the wire is the
 //! same as tonic's, only the buffers differ.
@@ -239,9 +241,11 @@ fn check_encoding(headers: &HeaderMap) -> Result<(), Status> {
 
 mod frames;
 mod server;
+mod vectored;
 
 pub use frames::GrpcFrames;
 pub use server::{ResponseBody, check_request, response};
+pub use vectored::write_all_vectored;
 
 #[cfg(test)]
 mod tests {
