@@ -570,6 +570,40 @@ async fn all_on_ring_owner(
     }
 }
 
+/// Waits (up to `limit`) until every sandbox is reported on its ring owner
+/// and every replica holds exactly the sessions of the sandboxes it owns,
+/// so that no session is still on its way home (sent home by a rebalance,
+/// its old stream not yet closed where it was). Returns what is still off.
+async fn wait_all_home(
+    cluster: &TestCluster,
+    client: &mut Client,
+    sandboxes: &[(String, String)],
+    ring: &[&str],
+    limit: Duration,
+) -> Vec<String> {
+    let started = std::time::Instant::now();
+    loop {
+        let mut off = all_on_ring_owner(client, sandboxes, ring, Duration::ZERO).await;
+        for replica in ring {
+            let owned = sandboxes
+                .iter()
+                .filter(|(_, id)| ring_owner(ring, id) == *replica)
+                .count() as f64;
+            let held = metric(
+                cluster.replica(replica),
+                "openshell_server_supervisor_sessions",
+            );
+            if held != owned {
+                off.push(format!("{replica} holds {held} sessions, owns {owned}"));
+            }
+        }
+        if off.is_empty() || started.elapsed() > limit {
+            return off;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 #[tokio::test]
 async fn a_rolling_restart_loses_nothing_and_ends_on_the_ring() {
     let exits = tempfile::tempdir().unwrap();
@@ -593,6 +627,24 @@ async fn a_rolling_restart_loses_nothing_and_ends_on_the_ring() {
     for replica in ring {
         // The replica that stays up answers while this one restarts.
         let other = if replica == "gw-0" { 1 } else { 0 };
+        // The sessions the last restart sent elsewhere go home only on the
+        // others' next rebalance ticks after it rejoined: read what this
+        // replica holds once they have all arrived (and left where they
+        // were), or a homecoming between the read and the stop makes the
+        // shutdown redirect fewer sessions than were counted.
+        let mut via = client(&cluster.replicas[other]).await;
+        let off = wait_all_home(
+            &cluster,
+            &mut via,
+            &sandboxes,
+            &ring,
+            Duration::from_secs(30),
+        )
+        .await;
+        assert!(
+            off.is_empty(),
+            "before stopping {replica}, not home: {off:?}"
+        );
         let held = metric(
             cluster.replica(replica),
             "openshell_server_supervisor_sessions",
