@@ -16,7 +16,7 @@
 //! | `auth` | the host's [`TokenProvider`](crate::TokenProvider) failed |
 //! | `stream_closed` | a send on a stream whose request half is closed (the receive side says why) |
 //! | `io` | a local socket failed (forward listener bind, accept) |
-//! | `cluster` | a [local cluster](crate::testing) failed to start, take an order or stop; the message names what failed and where its logs are |
+//! | `cluster` | a local test cluster (the `testing` module) failed to start, take an order or stop; the message names what failed and where its logs are |
 //!
 //! An HTTP answer without a gRPC status (a proxy's own error page, for
 //! example nginx's HTML 502 for a dead route) is `unavailable` with a message
@@ -121,7 +121,7 @@ pub enum Error {
         /// What failed.
         message: String,
     },
-    /// A local test cluster ([`crate::testing`]) failed to start, carry
+    /// A local test cluster (the `testing` module) failed to start, carry
     /// out a fault order, or stop cleanly.
     #[error("cluster: {message}")]
     Cluster {
