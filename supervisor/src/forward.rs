@@ -1,7 +1,9 @@
 //! TCP relays: one gateway relay stream <-> one loopback TCP connection.
 //!
-//! Only loopback targets are connected, whatever the gateway asks: the relay
-//! reaches services inside the sandbox's host, never the network beyond it.
+//! Only loopback targets are connected, whatever the gateway asks. An
+//! isolated sandbox's loopback is its own (its network namespace, which the
+//! socket is made in); without isolation it is the host's. Never the network
+//! beyond.
 //! The connection is made before the relay is claimed, so a refused port is
 //! reported as a failed `relay_open_result` instead of an empty stream.
 //!
@@ -12,7 +14,9 @@
 
 use std::future::Future;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::os::fd::OwnedFd;
 use std::pin::pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::{BufMut, Bytes, BytesMut};
@@ -20,7 +24,7 @@ use futures::{Stream, StreamExt};
 use openshell_proto::{RelayEof, RelayFrame, TcpRelayTarget, relay_frame};
 use openshell_sdk::wire::write_all_vectored;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::{mpsc, oneshot};
 use tracing::debug;
 
@@ -37,16 +41,18 @@ const WRITE_BATCH: usize = 16;
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Connects, claims the relay, and pumps until done or cancelled.
+/// `netns`: the sandbox's PID 1 (see [`connect`]).
 pub async fn run(
     ctx: &RelayContext,
     channel_id: &str,
     target: TcpRelayTarget,
+    netns: Option<&Arc<OwnedFd>>,
     cancel: impl Future<Output = ()>,
 ) {
     let mut cancel = pin!(cancel);
     let socket = tokio::select! {
         _ = cancel.as_mut() => return,
-        socket = connect(&target) => socket,
+        socket = connect(&target, netns) => socket,
     };
     let socket = match socket {
         Ok(socket) => socket,
@@ -74,11 +80,30 @@ pub async fn run(
     }
 }
 
-/// Connects to a loopback target; the error is the `relay_open_result` text.
-async fn connect(target: &TcpRelayTarget) -> Result<TcpStream, String> {
+/// Connects to a loopback target: the sandbox's own loopback when it has a
+/// network namespace (`netns`, its PID 1's pidfd), else the host's. The
+/// error is the `relay_open_result` text.
+async fn connect(
+    target: &TcpRelayTarget,
+    netns: Option<&Arc<OwnedFd>>,
+) -> Result<TcpStream, String> {
     let addr = loopback_addr(&target.host, target.port)
         .map_err(|reason| format!("connect {}:{}: {reason}", target.host, target.port))?;
-    match tokio::time::timeout(CONNECT_TIMEOUT, TcpStream::connect(addr)).await {
+    let dial = async {
+        let Some(init) = netns else {
+            return TcpStream::connect(addr).await;
+        };
+        let domain = if addr.is_ipv4() {
+            libc::AF_INET
+        } else {
+            libc::AF_INET6
+        };
+        let socket = crate::isolation::socket_in(init, domain).await?;
+        TcpSocket::from_std_stream(std::net::TcpStream::from(socket))
+            .connect(addr)
+            .await
+    };
+    match tokio::time::timeout(CONNECT_TIMEOUT, dial).await {
         Ok(Ok(socket)) => {
             let _ = socket.set_nodelay(true);
             Ok(socket)
@@ -285,13 +310,13 @@ mod tests {
             host: "localhost".into(),
             port: port.into(),
         };
-        let err = connect(&target).await.unwrap_err();
+        let err = connect(&target, None).await.unwrap_err();
         assert_eq!(err, format!("connect 127.0.0.1:{port}: Connection refused"));
         let target = TcpRelayTarget {
             host: "192.0.2.1".into(),
             port: 80,
         };
-        let err = connect(&target).await.unwrap_err();
+        let err = connect(&target, None).await.unwrap_err();
         assert_eq!(err, "connect 192.0.2.1:80: not a loopback address");
     }
 

@@ -25,9 +25,13 @@
 //!    the supervisor sees the usual exit status and kills the usual process
 //!    group.
 //!
-//! The network stays the host's (loopback services remain reachable). Every
-//! process involved is non-dumpable, so the sandbox cannot ptrace or read
-//! the memory, environment or descriptors of the init or the helpers.
+//! The sandbox also gets a network namespace of its own, holding only its
+//! loopback (up) and no route: nothing in it reaches the host's ports (the
+//! gateway, the edge, the database, other sandboxes' servers) or beyond. A
+//! forward's target is dialed from inside it ([`socket_in`]), so
+//! `127.0.0.1:8080` is the sandbox's own port 8080. Every process involved
+//! is non-dumpable, so the sandbox cannot ptrace or read the memory,
+//! environment or descriptors of the init or the helpers.
 //!
 //! This needs root (or `CAP_SYS_ADMIN` with `CAP_SETUID`) on the host; the
 //! gateway checks before it starts (`--isolation auto|namespaces|none`).
@@ -74,7 +78,8 @@ const HOST_ID_SPAN: u32 = 800_000;
 pub enum Mode {
     /// In the supervisor's own namespaces, as its own user.
     None,
-    /// In the sandbox's user, PID and mount namespaces (see the module doc).
+    /// In the sandbox's user, PID, mount and network namespaces (see the
+    /// module doc).
     Namespaces,
 }
 
@@ -482,7 +487,7 @@ fn give_to(dir: &Path, id: u32) -> std::io::Result<()> {
 }
 
 /// Whether this process can create sandboxes in [`Mode::Namespaces`]:
-/// privileged on the host, and allowed to make user, mount and PID
+/// privileged on the host, and allowed to make user, mount, PID and network
 /// namespaces. The reason when not.
 pub fn check_namespaces() -> Result<(), String> {
     // SAFETY: geteuid has no preconditions.
@@ -495,7 +500,7 @@ pub fn check_namespaces() -> Result<(), String> {
     unsafe {
         std::os::unix::process::CommandExt::pre_exec(&mut probe, || {
             if libc::unshare(libc::CLONE_NEWNS) != 0
-                || libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWPID) != 0
+                || libc::unshare(init::NAMESPACES) != 0
             {
                 return Err(std::io::Error::last_os_error());
             }
@@ -506,9 +511,45 @@ pub fn check_namespaces() -> Result<(), String> {
         Ok(status) if status.success() => Ok(()),
         Ok(status) => Err(format!("namespace probe exited with {status}")),
         Err(err) => Err(format!(
-            "cannot create user, mount and PID namespaces: {err}"
+            "cannot create user, mount, PID and network namespaces: {err}"
         )),
     }
+}
+
+/// A TCP socket (`domain`: `AF_INET` or `AF_INET6`; non-blocking,
+/// close-on-exec) in the network namespace of the sandbox whose PID 1 is
+/// `init`: whatever it connects to is the sandbox's, not the host's. Made on
+/// a short-lived thread of its own that joins the namespace and ends, so no
+/// thread of the supervisor ever runs in a sandbox's network.
+pub async fn socket_in(init: &Arc<OwnedFd>, domain: libc::c_int) -> std::io::Result<OwnedFd> {
+    let init = init.clone();
+    let (done, made) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name("sandbox-socket".into())
+        .spawn(move || {
+            // SAFETY: setns on a pidfd we hold joins only this thread to the
+            // namespace; socket takes plain integers and the result is owned
+            // at once.
+            let made_here = unsafe {
+                if libc::setns(init.as_raw_fd(), libc::CLONE_NEWNET) != 0 {
+                    Err(std::io::Error::last_os_error())
+                } else {
+                    let fd = libc::socket(
+                        domain,
+                        libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
+                        0,
+                    );
+                    if fd < 0 {
+                        Err(std::io::Error::last_os_error())
+                    } else {
+                        Ok(OwnedFd::from_raw_fd(fd))
+                    }
+                }
+            };
+            let _ = done.send(made_here);
+        })?;
+    made.await
+        .map_err(|_| std::io::Error::other("the sandbox socket thread ended early"))?
 }
 
 /// Arguments as C strings, for exec.

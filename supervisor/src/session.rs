@@ -217,7 +217,14 @@ async fn serve_relay(
     let mut cancel = pin!(cancel);
     match open.target {
         Some(relay_open::Target::Tcp(target)) => {
-            forward::run(&ctx, &channel_id, target, cancel).await;
+            forward::run(
+                &ctx,
+                &channel_id,
+                target,
+                exec.sandbox_init.as_ref(),
+                cancel,
+            )
+            .await;
         }
         Some(relay_open::Target::Exec(request)) => {
             let claimed = tokio::select! {

@@ -2,7 +2,7 @@
 //!
 //! Started by the supervisor like any exec (its environment, stdio, process
 //! group or pty session are already the program's), it joins the user,
-//! mount and PID namespaces of the sandbox's PID 1 through the pidfd it
+//! mount, PID and network namespaces of the sandbox's PID 1 through the pidfd it
 //! inherits as descriptor `INIT_FD` (a pid could have been reused since
 //! PID 1 died, a pidfd cannot: a dead PID 1 fails the exec), forks, and
 //! the child
@@ -79,14 +79,9 @@ pub fn main(args: &[OsString]) -> ExitCode {
 }
 
 fn join_namespaces(init_fd: libc::c_int) -> io::Result<()> {
-    // One call joins all three at once; it fails (ESRCH) if PID 1 is gone.
+    // One call joins all four at once; it fails (ESRCH) if PID 1 is gone.
     // SAFETY: setns on a descriptor; the kernel checks that it is a pidfd.
-    let joined = unsafe {
-        libc::setns(
-            init_fd,
-            libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWPID,
-        )
-    };
+    let joined = unsafe { libc::setns(init_fd, super::init::NAMESPACES) };
     let result = if joined == 0 {
         Ok(())
     } else {

@@ -96,12 +96,14 @@ fn run(
     non_dumpable();
     chdir(Path::new("/"))?;
     hide_paths(&args)?;
-    // From here on, the mounts above are locked for the sandbox.
+    // From here on, the mounts above are locked for the sandbox. The network
+    // namespace is new and empty: only its own loopback, brought up below,
+    // and no route anywhere else.
     // SAFETY: unshare has no memory-safety preconditions; this process is
     // single-threaded, as CLONE_NEWUSER requires.
-    if unsafe { libc::unshare(libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWPID) } != 0 {
+    if unsafe { libc::unshare(NAMESPACES) } != 0 {
         return Err(format!(
-            "unshare user, mount and pid namespaces: {}",
+            "unshare user, mount, pid and network namespaces: {}",
             io::Error::last_os_error()
         ));
     }
@@ -111,6 +113,7 @@ fn run(
     if line.trim_end() != "mapped" {
         return Err("the supervisor did not map the sandbox ids".into());
     }
+    loopback_up().map_err(|e| format!("bring up the sandbox's loopback: {e}"))?;
     if shape == Shape::Sibling {
         // PID 1 cannot compare pids with its parent (outside its namespace
         // getppid gives 0): it checks this pidfd of the server instead.
@@ -154,6 +157,43 @@ fn run(
             Ok(wait_for(child))
         }
     }
+}
+
+/// The namespaces a sandbox gets of its own (besides the mount namespace
+/// that hides paths first): user, mount, PID and network.
+pub const NAMESPACES: libc::c_int =
+    libc::CLONE_NEWUSER | libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWNET;
+
+/// Sets `lo` of this process's (new) network namespace up: a fresh network
+/// namespace has it down, so not even the sandbox's own servers would be
+/// reachable on 127.0.0.1.
+fn loopback_up() -> io::Result<()> {
+    // SAFETY: socket takes plain integers; the descriptor is closed below.
+    let socket = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if socket < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: ifreq is plain data; the name fits (3 bytes with its NUL) and
+    // both ioctls read and write only this struct.
+    let result = unsafe {
+        let mut request: libc::ifreq = std::mem::zeroed();
+        for (slot, byte) in request.ifr_name.iter_mut().zip(b"lo\0") {
+            *slot = *byte as libc::c_char;
+        }
+        if libc::ioctl(socket, libc::SIOCGIFFLAGS, &mut request) != 0 {
+            Err(io::Error::last_os_error())
+        } else {
+            request.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+            if libc::ioctl(socket, libc::SIOCSIFFLAGS, &request) != 0 {
+                Err(io::Error::last_os_error())
+            } else {
+                Ok(())
+            }
+        }
+    };
+    // SAFETY: closing the socket made above.
+    unsafe { libc::close(socket) };
+    result
 }
 
 /// PID 1 of the sandbox: its own `/proc`, then reap orphans forever. A
