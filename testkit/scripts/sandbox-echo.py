@@ -5,7 +5,7 @@ Usage: python3 -c "$(cat sandbox-echo.py)" [PORT]
 Binds 127.0.0.1:PORT (0, the default, picks a free port), prints
 "listening PORT" on stdout once it accepts connections, and echoes every
 connection back, passing a half-close on, until it is killed (the exec that
-runs it ends) or its stdin ends.
+runs it is cancelled or the sandbox goes).
 """
 
 import socket
@@ -30,8 +30,7 @@ def main() -> None:
     port = int(sys.argv[1]) if len(sys.argv) > 1 else 0
     server = socket.create_server(("127.0.0.1", port), backlog=128)
     print("listening", server.getsockname()[1], flush=True)
-    threading.Thread(target=serve, args=(server,), daemon=True).start()
-    sys.stdin.read()
+    serve(server)
 
 
 main()
