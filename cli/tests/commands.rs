@@ -12,9 +12,18 @@ use std::time::Duration;
 use common::*;
 use openshell_testkit::wait_until;
 
-/// An echo server on the host's loopback (which sandboxes share).
-fn echo_server() -> u16 {
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+/// An echo server in `sandbox`'s network (its own under isolation): the
+/// CLI execs `readlink` there to find it.
+fn echo_server(c: &Cluster, sandbox: &str) -> u16 {
+    let out = c
+        .cli()
+        .args(["exec", sandbox, "--"])
+        .args(openshell_testkit::netns::PRINT_NETNS)
+        .run(30);
+    let net = openshell_testkit::netns::SandboxNet::from_link(&out.success().stdout)
+        .expect("the sandbox's network namespace");
+    let listener = net.bind("127.0.0.1:0").unwrap();
+    listener.set_nonblocking(false).unwrap();
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
         for socket in listener.incoming().flatten() {
@@ -165,7 +174,7 @@ fn every_command_against_a_three_replica_cluster() {
         .one_line_error(255, "invalid_argument");
 
     // forward: LOCAL 0 picks a port; Ctrl-C (SIGINT) ends it with exit 0.
-    let port = echo_server();
+    let port = echo_server(&c, "cli-a");
     let mut child = c
         .cli()
         .args(["forward", "cli-a", &format!("0:{port}")])

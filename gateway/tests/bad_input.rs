@@ -225,7 +225,10 @@ async fn forward_rejects_bad_frames_and_targets() {
     assert_eq!(err.code(), Code::NotFound);
 
     // An oversized data frame ends the stream with RESOURCE_EXHAUSTED.
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let listener = sandbox_net(&mut client, "fwd")
+        .await
+        .bind("127.0.0.1:0")
+        .unwrap();
     let port = listener.local_addr().unwrap().port();
     let err = forward_error(
         &mut client,

@@ -102,7 +102,10 @@ async fn lowered_caps_refuse_execs_and_relays_across_replicas() {
         }
     }
     let (name, id) = chosen.expect("some sandbox lands on gw-1");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = sandbox_net(&mut gw0, &name)
+        .await
+        .listen("127.0.0.1:0")
+        .unwrap();
     let port = listener.local_addr().unwrap().port();
     let _accepting = tokio::spawn(async move {
         let mut held = Vec::new();

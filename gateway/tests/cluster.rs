@@ -178,7 +178,10 @@ async fn forward_and_interactive_exec_are_relayed_by_peers() {
         }
     }
     let name = name.expect("some sandbox lands on gw-1");
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let listener = sandbox_net(&mut gw0, &name)
+        .await
+        .listen("127.0.0.1:0")
+        .unwrap();
     let port = listener.local_addr().unwrap().port();
     tokio::spawn(async move {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};

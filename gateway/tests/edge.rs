@@ -479,8 +479,19 @@ async fn forward_tcp_is_bidirectional_through_the_edge(kind: Kind) {
     let mut to_gw0 = client(front.url(), Some("gw-0")).await;
     create_ready(&mut to_gw0, "edge-fwd").await;
 
-    // Echoes until EOF, then closes its side.
-    let server = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    // Echoes until EOF, then closes its side; inside the sandbox's network.
+    let link = to_gw0
+        .exec_sandbox(exec_request(
+            "edge-fwd",
+            &openshell_testkit::netns::PRINT_NETNS,
+        ))
+        .await
+        .expect("exec");
+    let link = collect(link.into_inner()).await.expect("exec").stdout_text();
+    let server = openshell_testkit::netns::SandboxNet::from_link(&link)
+        .expect("netns")
+        .listen("127.0.0.1:0")
+        .unwrap();
     let port = server.local_addr().unwrap().port();
     let echo = tokio::spawn(async move {
         let (mut socket, _) = server.accept().await.unwrap();

@@ -5,7 +5,6 @@ mod common;
 use common::*;
 use openshell_proto::*;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpListener;
 
 fn init(sandbox: &str, port: u16) -> TcpForwardFrame {
     TcpForwardFrame {
@@ -33,7 +32,10 @@ async fn forward_relays_both_ways_and_respects_half_close() {
     create_ready(&mut client, "fwd").await;
 
     // Reads everything until EOF, then answers with a digest of what it read.
-    let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server = sandbox_net(&mut client, "fwd")
+        .await
+        .listen("127.0.0.1:0")
+        .unwrap();
     let port = server.local_addr().unwrap().port();
     let served = tokio::spawn(async move {
         let (mut socket, _) = server.accept().await.unwrap();
@@ -120,9 +122,13 @@ async fn round_trip(
     }
 }
 
-/// An echo server: everything it reads it writes back, then half-closes.
-async fn echo_server() -> u16 {
-    let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
+/// An echo server in `sandbox`'s network: everything it reads it writes
+/// back, then half-closes.
+async fn echo_server(client: &mut Client, sandbox: &str) -> u16 {
+    let server = sandbox_net(client, sandbox)
+        .await
+        .listen("127.0.0.1:0")
+        .unwrap();
     let port = server.local_addr().unwrap().port();
     tokio::spawn(async move {
         while let Ok((socket, _)) = server.accept().await {
@@ -156,7 +162,7 @@ async fn large_and_public_size_frames_cross_the_gateway_and_the_edge() {
     )
     .max_decoding_message_size(16 * 1024 * 1024)
     .max_encoding_message_size(16 * 1024 * 1024);
-    let port = echo_server().await;
+    let port = echo_server(&mut direct, "big").await;
     let payload: Vec<u8> = (0..(3 << 20) + 12_345u32)
         .map(|i| (i % 253) as u8)
         .collect();
@@ -189,7 +195,7 @@ async fn a_malformed_frame_is_invalid_argument() {
     let gw = start();
     let mut client = client(&gw).await;
     create_ready(&mut client, "bad").await;
-    let port = echo_server().await;
+    let port = echo_server(&mut client, "bad").await;
     // Field 2 (data) announcing 255 bytes that never come.
     let truncated = bytes::Bytes::from_static(&[0x12, 0xff, 0x01, 0x00]);
 
@@ -218,7 +224,7 @@ async fn compressed_and_oversized_messages_are_refused() {
     let gw = start();
     let mut client = client(&gw).await;
     create_ready(&mut client, "big").await;
-    let port = echo_server().await;
+    let port = echo_server(&mut client, "big").await;
     let init = bytes::Bytes::from(init("big", port).encode_to_vec());
 
     let status = raw_call::raw_stream(
@@ -256,7 +262,10 @@ async fn a_slow_receiver_bounds_what_the_path_buffers() {
     let gw = start();
     let mut client = client(&gw).await;
     create_ready(&mut client, "slow").await;
-    let server = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let server = sandbox_net(&mut client, "slow")
+        .await
+        .listen("127.0.0.1:0")
+        .unwrap();
     let port = server.local_addr().unwrap().port();
     let (start_reading, reading) = tokio::sync::oneshot::channel::<()>();
     let served = tokio::spawn(async move {

@@ -176,17 +176,19 @@ async fn wait_ready(client: &Client, name: &str) -> String {
         .id
 }
 
-async fn echo_server() -> u16 {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((mut socket, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let (mut r, mut w) = socket.split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
-            });
+/// An echo server on one port number in each of `sandboxes`' networks.
+async fn echo_server(client: &Client, sandboxes: &[&str]) -> u16 {
+    let mut port = 0;
+    for sandbox in sandboxes {
+        let link = sh(client, sandbox, "readlink /proc/self/ns/net").await;
+        let net = openshell_testkit::netns::SandboxNet::from_link(&link).expect("netns");
+        if port != 0 && net.is_own() {
+            continue;
         }
-    });
+        let listener = net.listen(("127.0.0.1", port)).unwrap();
+        port = listener.local_addr().unwrap().port();
+        openshell_testkit::netns::serve_echo(listener);
+    }
     port
 }
 
@@ -227,13 +229,14 @@ async fn exec_and_forward_are_served_by_the_hosts_replica(isolation: &str) {
     let host = setup.host("h-0", isolation);
     let holder = setup.holder().await;
     let client = setup.client().await;
-    let port = echo_server().await;
     let mut sandboxes = Vec::new();
     for i in 0..3 {
         let name = format!("pooled-{i}");
         let id = ready_sandbox(&client, &name).await;
         sandboxes.push((name, id));
     }
+    let names: Vec<&str> = sandboxes.iter().map(|(name, _)| name.as_str()).collect();
+    let port = echo_server(&client, &names).await;
     let hinted_before = client.routing_stats().hinted;
     let peer_before = setup.peer_relays();
     let local_before =
@@ -300,8 +303,8 @@ async fn a_pooled_sandbox_survives_its_host_moving() {
     let host = setup.host("h-0", "namespaces");
     let holder = setup.holder().await;
     let client = setup.client().await;
-    let port = echo_server().await;
     ready_sandbox(&client, "mover").await;
+    let port = echo_server(&client, &["mover"]).await;
 
     // A background process, found by a marker in its environment.
     let mark = marker();

@@ -85,7 +85,7 @@ async fn forwards_end_with_their_session_and_ended_sessions_go() {
     let mut anonymous0 = client_with(gw0, None).await;
     let mut anonymous1 = client_with(gw1, None).await;
     create_ready(&mut user, "ends").await;
-    let port = echo_service().await;
+    let port = echo_service(&mut user, &["ends"]).await;
     let db = gw0.store_dir().join("store/gateway.db");
 
     // Through the edge, the answer names the edge, whatever the client says.

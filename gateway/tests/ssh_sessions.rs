@@ -46,7 +46,7 @@ async fn tokens_are_scoped_revocable_limited_and_expire(database_url: Option<Str
     let mut anonymous = client_with(&gw, None).await;
     let alpha = create_ready(&mut user, "alpha").await;
     create_ready(&mut user, "beta").await;
-    let port = echo_service().await;
+    let port = echo_service(&mut user, &["alpha", "beta"]).await;
 
     let before = SystemTime::now();
     let session = create_session(&mut user, "alpha").await;

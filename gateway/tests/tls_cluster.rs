@@ -107,10 +107,15 @@ async fn owner_via(client: &mut Client, name: &str) -> Option<String> {
         .map(|v| v.to_str().unwrap().to_owned())
 }
 
-/// Forwards `payload` through `client` to an echo server on loopback and
-/// returns what came back.
-async fn forward_echo(client: &mut Client, sandbox: &str, payload: &[u8]) -> Vec<u8> {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+/// Forwards `payload` through `client` to an echo server on the sandbox's
+/// loopback and returns what came back.
+async fn forward_echo(
+    client: &mut Client,
+    sandbox: &str,
+    net: &openshell_testkit::netns::SandboxNet,
+    payload: &[u8],
+) -> Vec<u8> {
+    let listener = net.listen("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     let echo = tokio::spawn(async move {
         use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -203,6 +208,7 @@ async fn a_private_ca_cluster_redirects_relays_and_notifies_over_tls() {
     // owner over the peer channel (TLS, --peer-ca).
     let payload: Vec<u8> = (0..120_000u32).map(|i| (i % 251) as u8).collect();
     for (name, owner, _) in &placed {
+        let net = sandbox_net(&mut clients[0], name).await;
         for (i, client) in clients.iter_mut().enumerate() {
             let via = &cluster.replicas[i];
             if format!("gw-{i}") == *owner {
@@ -211,7 +217,7 @@ async fn a_private_ca_cluster_redirects_relays_and_notifies_over_tls() {
             let (execs, forwards) = (peer_route(via, "exec"), peer_route(via, "tcp"));
             let out = sh(client, name, "echo relayed over tls").await;
             assert_eq!(out.stdout_text(), "relayed over tls\n", "{name} via gw-{i}");
-            assert_eq!(forward_echo(client, name, &payload).await, payload);
+            assert_eq!(forward_echo(client, name, &net, &payload).await, payload);
             assert_eq!(peer_route(via, "exec"), execs + 1.0, "gw-{i} exec route");
             assert_eq!(peer_route(via, "tcp"), forwards + 1.0, "gw-{i} tcp route");
         }

@@ -1,6 +1,6 @@
 //! `Client::forward` against the real gateway and supervisor: a local
 //! listener in the core, one `ForwardTcp` stream per connection, to an echo
-//! server on the sandbox's host (loopback here).
+//! server in the sandbox's own network.
 
 mod common;
 
@@ -11,30 +11,10 @@ use common::*;
 use openshell_sdk::{CallOptions, CancellationToken, ForwardStats};
 use openshell_testkit::eventually;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 const CONNECTIONS: usize = 50;
 const PER_CONNECTION: usize = 1024 * 1024;
-
-/// Echoes every connection; shuts down its write side after the client's EOF.
-async fn echo_server() -> (u16, tokio::task::JoinHandle<()>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let task = tokio::spawn(async move {
-        loop {
-            let Ok((socket, _)) = listener.accept().await else {
-                return;
-            };
-            tokio::spawn(async move {
-                let (mut read, mut write) = socket.into_split();
-                if tokio::io::copy(&mut read, &mut write).await.is_ok() {
-                    let _ = write.shutdown().await;
-                }
-            });
-        }
-    });
-    (port, task)
-}
 
 /// `len` bytes that differ from one `seed` to the next (xorshift).
 fn pattern(seed: u64, len: usize) -> Vec<u8> {
@@ -83,7 +63,7 @@ async fn fifty_concurrent_connections_echo_one_mib_each_through_one_handle() {
     let gw = start();
     let client = client(&gw).await;
     create_ready(&client, "fwd").await;
-    let (port, _server) = echo_server().await;
+    let port = echo_in(&client, &["fwd"]).await;
 
     let handle = within(
         10,
@@ -163,7 +143,7 @@ async fn close_ends_active_connections_and_a_cancel_token_closes_the_forward() {
     let gw = start();
     let client = client(&gw).await;
     create_ready(&client, "fwdclose").await;
-    let (port, _server) = echo_server().await;
+    let port = echo_in(&client, &["fwdclose"]).await;
 
     let handle = client
         .forward("fwdclose", port, "127.0.0.1:0", CallOptions::new())
@@ -317,7 +297,7 @@ async fn forward_io_pumps_one_stream_over_any_reader_and_writer() {
     let gw = start();
     let client = client(&gw).await;
     create_ready(&client, "fwd-io").await;
-    let (port, _server) = echo_server().await;
+    let port = echo_in(&client, &["fwd-io"]).await;
 
     // 1 MiB through a duplex pipe, both ways at once, with half-close.
     let data = pattern(99, PER_CONNECTION);

@@ -181,20 +181,6 @@ async fn ready_sandbox(client: &Client, name: &str) -> String {
     sandbox.id
 }
 
-async fn echo_server() -> u16 {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((mut socket, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let (mut r, mut w) = socket.split();
-                let _ = tokio::io::copy(&mut r, &mut w).await;
-            });
-        }
-    });
-    port
-}
-
 async fn forward_once(client: &Client, sandbox: &str, port: u16) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let handle = client
@@ -217,13 +203,16 @@ async fn forward_once(client: &Client, sandbox: &str, port: u16) {
 async fn hints_land_every_stream_on_its_owner(kind: EdgeKind) {
     let setup = Setup::start(kind).await;
     let routed_client = setup.client(true).await;
-    let port = echo_server().await;
     let mut names = Vec::new();
     for i in 0..30 {
         let name = format!("own-{i}");
         ready_sandbox(&routed_client, &name).await;
         names.push(name);
     }
+    // Echo servers in the sandboxes' networks, set up through a client of
+    // their own (its calls do not count below).
+    let names_ref: Vec<&str> = names.iter().map(String::as_str).collect();
+    let port = common::echo_in(&setup.client(true).await, &names_ref).await;
     let peer_before = setup.routed("peer", "exec") + setup.routed("peer", "tcp");
     let local_before = setup.routed("local", "exec") + setup.routed("local", "tcp");
     for name in &names {
@@ -729,7 +718,7 @@ async fn an_assumed_owner_skips_the_lookup_and_a_wrong_one_costs_what_a_stale_ca
     let id = ready_sandbox(&client, "assumed").await;
     let owner = setup.owner_of(&id);
     let other = setup.ids().into_iter().find(|r| *r != owner).unwrap();
-    let port = echo_server().await;
+    let port = common::echo_in(&client, &["assumed"]).await;
     // A fresh client: nothing cached.
     let client = setup.client(true).await;
 

@@ -1,6 +1,5 @@
-//! Token-authenticated TCP forwards for the SSH session tests: a loopback
-//! echo service on the host (sandboxes share its network) and a raw
-//! `ForwardTcp` stream to it.
+//! Token-authenticated TCP forwards for the SSH session tests: an echo
+//! service inside sandboxes' networks and a raw `ForwardTcp` stream to it.
 
 use std::time::Duration;
 
@@ -12,22 +11,30 @@ use tonic::Code;
 
 use super::Client;
 
-/// A loopback echo service on the host (sandboxes share its network).
-pub async fn echo_service() -> u16 {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((mut conn, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buf = [0u8; 1024];
-                while let Ok(n) = conn.read(&mut buf).await {
-                    if n == 0 || conn.write_all(&buf[..n]).await.is_err() {
-                        return;
-                    }
-                }
-            });
+/// An echo service on one port number in each of `sandboxes`' networks
+/// (each its own under isolation; without, the first bind serves all).
+pub async fn echo_service(client: &mut Client, sandboxes: &[&str]) -> u16 {
+    let mut port = 0;
+    for sandbox in sandboxes {
+        let net = super::sandbox_net(client, sandbox).await;
+        if port != 0 && net.is_own() {
+            continue;
         }
-    });
+        let listener = net.listen(("127.0.0.1", port)).unwrap();
+        port = listener.local_addr().unwrap().port();
+        tokio::spawn(async move {
+            while let Ok((mut conn, _)) = listener.accept().await {
+                tokio::spawn(async move {
+                    let mut buf = [0u8; 1024];
+                    while let Ok(n) = conn.read(&mut buf).await {
+                        if n == 0 || conn.write_all(&buf[..n]).await.is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+    }
     port
 }
 

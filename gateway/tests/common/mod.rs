@@ -145,6 +145,19 @@ pub async fn exec(client: &mut Client, request: ExecSandboxRequest) -> Result<Ex
         .expect("exec finished within 60 s")
 }
 
+/// The network namespace of `sandbox` (its own under isolation, else the
+/// test's): test servers bound there are what its forwards reach.
+pub async fn sandbox_net(client: &mut Client, sandbox: &str) -> openshell_testkit::netns::SandboxNet {
+    let out = exec(
+        client,
+        exec_request(sandbox, &openshell_testkit::netns::PRINT_NETNS),
+    )
+    .await
+    .expect("exec");
+    openshell_testkit::netns::SandboxNet::from_link(&out.stdout_text())
+        .expect("the sandbox's network namespace")
+}
+
 pub async fn sh(client: &mut Client, sandbox: &str, script: &str) -> ExecResult {
     exec(client, exec_request(sandbox, &["sh", "-c", script]))
         .await

@@ -101,3 +101,32 @@ where
     assert!(!pids.is_empty(), "no process carries the marker");
     pids
 }
+
+/// An echo server (back what it reads, then a half-close) on one port number
+/// in the network of each of `sandboxes`: their own under isolation, the
+/// test's otherwise (then one bind serves all).
+pub async fn echo_in(client: &Client, sandboxes: &[&str]) -> u16 {
+    let mut port = 0;
+    for sandbox in sandboxes {
+        let argv = openshell_testkit::netns::PRINT_NETNS;
+        let out = within(
+            20,
+            "read the sandbox's netns",
+            client.exec(
+                openshell_sdk::ExecRequest::new(*sandbox, argv),
+                CallOptions::new(),
+            ),
+        )
+        .await
+        .expect("exec");
+        let link = String::from_utf8_lossy(&out.stdout).into_owned();
+        let net = openshell_testkit::netns::SandboxNet::from_link(&link).expect("netns");
+        if port != 0 && net.is_own() {
+            continue;
+        }
+        let listener = net.listen(("127.0.0.1", port)).expect("listen in the sandbox");
+        port = listener.local_addr().unwrap().port();
+        openshell_testkit::netns::serve_echo(listener);
+    }
+    port
+}

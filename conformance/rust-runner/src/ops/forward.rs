@@ -1,13 +1,44 @@
-//! `forward`: a forward to a TCP echo server the runner starts on loopback
-//! (the sandbox's host), exercised by concurrent half-closing connections.
+//! `forward`: a forward to a TCP echo server the runner starts inside the
+//! sandbox (an exec stream running `testkit/scripts/sandbox-echo.py`, which
+//! prints `listening PORT`), exercised by concurrent half-closing
+//! connections; the exec stream is dropped (cancelled) at the end.
 
-use anyhow::anyhow;
+use std::time::Duration;
+
+use anyhow::{anyhow, bail};
+use futures::StreamExt;
+use openshell_sdk::{ExecEvent, ExecRequest, ExecStream};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 
 use crate::report::StepResult;
 use crate::runner::{Runner, opts};
+
+/// The echo server every runner starts in the sandbox.
+const ECHO_SERVER: &str = include_str!("../../../../testkit/scripts/sandbox-echo.py");
+/// How long the echo server may take to say it listens.
+const LISTENING_WITHIN: Duration = Duration::from_secs(20);
+
+/// Reads `stream`'s stdout up to the `listening PORT` line.
+async fn listening_port(stream: &mut ExecStream) -> anyhow::Result<u16> {
+    let mut stdout = Vec::new();
+    while let Some(event) = stream.next().await {
+        match event? {
+            ExecEvent::Stdout(data) => stdout.extend_from_slice(&data),
+            ExecEvent::Stderr(_) => {}
+            ExecEvent::Exit(code) => bail!("the echo server exited with {code}"),
+        }
+        if let Some(end) = stdout.iter().position(|b| *b == b'\n') {
+            let line = String::from_utf8_lossy(&stdout[..end]).into_owned();
+            return line
+                .strip_prefix("listening ")
+                .and_then(|port| port.trim().parse().ok())
+                .ok_or_else(|| anyhow!("the echo server said {line:?}"));
+        }
+    }
+    bail!("the echo server's stream ended")
+}
 
 impl Runner {
     pub async fn forward(&mut self, step: &Value) -> StepResult {
@@ -21,19 +52,16 @@ impl Runner {
             handle.close();
             return Ok(json!({}));
         }
-        let server = TcpListener::bind("127.0.0.1:0")
+        let mut echo = self
+            .client
+            .exec_stream(
+                ExecRequest::new(&sandbox, ["python3", "-c", ECHO_SERVER]),
+                opts(),
+            )
+            .await?;
+        let target = tokio::time::timeout(LISTENING_WITHIN, listening_port(&mut echo))
             .await
-            .map_err(|e| anyhow!("echo server: {e}"))?;
-        let target = server.local_addr().map_err(|e| anyhow!("{e}"))?.port();
-        let echo = tokio::spawn(async move {
-            while let Ok((mut conn, _)) = server.accept().await {
-                tokio::spawn(async move {
-                    let (mut r, mut w) = conn.split();
-                    let _ = tokio::io::copy(&mut r, &mut w).await;
-                    let _ = w.shutdown().await;
-                });
-            }
-        });
+            .map_err(|_| anyhow!("the echo server did not listen within 20 s"))??;
         let handle = self
             .client
             .forward(&sandbox, target, "127.0.0.1:0", opts())
@@ -64,7 +92,7 @@ impl Runner {
         handle.close();
         handle.closed().await;
         let closed_refuses = TcpStream::connect(addr).await.is_err();
-        echo.abort();
+        drop(echo);
         Ok(json!({"echoed": echoed, "accepted": accepted, "closed_refuses": closed_refuses}))
     }
 }
