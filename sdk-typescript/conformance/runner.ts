@@ -8,7 +8,7 @@
 // Usage: node dist/conformance/runner.js [SCENARIOS_JSON] [--only ID ...]
 import { randomBytes, randomUUID } from "node:crypto";
 import { readFileSync } from "node:fs";
-import { type AddressInfo, connect, createServer } from "node:net";
+import { connect } from "node:net";
 import { dirname, join } from "node:path";
 import { fileURLToPath } from "node:url";
 import { fromBinary, fromJson, type JsonValue, toBinary, toJson } from "@bufbuild/protobuf";
@@ -22,6 +22,7 @@ import {
   OpenShellError,
   path,
 } from "../src/index.js";
+import { startSandboxServer } from "../test/sandbox-server.js";
 import { configSession } from "./config.js";
 
 type Step = Record<string, unknown> & { op: string };
@@ -406,13 +407,12 @@ const OPS: Record<string, Op> = {
       await (await r.client.forward(r.target(step), Number(step.remote_port), { signal })).close();
       return {};
     }
-    const server = createServer((socket) => socket.pipe(socket));
-    await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+    // The echo server runs inside the sandbox (testkit/scripts/sandbox-echo.py
+    // through an exec stream): a forward reaches the sandbox's own loopback.
+    const server = await startSandboxServer(r.client, r.target(step), { signal });
     try {
       const size = Number(step.bytes_per_connection);
-      const fwd = await r.client.forward(r.target(step), (server.address() as AddressInfo).port, {
-        signal,
-      });
+      const fwd = await r.client.forward(r.target(step), server.port, { signal });
       const { address, port } = fwd.localAddress;
       const roundtrip = (i: number) =>
         new Promise<boolean>((resolve) => {
@@ -437,7 +437,7 @@ const OPS: Record<string, Op> = {
       });
       return { echoed, accepted, closed_refuses: refuses };
     } finally {
-      server.close();
+      await server.stop();
     }
   },
   async raw_unary(r, step, signal) {

@@ -2,12 +2,13 @@
 import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
 import { readFileSync } from "node:fs";
-import { type AddressInfo, connect, createServer } from "node:net";
+import { connect } from "node:net";
 import { dirname, join } from "node:path";
 import { after, before, describe, test } from "node:test";
 import { fileURLToPath } from "node:url";
 import { Client, type ExecEvent, NotFoundError, OpenShellError } from "../src/index.js";
 import { cluster, unique } from "./cluster.js";
+import { startSandboxServer } from "./sandbox-server.js";
 
 describe("curated calls", () => {
   let client: Client;
@@ -118,12 +119,10 @@ describe("curated calls", () => {
   });
 
   test("forward: localAddress, bytes both ways, stats, idempotent close", async () => {
-    // The forward's target: an echo server on the sandbox host's loopback.
-    const echo = createServer((socket) => socket.pipe(socket));
-    await new Promise<void>((resolve) => echo.listen(0, "127.0.0.1", resolve));
-    const target = echo.address() as AddressInfo;
+    // The forward's target: an echo server on the sandbox's own loopback.
+    const echo = await startSandboxServer(client, name);
     try {
-      const fwd = await client.forward(name, target.port);
+      const fwd = await client.forward(name, echo.port);
       const { address, port } = fwd.localAddress;
       assert.equal(address, "127.0.0.1");
       assert.ok(port > 0);
@@ -155,7 +154,7 @@ describe("curated calls", () => {
         }),
       );
     } finally {
-      echo.close();
+      await echo.stop();
     }
   });
 

@@ -2,7 +2,7 @@
 // against a replica that requires a user token: a client with no token and
 // only the session token is the token-only caller the gateway scopes.
 import assert from "node:assert/strict";
-import { type AddressInfo, connect, createServer, type Server } from "node:net";
+import { connect } from "node:net";
 import { after, before, describe, test } from "node:test";
 import { inspect } from "node:util";
 import {
@@ -15,6 +15,7 @@ import {
   UnauthenticatedError,
 } from "../src/index.js";
 import { type TokenGateway, tokenGateway, unique, until } from "./cluster.js";
+import { type SandboxServer, startSandboxServer } from "./sandbox-server.js";
 
 /** Whether a connection to the forward gets its bytes back (a refused
  * stream closes the connection instead). */
@@ -41,8 +42,10 @@ describe("ssh sessions", () => {
   let gateway: TokenGateway;
   let user: Client;
   let anonymous: Client;
-  let echo: Server;
-  let echoPort: number;
+  // An echo server in each sandbox, so a refused forward is the token's
+  // doing, not a port where nothing listens.
+  const echo = new Map<string, SandboxServer>();
+  const echoPort = (name: string) => (echo.get(name) as SandboxServer).port;
   const mine = unique("node-ssh-a");
   const other = unique("node-ssh-b");
 
@@ -50,18 +53,16 @@ describe("ssh sessions", () => {
     gateway = await tokenGateway();
     user = new Client({ endpoint: gateway.endpoint, token: gateway.token });
     anonymous = new Client({ endpoint: gateway.endpoint });
-    echo = createServer((socket) => socket.pipe(socket));
-    await new Promise<void>((resolve) => echo.listen(0, "127.0.0.1", resolve));
-    echoPort = (echo.address() as AddressInfo).port;
     for (const name of [mine, other]) await user.sandboxes.create({ name });
     for (const name of [mine, other]) await user.sandboxes.waitReady(name, { timeoutMs: 60_000 });
+    for (const name of [mine, other]) echo.set(name, await startSandboxServer(user, name));
   });
 
   after(async () => {
+    for (const server of echo.values()) await server.stop().catch(() => {});
     for (const name of [mine, other]) await user.sandboxes.delete(name).catch(() => {});
     await user.close();
     await anonymous.close();
-    echo.close();
     await gateway.close();
   });
 
@@ -81,23 +82,27 @@ describe("ssh sessions", () => {
     assert.ok(ttl > 0 && ttl < 2 * 24 * 3600_000, `expires in ${ttl} ms`);
 
     // Without a session token a token-less client may not forward.
-    const plain = await anonymous.forward(mine, echoPort);
+    const plain = await anonymous.forward(mine, echoPort(mine));
     assert.ok(await refused(plain));
     await plain.close();
-    const fwd = await anonymous.forward(mine, echoPort, { sshSessionToken: session.token });
+    const fwd = await anonymous.forward(mine, echoPort(mine), { sshSessionToken: session.token });
     assert.ok(await echoes(fwd));
     assert.equal(fwd.stats().connectionsFailed, 0n);
     await fwd.close();
     // Another sandbox: refused for the token-only caller and for a user alike.
     for (const client of [anonymous, user]) {
-      const wrong = await client.forward(other, echoPort, { sshSessionToken: session.token });
+      const wrong = await client.forward(other, echoPort(other), {
+        sshSessionToken: session.token,
+      });
       assert.ok(await refused(wrong));
       await wrong.close();
     }
 
     assert.equal(await user.sshSessions.revoke(session), true);
     assert.equal(await user.sshSessions.revoke(session.token), false, "idempotent");
-    const revoked = await anonymous.forward(mine, echoPort, { sshSessionToken: session.token });
+    const revoked = await anonymous.forward(mine, echoPort(mine), {
+      sshSessionToken: session.token,
+    });
     assert.ok(await refused(revoked));
     await revoked.close();
     // A token-only client cannot issue tokens.
