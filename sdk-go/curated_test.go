@@ -247,22 +247,8 @@ func TestForward(t *testing.T) {
 	c := newClient(t)
 	ctx := testContext(t, 90*time.Second)
 	name := readySandbox(t, c, "go-fwd", nil)
-	// The target: an echo server on the sandbox host's loopback.
-	echo, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer echo.Close()
-	go func() {
-		for {
-			conn, err := echo.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer conn.Close(); _, _ = io.Copy(conn, conn) }()
-		}
-	}()
-	port := echo.Addr().(*net.TCPAddr).Port
+	// The target: an echo server on the sandbox's own loopback.
+	port := sandboxEcho(t, c, name, 0)
 	fwd, err := c.Forward(ctx, name, port)
 	if err != nil {
 		t.Fatal(err)

@@ -22,27 +22,6 @@ import (
 	openshell "example.invalid/openshell/sdk-go"
 )
 
-// echoServer is a TCP echo server on the host's loopback (the sandboxes'
-// network); it stops with the test.
-func echoServer(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { l.Close() })
-	go func() {
-		for {
-			conn, err := l.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer conn.Close(); _, _ = io.Copy(conn, conn) }()
-		}
-	}()
-	return l.Addr().(*net.TCPAddr).Port
-}
-
 // echoes tells whether a connection to the forward gets its bytes back (a
 // refused stream closes the connection instead).
 func echoes(t *testing.T, fwd *openshell.Forward) bool {
@@ -103,7 +82,10 @@ func sshGateway(t *testing.T) (endpoint string, user, anonymous *openshell.Clien
 func TestSSHSessions(t *testing.T) {
 	endpoint, user, anonymous, mine, other := sshGateway(t)
 	ctx := testContext(t, 120*time.Second)
-	port := echoServer(t)
+	// The same port serves in both sandboxes (each has a network of its
+	// own), so a refusal comes from the token check, not a closed port.
+	port := sandboxEcho(t, user, mine, 0)
+	sandboxEcho(t, user, other, port)
 
 	t.Run("a session token alone forwards to its sandbox until revoked", func(t *testing.T) {
 		before := time.Now()

@@ -7,11 +7,13 @@
 //
 // Inputs (environment): OPENSHELL_ENDPOINT, OPENSHELL_TOKEN (optional),
 // OPENSHELL_BENCH_SANDBOX (READY), OPENSHELL_BENCH_IPERF_PORT (an
-// `iperf3 -s` on 127.0.0.1 that the sandbox reaches), OPENSHELL_BENCH_ROUNDS
+// `iperf3 -s` on 127.0.0.1 that the sandbox reaches: its own loopback under
+// namespace isolation), OPENSHELL_BENCH_ROUNDS
 // (default 5), OPENSHELL_BENCH_FORWARD_SECONDS (default 3),
 // OPENSHELL_BENCH_EXEC_MIB (default 64). Without OPENSHELL_ENDPOINT it
 // starts `openshell-gateway serve --dev` from $OPENSHELL_BIN_DIR, a sandbox
-// and (when iperf3 is on PATH) its own `iperf3 -s`, and stops them by PID.
+// and (when iperf3 is on PATH) its own `iperf3 -s` inside that sandbox, and
+// stops them (the gateway by PID, iperf3 with its exec stream).
 //
 // Per round, each figure runs the clients in a fresh random order:
 // GetSandbox latency (100 batches of 10 per client, interleaved; the
@@ -22,7 +24,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -126,53 +127,52 @@ func startGateway() (string, func(), error) {
 	return "", nil, errors.New("the gateway did not start in 60 s")
 }
 
-// iperf3Server runs `iperf3 -s` on a free loopback port until stop.
-func iperf3Server(bin string) (int, func(), error) {
+// iperf3Server runs `iperf3 -s` inside sandbox (on its own loopback: a
+// forward's target is the sandbox's port) until stop. The port is one free
+// on this host, so that it is free in the sandbox without isolation too.
+func iperf3Server(ctx context.Context, client *openshell.Client, sandbox string) (int, func(), error) {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return 0, nil, err
 	}
 	port := l.Addr().(*net.TCPAddr).Port
 	_ = l.Close()
-	cmd := exec.Command(bin, "-s", "--forceflush", "-B", "127.0.0.1", "-p", fmt.Sprint(port))
-	out, err := cmd.StdoutPipe()
+	ctx, cancel := context.WithCancel(ctx)
+	st, err := client.ExecStream(ctx, openshell.ExecRequest{Sandbox: sandbox,
+		Command: []string{"iperf3", "-s", "--forceflush", "-B", "127.0.0.1", "-p", fmt.Sprint(port)}})
 	if err != nil {
+		cancel()
 		return 0, nil, err
 	}
-	if err := cmd.Start(); err != nil {
-		return 0, nil, err
+	stop := func() { cancel(); st.Close() }
+	late := time.AfterFunc(10*time.Second, cancel) // ends a Recv that waits too long
+	defer late.Stop()
+	var output strings.Builder
+	for !strings.Contains(output.String(), "Server listening") {
+		ev, err := st.Recv()
+		switch {
+		case err != nil && !late.Stop():
+			stop()
+			return 0, nil, errors.New("iperf3 -s did not listen within 10 s")
+		case err != nil:
+			stop()
+			return 0, nil, err
+		case ev.Exited:
+			stop()
+			return 0, nil, fmt.Errorf("iperf3 -s exited with %d before it listened: %s", ev.ExitCode, output.String())
+		}
+		output.Write(ev.Stdout)
+		output.Write(ev.Stderr)
 	}
-	done := make(chan struct{})
-	listening := make(chan struct{})
+	// Drain the rest (iperf3 prints per test) so the server never blocks on a full pipe.
 	go func() {
-		sc := bufio.NewScanner(out)
-		seen := false
-		for sc.Scan() {
-			if !seen && strings.Contains(sc.Text(), "Server listening") {
-				seen = true
-				close(listening)
+		for _, err := range st.All() {
+			if err != nil {
+				return
 			}
 		}
 	}()
-	go func() { _ = cmd.Wait(); close(done) }()
-	stop := func() {
-		_ = cmd.Process.Signal(syscall.SIGTERM)
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-	}
-	select {
-	case <-listening:
-		return port, stop, nil
-	case <-done:
-		return 0, nil, errors.New("iperf3 -s exited before it listened")
-	case <-time.After(10 * time.Second):
-		stop()
-		return 0, nil, errors.New("iperf3 -s did not listen within 10 s")
-	}
+	return port, stop, nil
 }
 
 // iperf3GbitS is one `iperf3 -c` run (one stream) into port: the
@@ -393,8 +393,8 @@ func run() error {
 		sandbox = sb.Name
 	}
 	if iperfPort == 0 {
-		if bin, err := exec.LookPath("iperf3"); err == nil {
-			port, stop, err := iperf3Server(bin)
+		if _, err := exec.LookPath("iperf3"); err == nil {
+			port, stop, err := iperf3Server(ctx, client, sandbox)
 			if err != nil {
 				return err
 			}

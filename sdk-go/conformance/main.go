@@ -24,7 +24,6 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -656,73 +655,6 @@ func interactiveOp(ctx context.Context, r *runner, s step) (result, error) {
 	text(res, "stdout", stdout.Bytes())
 	text(res, "output", output.Bytes())
 	return res, nil
-}
-
-func forwardOp(ctx context.Context, r *runner, s step) (result, error) {
-	if port, ok := s["remote_port"]; ok {
-		f, err := r.client.Forward(ctx, r.target(s), number(port))
-		if err != nil {
-			return nil, err
-		}
-		f.Close()
-		return result{}, nil
-	}
-	echo, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	defer echo.Close()
-	go func() {
-		for {
-			c, err := echo.Accept()
-			if err != nil {
-				return
-			}
-			go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
-		}
-	}()
-	f, err := r.client.Forward(ctx, r.target(s), echo.Addr().(*net.TCPAddr).Port)
-	if err != nil {
-		return nil, err
-	}
-	size := number(s["bytes_per_connection"])
-	n := number(s["connections"])
-	echoed := make([]bool, n)
-	var wg sync.WaitGroup
-	for i := range n {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			payload := make([]byte, size)
-			_, _ = rand.Read(payload)
-			if size > 0 {
-				payload[size-1] = byte(i % 256)
-			}
-			c, err := net.DialTimeout("tcp", f.Addr(), 10*time.Second)
-			if err != nil {
-				return
-			}
-			defer c.Close()
-			_ = c.SetDeadline(time.Now().Add(60 * time.Second))
-			go func() { _, _ = c.Write(payload); c.(*net.TCPConn).CloseWrite() }()
-			got, err := io.ReadAll(c)
-			echoed[i] = err == nil && bytes.Equal(got, payload)
-		}()
-	}
-	wg.Wait()
-	accepted := f.Stats().ConnectionsAccepted
-	f.Close()
-	refuses := false
-	for range 100 { // the listener closes asynchronously: up to 5 s
-		c, err := net.DialTimeout("tcp", f.Addr(), time.Second)
-		if err != nil {
-			refuses = true
-			break
-		}
-		c.Close()
-		time.Sleep(50 * time.Millisecond)
-	}
-	return result{"echoed": echoed, "accepted": accepted, "closed_refuses": refuses}, nil
 }
 
 func randomID() string {
