@@ -487,7 +487,10 @@ async fn forward_tcp_is_bidirectional_through_the_edge(kind: Kind) {
         ))
         .await
         .expect("exec");
-    let link = collect(link.into_inner()).await.expect("exec").stdout_text();
+    let link = collect(link.into_inner())
+        .await
+        .expect("exec")
+        .stdout_text();
     let server = openshell_testkit::netns::SandboxNet::from_link(&link)
         .expect("netns")
         .listen("127.0.0.1:0")

@@ -68,7 +68,56 @@ print(extra)
 sys.exit(0 if extra else 1)
 "#;
 
+/// Connects to argv[1]:argv[2] within 3 s: exit 0 when connected.
+const CONNECT: &str = r#"
+import socket, sys
+try:
+    socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=3).close()
+except OSError as err:
+    print(err)
+    sys.exit(1)
+"#;
+/// The control of every network probe: a listener of its own on loopback,
+/// reached the way the attacks try theirs.
+const OWN_PORT: &str = r#"$PY -c 'import socket; s = socket.create_server(("127.0.0.1", 0)); print(s.getsockname()[1], flush=True); import time; time.sleep(30)' > port.txt & for i in $(seq 50); do [ -s port.txt ] && break; sleep 0.1; done; $PY -c "$CONNECT" 127.0.0.1 $(cat port.txt); r=$?; kill $!; exit $r"#;
+
 const PROBES: &[Probe] = &[
+    Probe {
+        name: "net-gateway-port",
+        attack: r#"$PY -c "$CONNECT" 127.0.0.1 $GW_PORT"#,
+        control: OWN_PORT,
+        secrets: false,
+    },
+    Probe {
+        name: "net-edge-port",
+        attack: r#"$PY -c "$CONNECT" 127.0.0.1 $EDGE_PORT"#,
+        control: OWN_PORT,
+        secrets: false,
+    },
+    Probe {
+        name: "net-postgres-port",
+        attack: r#"$PY -c "$CONNECT" 127.0.0.1 $PG_PORT"#,
+        control: OWN_PORT,
+        secrets: false,
+    },
+    Probe {
+        name: "net-other-sandbox-port",
+        attack: r#"$PY -c "$CONNECT" 127.0.0.1 $OTHER_PORT"#,
+        control: OWN_PORT,
+        secrets: false,
+    },
+    Probe {
+        name: "net-host-loopback-service",
+        attack: r#"$PY -c "$CONNECT" 127.0.0.1 $HOST_PORT"#,
+        control: OWN_PORT,
+        secrets: false,
+    },
+    Probe {
+        name: "net-host-address",
+        attack: r#"$PY -c "$CONNECT" $HOST_ADDR $HOST_WIDE_PORT"#,
+        control: OWN_PORT,
+        secrets: false,
+    },
     Probe {
         name: "supervisor-environ",
         attack: r#"cat /proc/$SUP/environ | tr '\0' '\n'"#,
@@ -154,6 +203,21 @@ const PROBES: &[Probe] = &[
         secrets: false,
     },
 ];
+
+/// An address of this host that is not loopback (its first IPv4 address
+/// from `hostname -I`): what a sandbox with a route out could try instead
+/// of 127.0.0.1.
+fn host_address() -> std::net::IpAddr {
+    let output = Command::new("hostname")
+        .arg("-I")
+        .output()
+        .expect("hostname -I");
+    String::from_utf8_lossy(&output.stdout)
+        .split_whitespace()
+        .filter_map(|a| a.parse::<std::net::IpAddr>().ok())
+        .find(|a| a.is_ipv4() && !a.is_loopback())
+        .expect("a non-loopback address on this host")
+}
 
 /// The expected outcome of every probe for `mode`, from the docs' table.
 fn documented(mode: &str) -> BTreeMap<String, String> {
@@ -251,6 +315,30 @@ async fn probe_all(isolation: &str) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 
+    // Network targets: the gateway's own port, an edge, PostgreSQL, a port
+    // the neighbour listens on (in its own network), a loopback service of
+    // the host, and a service on the host's non-loopback address.
+    let edge = openshell_testkit::Edge::start(&[("gw-0", gw.url.as_str())]);
+    let pg = openshell_testkit::cluster::Postgres::start();
+    let neighbour_net = sandbox_net(&mut client, "neighbour").await;
+    let neighbour_listener = neighbour_net.bind("127.0.0.1:0").unwrap();
+    let host_listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let host_addr = host_address();
+    let host_wide = std::net::TcpListener::bind((host_addr, 0)).unwrap();
+    let ports = [
+        ("GW_PORT", gw.grpc_addr.port()),
+        ("EDGE_PORT", edge.grpc_addr.port()),
+        ("PG_PORT", pg.port),
+        (
+            "OTHER_PORT",
+            neighbour_listener.local_addr().unwrap().port(),
+        ),
+        ("HOST_PORT", host_listener.local_addr().unwrap().port()),
+        ("HOST_WIDE_PORT", host_wide.local_addr().unwrap().port()),
+    ]
+    .map(|(key, port)| (key, port.to_string()));
+    let host_addr = host_addr.to_string();
+
     let secrets = [
         TOKEN.to_owned(),
         PEER_TOKEN.to_owned(),
@@ -274,7 +362,13 @@ async fn probe_all(isolation: &str) {
         ("UMOUNT", UMOUNT),
         ("MOVE", MOVE),
         ("FDS", FDS),
+        ("CONNECT", CONNECT),
+        ("HOST_ADDR", host_addr.as_str()),
     ];
+    let env: Vec<(&str, &str)> = env
+        .into_iter()
+        .chain(ports.iter().map(|(key, port)| (*key, port.as_str())))
+        .collect();
 
     let expected = documented(isolation);
     let mut measured = BTreeMap::new();
@@ -498,4 +592,61 @@ fn without_privileges_namespaces_refuses_and_auto_falls_back_loudly() {
         "{metrics}"
     );
     assert!(stderr.contains("SANDBOXES ARE NOT ISOLATED"), "{stderr}");
+}
+
+/// A forward to 127.0.0.1:PORT reaches the server the sandbox runs on its
+/// own loopback, even when the host has a different server on the same
+/// port number.
+#[tokio::test]
+async fn a_forward_reaches_the_sandboxs_own_server_not_the_hosts() {
+    use tokio::io::AsyncWriteExt;
+    let gw = gateway("namespaces");
+    let mut client = client(&gw).await;
+    create_ready(&mut client, "serves").await;
+    // The host's server on the port: it answers "host" to anyone.
+    let host = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = host.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut conn, _)) = host.accept().await {
+            let _ = conn.write_all(b"host").await;
+        }
+    });
+    // The sandbox's server on the same port number: an echo.
+    let script = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../testkit/scripts/sandbox-echo.py"),
+    )
+    .unwrap();
+    let request = exec_request("serves", &["python3", "-c", &script, &port.to_string()]);
+    let mut server = client
+        .exec_sandbox(request)
+        .await
+        .expect("exec")
+        .into_inner();
+    let mut said = Vec::new();
+    while !said.contains(&b'\n') {
+        let event = tokio::time::timeout(Duration::from_secs(20), server.message())
+            .await
+            .expect("the sandbox's server starts within 20 s")
+            .expect("exec stream")
+            .expect("an event before the exit");
+        match event.payload {
+            Some(openshell_proto::exec_sandbox_event::Payload::Stdout(out)) => {
+                said.extend_from_slice(&out.data)
+            }
+            Some(openshell_proto::exec_sandbox_event::Payload::Exit(exit)) => {
+                panic!("the sandbox's server exited: {exit:?}")
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(
+        String::from_utf8_lossy(&said),
+        format!("listening {port}\n")
+    );
+    // `echo` sends "ping" and asserts it comes back: the host's server
+    // would have answered "host".
+    common::forward::echo(&mut client, common::forward::init("serves", port, ""))
+        .await
+        .expect("forward to the sandbox's own port");
+    drop(server);
 }

@@ -499,9 +499,7 @@ pub fn check_namespaces() -> Result<(), String> {
     // SAFETY: the hook only makes the async-signal-safe unshare call.
     unsafe {
         std::os::unix::process::CommandExt::pre_exec(&mut probe, || {
-            if libc::unshare(libc::CLONE_NEWNS) != 0
-                || libc::unshare(init::NAMESPACES) != 0
-            {
+            if libc::unshare(libc::CLONE_NEWNS) != 0 || libc::unshare(init::NAMESPACES) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())

@@ -147,7 +147,10 @@ pub async fn exec(client: &mut Client, request: ExecSandboxRequest) -> Result<Ex
 
 /// The network namespace of `sandbox` (its own under isolation, else the
 /// test's): test servers bound there are what its forwards reach.
-pub async fn sandbox_net(client: &mut Client, sandbox: &str) -> openshell_testkit::netns::SandboxNet {
+pub async fn sandbox_net(
+    client: &mut Client,
+    sandbox: &str,
+) -> openshell_testkit::netns::SandboxNet {
     let out = exec(
         client,
         exec_request(sandbox, &openshell_testkit::netns::PRINT_NETNS),

@@ -124,7 +124,9 @@ pub async fn echo_in(client: &Client, sandboxes: &[&str]) -> u16 {
         if port != 0 && net.is_own() {
             continue;
         }
-        let listener = net.listen(("127.0.0.1", port)).expect("listen in the sandbox");
+        let listener = net
+            .listen(("127.0.0.1", port))
+            .expect("listen in the sandbox");
         port = listener.local_addr().unwrap().port();
         openshell_testkit::netns::serve_echo(listener);
     }
