@@ -7,10 +7,12 @@ error propagates as is, ``StepFailed`` says the step could not be carried out.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import re
 import socket
-import threading
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from google.protobuf import json_format
@@ -209,40 +211,64 @@ async def interactive(r: Runner, step: dict[str, Any]) -> Result:
     return {**text("stdout", stdout), **text("output", output), "exit_code": rest.exit_code}
 
 
-class EchoServer:
-    """A TCP echo server on loopback: the forward target on the sandbox's host."""
+ECHO_SCRIPT = Path(__file__).resolve().parents[2] / "testkit" / "scripts" / "sandbox-echo.py"
+LISTENING_WITHIN = 30.0  # how long the echo server may take to say it listens
+STOP_WITHIN = 10.0  # how long its exec stream may take to end once cancelled
 
-    def __init__(self) -> None:
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.port = self.sock.getsockname()[1]
-        threading.Thread(target=self._serve, daemon=True).start()
 
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.sock.accept()
-            except OSError:
-                return
-            threading.Thread(target=self._pump, args=(conn,), daemon=True).start()
+@contextlib.asynccontextmanager
+async def sandbox_echo(r: Runner, sandbox: str) -> AsyncIterator[int]:
+    """A TCP echo server inside ``sandbox`` (its own loopback):
+    ``testkit/scripts/sandbox-echo.py`` through an exec stream. Yields the port
+    of its ``listening PORT`` line; the stream is cancelled at the end (the
+    gateway kills the process group)."""
+    stream = r.client.exec_stream(sandbox, ["python3", "-c", ECHO_SCRIPT.read_text()])
+    stdout, stderr = bytearray(), bytearray()
 
-    @staticmethod
-    def _pump(conn: socket.socket) -> None:
-        with conn:
-            while data := conn.recv(65536):
-                conn.sendall(data)
+    async def listening() -> int:
+        async for event in stream:
+            if isinstance(event, osdk.ExecStdout):
+                stdout.extend(event.data)
+                line, newline, _ = bytes(stdout).partition(b"\n")
+                if newline:
+                    if (found := re.fullmatch(rb"listening (\d+)", line)) is None:
+                        raise StepFailed(f"the echo server said {line!r}")
+                    return int(found[1])
+            elif isinstance(event, osdk.ExecStderr):
+                stderr.extend(event.data)
+            else:
+                raise StepFailed(
+                    f"the echo server exited with {event.exit_code}: {text_of(stderr)}"
+                )
+        raise StepFailed(f"the echo server's exec stream ended: {text_of(stderr)}")
 
-    def close(self) -> None:
-        self.sock.close()
+    try:
+        try:
+            port = await asyncio.wait_for(listening(), LISTENING_WITHIN)
+        except TimeoutError:
+            raise StepFailed(
+                f"the echo server did not listen within {LISTENING_WITHIN:g} s: {text_of(stderr)}"
+            ) from None
+        yield port
+    finally:
+        stream.cancel()
+        # The cancel ends the stream: a read after it fails (or sees the end).
+        with contextlib.suppress(osdk.OpenShellError, TimeoutError):
+            await asyncio.wait_for(stream.next_event(), STOP_WITHIN)
+
+
+def text_of(data: bytearray) -> str:
+    return data.decode(errors="replace")[-2000:] or "(no stderr)"
 
 
 async def forward(r: Runner, step: dict[str, Any]) -> Result:
     if "remote_port" in step:
         (await r.client.forward(r.target(step), step["remote_port"])).close()
         return {}
-    server = EchoServer()
-    try:
+    sandbox = r.target(step)
+    async with sandbox_echo(r, sandbox) as echo_port:
         size = step["bytes_per_connection"]
-        async with await r.client.forward(r.target(step), server.port) as fwd:
+        async with await r.client.forward(sandbox, echo_port) as fwd:
             host, port = fwd.local_address
 
             async def roundtrip(i: int) -> bool:
@@ -268,8 +294,6 @@ async def forward(r: Runner, step: dict[str, Any]) -> Result:
             "accepted": accepted,
             "closed_refuses": refuses,
         }
-    finally:
-        server.close()
 
 
 def snake(name: str) -> str:

@@ -4,11 +4,11 @@ beside the SDK's ``forward``.
 
 Both pumps follow the wire contract (docs/PROTOCOL.md): a local listener, one
 ``ForwardTcp`` stream per accepted connection, an ``init`` frame naming the
-sandbox and the loopback target, then ``data`` frames each way and an ``eof``
-frame when a side stops writing. Backpressure is the transport's own: the sync
-pump's request iterator is only pulled as fast as gRPC can send, and its socket
-writes block the response loop; the aio pump awaits every ``write`` and
-``drain``.
+sandbox and the target port on the sandbox's own loopback, then ``data`` frames
+each way and an ``eof`` frame when a side stops writing. Backpressure is the
+transport's own: the sync pump's request iterator is only pulled as fast as
+gRPC can send, and its socket writes block the response loop; the aio pump
+awaits every ``write`` and ``drain``.
 
 - :class:`ThreadForward`: sync grpcio, two threads per connection;
 - :class:`AioForward`: ``grpc.aio`` on the caller's event loop.

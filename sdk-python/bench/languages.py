@@ -20,14 +20,15 @@ Inputs (environment):
 
 - ``OPENSHELL_ENDPOINT`` (required), ``OPENSHELL_TOKEN`` (optional);
 - ``OPENSHELL_BENCH_SANDBOX``: a READY sandbox;
-- ``OPENSHELL_BENCH_IPERF_PORT``: an ``iperf3 -s`` on 127.0.0.1:PORT that the
-  sandbox can forward to (forward rows are ``null`` without it);
+- ``OPENSHELL_BENCH_IPERF_PORT``: an ``iperf3 -s`` on 127.0.0.1:PORT inside
+  the sandbox's network (its own loopback under isolation), a forward target
+  (forward rows are ``null`` without it);
 - ``OPENSHELL_BENCH_ROUNDS`` (default 5), ``OPENSHELL_BENCH_FORWARD_SECONDS``
   (default 3).
 
 Output: a table, then as the last line ``BENCH_JSON {...}`` with one row per
 client (``sdk-sync``, ``sdk-async``, ``grpcio-sync``, ``grpcio-aio``).
-``run_local.py`` starts a gateway, a sandbox and iperf3 for a local run.
+``run_local.py`` starts a gateway, a sandbox and iperf3 in it for a local run.
 """
 
 from __future__ import annotations

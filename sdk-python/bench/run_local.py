@@ -1,8 +1,9 @@
 """Runs ``languages.py`` against a gateway of its own: starts
 ``openshell-gateway serve --dev`` from ``$OPENSHELL_BIN_DIR`` (default
-``target/release``), creates a READY sandbox and an ``iperf3 -s`` on loopback,
-runs the benchmark with the environment it expects, and stops the gateway and
-iperf3 by their PIDs.
+``target/release``), creates a READY sandbox and an ``iperf3 -s`` inside it
+(on the sandbox's own loopback, where a forward's target is: it runs through
+an exec stream), runs the benchmark with the environment it expects, and stops
+iperf3 by cancelling its stream and the gateway by its PID.
 
     OPENSHELL_BIN_DIR=target/release .venv/bin/python sdk-python/bench/run_local.py
 
@@ -23,7 +24,7 @@ import threading
 import time
 from pathlib import Path
 
-from openshell_sdk import Client
+from openshell_sdk import Client, ExecExit, OpenShellError, SyncExecStream
 
 ROOT = Path(__file__).resolve().parents[2]
 START_TIMEOUT = 60.0
@@ -85,30 +86,46 @@ def start_gateway(bin_dir: Path, tmp: Path) -> tuple[subprocess.Popen[bytes], st
     sys.exit("the gateway did not start in time")
 
 
-def start_iperf(port: int) -> subprocess.Popen[bytes]:
-    iperf3 = shutil.which("iperf3")
-    if iperf3 is None:
+def start_iperf(client: Client, port: int) -> tuple[SyncExecStream, threading.Thread]:
+    """``iperf3 -s`` on ``port`` inside the sandbox, through an exec stream
+    (cancelling it ends iperf3: the gateway kills the process group). The port
+    is one free on this host, so that it is free in the sandbox without
+    isolation too. A thread reads the stream to its end, so iperf3 never blocks
+    on a full pipe."""
+    if shutil.which("iperf3") is None:
         sys.exit("iperf3 is not on PATH (make bench installs it)")
-    process = subprocess.Popen(
-        [iperf3, "-s", "--forceflush", "-B", "127.0.0.1", "-p", str(port)],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
+    stream = client.exec_stream(
+        SANDBOX, ["iperf3", "-s", "--forceflush", "-B", "127.0.0.1", "-p", str(port)]
     )
-    assert process.stdout is not None
-    listening = threading.Event()
+    output = bytearray()
+    settled = threading.Event()
 
     def read() -> None:
-        assert process.stdout is not None
-        for line in process.stdout:
-            if b"Server listening" in line:
-                listening.set()
+        try:
+            for event in stream:
+                if not settled.is_set() and not isinstance(event, ExecExit):
+                    output.extend(event.data)
+                    if b"Server listening" in output:
+                        settled.set()
+        except OpenShellError:
+            pass  # the cancel at the end
+        finally:
+            settled.set()
 
-    threading.Thread(target=read, daemon=True).start()
-    if not listening.wait(10):
-        stop(process, signal.SIGTERM)
-        sys.exit("iperf3 -s did not listen in time")
-    return process
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    if not settled.wait(10) or b"Server listening" not in output:
+        stop_iperf(stream, reader)
+        sys.exit(
+            "iperf3 -s did not listen in the sandbox in time: "
+            + output.decode(errors="replace")[-2000:]
+        )
+    return stream, reader
+
+
+def stop_iperf(stream: SyncExecStream, reader: threading.Thread) -> None:
+    stream.cancel()
+    reader.join(10)
 
 
 def main() -> None:
@@ -116,25 +133,27 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="openshell-pybench-run-") as tmp_name:
         tmp = Path(tmp_name)
         gateway, url = start_gateway(bin_dir, tmp)
-        iperf = None
         try:
             with Client(url) as client:
                 client.sandboxes.create(SANDBOX)
                 client.sandboxes.wait_ready(SANDBOX, timeout=60)
-            port = free_port()
-            iperf = start_iperf(port)
-            env = {
-                **os.environ,
-                "OPENSHELL_ENDPOINT": url,
-                "OPENSHELL_BENCH_SANDBOX": SANDBOX,
-                "OPENSHELL_BENCH_IPERF_PORT": str(port),
-            }
-            env.pop("OPENSHELL_TOKEN", None)
-            bench = Path(__file__).resolve().parent / "languages.py"
-            code = subprocess.run([sys.executable, str(bench)], env=env, check=False).returncode
+                port = free_port()
+                env = {
+                    **os.environ,
+                    "OPENSHELL_ENDPOINT": url,
+                    "OPENSHELL_BENCH_SANDBOX": SANDBOX,
+                    "OPENSHELL_BENCH_IPERF_PORT": str(port),
+                }
+                env.pop("OPENSHELL_TOKEN", None)
+                bench = Path(__file__).resolve().parent / "languages.py"
+                iperf = start_iperf(client, port)
+                try:
+                    code = subprocess.run(
+                        [sys.executable, str(bench)], env=env, check=False
+                    ).returncode
+                finally:
+                    stop_iperf(*iperf)
         finally:
-            if iperf is not None:
-                stop(iperf, signal.SIGTERM)
             stop(gateway, signal.SIGINT)
     sys.exit(code)
 

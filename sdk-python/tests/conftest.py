@@ -199,29 +199,6 @@ def process_running(pid: int) -> bool:
     return not stat.rsplit(") ", 1)[-1].startswith("Z")
 
 
-def echo_server() -> tuple[socket.socket, threading.Thread]:
-    """A TCP echo server on loopback: the forward's target inside the sandbox's host."""
-    server = socket.create_server(("127.0.0.1", 0))
-
-    def serve() -> None:
-        while True:
-            try:
-                conn, _ = server.accept()
-            except OSError:
-                return
-
-            def pump(c: socket.socket) -> None:
-                with c:
-                    while data := c.recv(65536):
-                        c.sendall(data)
-
-            threading.Thread(target=pump, args=(conn,), daemon=True).start()
-
-    thread = threading.Thread(target=serve, daemon=True)
-    thread.start()
-    return server, thread
-
-
 def unique(prefix: str) -> str:
     """A sandbox name no other test uses."""
     return f"{prefix}-{uuid.uuid4().hex[:10]}"

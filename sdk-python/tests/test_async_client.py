@@ -9,7 +9,8 @@ import threading
 import time
 
 import pytest
-from conftest import Cluster, echo_server, marked_pids, process_running, unique
+from conftest import Cluster, marked_pids, process_running, unique
+from sandbox_server import async_sandbox_echo
 
 import openshell_sdk as osdk
 from openshell_sdk import AsyncClient, proto
@@ -193,9 +194,8 @@ async def test_interactive_wait_past_the_cap_fails_with_output_limit(
 
 
 async def test_forward_concurrent_connections(aclient: AsyncClient, ready_sandbox: str) -> None:
-    server, _ = echo_server()
-    try:
-        port = server.getsockname()[1]
+    # The forward's target: an echo server on the sandbox's own loopback.
+    async with async_sandbox_echo(aclient, ready_sandbox) as port:
         async with await aclient.forward(ready_sandbox, port) as fwd:
             host, local_port = fwd.local_address
             assert host == "127.0.0.1" and local_port > 0
@@ -218,8 +218,6 @@ async def test_forward_concurrent_connections(aclient: AsyncClient, ready_sandbo
         assert fwd.closed
         with pytest.raises(OSError):
             socket.create_connection((host, local_port), timeout=2).close()
-    finally:
-        server.close()
 
 
 async def test_cancelling_a_task_kills_the_sandbox_process(
@@ -303,27 +301,26 @@ async def test_raw_server_stream_exec(aclient: AsyncClient, ready_sandbox: str) 
 
 
 async def test_raw_bidi_forward_tcp(aclient: AsyncClient, ready_sandbox: str) -> None:
-    server, _ = echo_server()
-    try:
-        port = server.getsockname()[1]
-        async with aclient.raw.forward_tcp() as stream:
-            await stream.send(
-                proto.TcpForwardFrame(
-                    init=proto.TcpForwardInit(
-                        sandbox=ready_sandbox,
-                        tcp=proto.TcpRelayTarget(host="127.0.0.1", port=port),
-                    )
+    # The relay's target: an echo server on the sandbox's own loopback.
+    async with (
+        async_sandbox_echo(aclient, ready_sandbox) as port,
+        aclient.raw.forward_tcp() as stream,
+    ):
+        await stream.send(
+            proto.TcpForwardFrame(
+                init=proto.TcpForwardInit(
+                    sandbox=ready_sandbox,
+                    tcp=proto.TcpRelayTarget(host="127.0.0.1", port=port),
                 )
             )
-            await stream.send(proto.TcpForwardFrame(data=b"ping"))
-            await stream.close_send()
-            received = b""
-            async for frame in stream:
-                if frame.HasField("data"):
-                    received += frame.data
-            assert received == b"ping"
-    finally:
-        server.close()
+        )
+        await stream.send(proto.TcpForwardFrame(data=b"ping"))
+        await stream.close_send()
+        received = b""
+        async for frame in stream:
+            if frame.HasField("data"):
+                received += frame.data
+        assert received == b"ping"
 
 
 async def test_raw_errors_are_typed(aclient: AsyncClient) -> None:

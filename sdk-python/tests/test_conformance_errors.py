@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 from conftest import ROOT, Cluster
+from sandbox_server import echo_program
 
 SCENARIOS = ROOT / "conformance" / "scenarios.json"
 
@@ -76,24 +77,48 @@ def test_rows_name_only_codes_the_sdk_has_classes_for() -> None:
 
 
 def test_interpreter_exit_with_calls_in_flight_is_clean(cluster: Cluster, tmp_path: Path) -> None:
-    """Leaving the interpreter with a forward, a stream and a call still running
-    stops the native runtime first (atexit): no crash, exit status 0."""
+    """Leaving the interpreter with a forward (and a connection through it),
+    streams and a call still running stops the native runtime first (atexit):
+    no crash, exit status 0."""
     import subprocess
     import sys
 
     script = tmp_path / "exit.py"
+    # The forward's target is an echo server on the sandbox's own loopback
+    # (testkit/scripts/sandbox-echo.py through an exec stream), so the
+    # connection through it is relaying when the interpreter leaves.
     script.write_text(
         f"""
 import asyncio, socket, openshell_sdk as o
 ENDPOINT = {cluster.endpoint!r}
+ECHO = {echo_program()!r}
+HELD = []
 async def main():
     c = o.AsyncClient(ENDPOINT)
     name = "py-exit-" + __import__("uuid").uuid4().hex[:8]
     await c.sandboxes.create(name)
     await c.sandboxes.wait_ready(name, timeout=60)
-    server = socket.create_server(("127.0.0.1", 0))
-    fwd = await c.forward(name, server.getsockname()[1])
-    socket.create_connection(fwd.local_address)
+    echo = c.exec_stream(name, ["python3", "-c", ECHO])
+    out = b""
+    while b"\\n" not in out:
+        event = await asyncio.wait_for(anext(echo), 30)
+        if isinstance(event, o.ExecExit):
+            raise SystemExit("the echo server exited: %r" % (event,))
+        if isinstance(event, o.ExecStdout):
+            out += event.data
+    port = int(out.split()[1])
+    fwd = await c.forward(name, port)
+    conn = socket.create_connection(fwd.local_address, timeout=20)
+    conn.sendall(b"ping")
+    got = b""
+    while len(got) < 4:
+        chunk = conn.recv(4 - len(got))
+        if not chunk:
+            raise SystemExit("the forward did not echo")
+        got += chunk
+    if got != b"ping":
+        raise SystemExit("the forward echoed %r" % (got,))
+    HELD.append(conn)
     stream = c.exec_stream(name, ["sh", "-c", "echo hi; sleep 30"])
     await anext(stream)
     asyncio.ensure_future(c.exec(name, ["sleep", "30"]))

@@ -12,18 +12,11 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from conftest import TokenGateway, echo_server, unique
+from conftest import TokenGateway, unique
+from sandbox_server import sandbox_echo
 
 import openshell_sdk as osdk
 from openshell_sdk import AsyncClient, Client, SshSession
-
-
-@pytest.fixture(scope="module")
-def echo_port() -> Iterator[int]:
-    """A TCP echo server on loopback of the host (the sandboxes' network)."""
-    server, _ = echo_server()
-    yield int(server.getsockname()[1])
-    server.close()
 
 
 @pytest.fixture(scope="module")
@@ -38,6 +31,19 @@ def two_sandboxes(token_gateway: TokenGateway) -> Iterator[tuple[str, str]]:
         yield names
         for name in names:
             user.sandboxes.delete(name)
+
+
+@pytest.fixture(scope="module")
+def echo_port(token_gateway: TokenGateway, two_sandboxes: tuple[str, str]) -> Iterator[int]:
+    """A port with a TCP echo server in both sandboxes (each has a network of
+    its own): a refused forward is the token check's doing, not a closed port."""
+    mine, other = two_sandboxes
+    with (
+        Client(token_gateway.endpoint, token=token_gateway.token) as user,
+        sandbox_echo(user, mine) as port,
+        sandbox_echo(user, other, port),
+    ):
+        yield port
 
 
 def echoes(address: tuple[str, int]) -> bool:

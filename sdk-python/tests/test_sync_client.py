@@ -11,7 +11,7 @@ import time
 
 import pytest
 from conftest import marked_pids, process_running, unique
-from test_async_client import echo_server
+from sandbox_server import sandbox_echo
 
 import openshell_sdk as osdk
 from openshell_sdk import Client, proto
@@ -68,9 +68,9 @@ def test_collect_past_the_cap_fails_with_output_limit(client: Client, ready_sand
 
 
 def test_forward_is_a_context_manager(client: Client, ready_sandbox: str) -> None:
-    server, _ = echo_server()
-    try:
-        with client.forward(ready_sandbox, server.getsockname()[1]) as fwd:
+    # The forward's target: an echo server on the sandbox's own loopback.
+    with sandbox_echo(client, ready_sandbox) as echo_port:
+        with client.forward(ready_sandbox, echo_port) as fwd:
             host, port = fwd.local_address
             with socket.create_connection((host, port), timeout=10) as conn:
                 conn.sendall(b"hello")
@@ -81,8 +81,6 @@ def test_forward_is_a_context_manager(client: Client, ready_sandbox: str) -> Non
             assert received == b"hello"
             assert fwd.stats().connections_accepted == 1
         assert fwd.closed
-    finally:
-        server.close()
 
 
 def test_raw_sync_stubs(client: Client, ready_sandbox: str) -> None:
