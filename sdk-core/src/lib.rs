@@ -142,6 +142,7 @@ pub use exec::{
 pub use forward::{ForwardHandle, ForwardStats, ForwardTarget};
 pub use host_session::{
     AssignedSandbox, HostApplyFn, HostEvent, HostSession, HostSessionBuilder, HostStats,
+    ResourceLimits,
 };
 pub use metadata::Metadata;
 pub use raw::{RawReceiver, RawResponse, RawSender, RawStream};

@@ -54,6 +54,8 @@ const DRAIN_AFTER_KILL: Duration = Duration::from_secs(2);
 /// Waiting for a SIGKILLed child to be reaped.
 const REAP_WAIT: Duration = Duration::from_secs(5);
 const TIMEOUT_EXIT_CODE: i32 = 124;
+/// What a process killed by SIGKILL (the OOM killer's signal) exits with.
+const SIGKILL_EXIT_CODE: i32 = 128 + libc::SIGKILL;
 
 /// What every exec of this sandbox shares.
 #[derive(Debug, Clone)]
@@ -68,6 +70,8 @@ pub struct ExecSettings {
     /// A pidfd of the sandbox's PID 1 under `--isolation namespaces`:
     /// processes start inside its namespaces. `None`: they start here.
     pub sandbox_init: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
+    /// The sandbox's control group: every process starts in it.
+    pub cgroup: Option<std::sync::Arc<crate::limits::Cgroup>>,
 }
 
 /// The provider environment in force: secrets, so `Debug` shows keys only.
@@ -107,6 +111,7 @@ impl ExecSettings {
             lang: std::env::var_os("LANG"),
             provider_env: ProviderEnv::default(),
             sandbox_init: None,
+            cgroup: None,
         }
     }
 
@@ -208,10 +213,23 @@ pub async fn run_program<S>(
 {
     let mut cancel = pin!(cancel);
     let argv0 = request.command.first().cloned().unwrap_or_default();
+    // The sandbox's OOM kills before the start: one more by the exit, and a
+    // SIGKILL, means the memory limit ended the process.
+    let oom_before = settings.cgroup.as_ref().map(|cgroup| cgroup.oom_kills());
     let ending = match start(program, &request, settings) {
         Ok((running, io)) => {
             debug!(argv0, tty = request.tty, "exec started");
-            supervise(running, io, &request, &out, &mut inbound, cancel.as_mut()).await
+            let oom = settings.cgroup.as_deref().zip(oom_before);
+            supervise(
+                running,
+                io,
+                &request,
+                oom,
+                &out,
+                &mut inbound,
+                cancel.as_mut(),
+            )
+            .await
         }
         Err(failure) => {
             debug!(argv0, "exec could not start");
@@ -250,6 +268,7 @@ async fn supervise<S>(
     mut process: Running,
     io: ProcessIo,
     request: &ExecSandboxRequest,
+    oom: Option<(&crate::limits::Cgroup, u64)>,
     out: &mpsc::Sender<RelayFrame>,
     inbound: &mut S,
     mut cancel: Pin<&mut impl Future<Output = ()>>,
@@ -338,10 +357,15 @@ where
     } else {
         status.unwrap_or(1)
     };
+    let oom_killed = code == SIGKILL_EXIT_CODE
+        && oom.is_some_and(|(cgroup, before)| cgroup.oom_kills() > before);
+    if oom_killed {
+        debug!("exec killed by the sandbox's memory limit");
+    }
     // The pumps' senders are gone; once the caller drops `out` the request
     // stream ends.
     drop(output);
-    if out.send(exit_frame(code)).await.is_err() {
+    if out.send(exit_frame_with(code, oom_killed)).await.is_err() {
         return Ending::Cancelled("relay closed");
     }
     Ending::Exited(code)

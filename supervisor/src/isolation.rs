@@ -52,6 +52,8 @@ use std::sync::Arc;
 
 use anyhow::{Context, bail};
 
+use crate::limits::Cgroup;
+
 /// First argument that runs the binary as a sandbox's init.
 pub const INIT_COMMAND: &str = "__sandbox-init";
 /// The standalone init binary's file name.
@@ -123,7 +125,14 @@ enum Outer {
 impl Sandbox {
     /// Starts the init for `workdir`, hiding `hide` and the private temp
     /// directories. Blocking; call before the runtime starts.
-    pub fn start(sandbox_id: &str, workdir: &Path, hide: &[PathBuf]) -> anyhow::Result<Self> {
+    /// With `cgroup`, the init joins it before it forks PID 1, so every
+    /// process of the sandbox is in it.
+    pub fn start(
+        sandbox_id: &str,
+        workdir: &Path,
+        hide: &[PathBuf],
+        cgroup: Option<&Cgroup>,
+    ) -> anyhow::Result<Self> {
         let id = host_id(sandbox_id);
         give_to(workdir, id).with_context(|| format!("chown {}", workdir.display()))?;
         let exe = std::env::current_exe().context("locate own executable")?;
@@ -142,7 +151,7 @@ impl Sandbox {
             init_pidfd: None,
             outer: Outer::Child(outer),
         };
-        sandbox.handshake(ours, id)?;
+        sandbox.handshake(ours, id, cgroup)?;
         // PID 1 is the init's child, alive until the init reaps it: its pid
         // is its own here.
         sandbox.init_pidfd = Some(Arc::new(
@@ -158,6 +167,7 @@ impl Sandbox {
         sandbox_id: &str,
         workdir: &Path,
         hide: &[PathBuf],
+        cgroup: Option<&Cgroup>,
         send: impl FnOnce(&[OsString], BorrowedFd<'_>) -> std::io::Result<()>,
     ) -> anyhow::Result<Self> {
         let id = host_id(sandbox_id);
@@ -178,7 +188,7 @@ impl Sandbox {
             outer: Outer::Forked { pid, pidfd },
         };
         let mut writer = ours;
-        sandbox.handshake_with(reader, &mut writer, id)?;
+        sandbox.handshake_with(reader, &mut writer, id, cgroup)?;
         // The init has left; PID 1 (the fork server's child, reaped by the
         // kernel) waits for `watching` before anything can end it, so its
         // pid is still its own here.
@@ -195,10 +205,15 @@ impl Sandbox {
     }
 
     /// The id maps, then PID 1's pid.
-    fn handshake(&mut self, socket: UnixStream, id: u32) -> anyhow::Result<()> {
+    fn handshake(
+        &mut self,
+        socket: UnixStream,
+        id: u32,
+        cgroup: Option<&Cgroup>,
+    ) -> anyhow::Result<()> {
         let reader = BufReader::new(socket.try_clone().context("socketpair")?);
         let mut writer = socket;
-        self.handshake_with(reader, &mut writer, id)
+        self.handshake_with(reader, &mut writer, id, cgroup)
     }
 
     fn handshake_with(
@@ -206,9 +221,17 @@ impl Sandbox {
         mut reader: BufReader<UnixStream>,
         writer: &mut UnixStream,
         id: u32,
+        cgroup: Option<&Cgroup>,
     ) -> anyhow::Result<()> {
         let outer_pid = self.outer_pid();
         expect_line(&mut reader, "userns")?;
+        // The init forks PID 1 only after `mapped`: from here on everything
+        // of the sandbox starts inside its group.
+        if let Some(cgroup) = cgroup {
+            cgroup
+                .add(outer_pid)
+                .context("move the sandbox init into its cgroup")?;
+        }
         for (file, line) in [
             ("uid_map", format!("{SANDBOX_ID} {id} 1\n")),
             ("gid_map", format!("{SANDBOX_ID} {id} 1\n")),

@@ -31,6 +31,7 @@ mod forward;
 mod give_up;
 mod host;
 mod isolation;
+mod limits;
 mod os_error;
 mod relay;
 mod sandbox_processes;
@@ -123,6 +124,8 @@ struct Cli {
     /// status.
     #[arg(long, value_name = "PATH")]
     status_file: Option<PathBuf>,
+    #[command(flatten)]
+    limits: limits::LimitArgs,
 }
 
 fn main() -> ExitCode {
@@ -138,6 +141,11 @@ fn main() -> ExitCode {
         Some(isolation::SFTP_COMMAND) => {
             isolation::init::non_dumpable();
             return ExitCode::from(sftp::serve_stdio());
+        }
+        Some(limits::CHECK_COMMAND) => {
+            let names: Vec<&str> = limits::available().iter().map(|c| c.name()).collect();
+            println!("{}", names.join(" "));
+            return ExitCode::SUCCESS;
         }
         Some(isolation::CHECK_COMMAND) => {
             return match isolation::check_namespaces() {
@@ -180,7 +188,7 @@ fn init_logging() {
 /// starts threads (the init is spawned from the main thread, which lives as
 /// long as the process, so the init's parent-death signal fires only when
 /// the supervisor goes).
-fn prepare(cli: &Cli) -> anyhow::Result<(String, Option<isolation::Sandbox>)> {
+fn prepare(cli: &Cli) -> anyhow::Result<(String, Prepared)> {
     let secret = transport::read_token(
         cli.token_fd,
         cli.token_file.as_deref(),
@@ -193,6 +201,9 @@ fn prepare(cli: &Cli) -> anyhow::Result<(String, Option<isolation::Sandbox>)> {
     if cli.sandbox_id.is_empty() {
         bail!("--sandbox-id is empty");
     }
+    let cgroup = limits::Cgroup::create(&cli.sandbox_id, &cli.limits.limits())
+        .context("limiting the sandbox's resources")?
+        .map(Arc::new);
     let sandbox = match cli.isolation {
         isolation::Mode::None => None,
         isolation::Mode::Namespaces => {
@@ -200,8 +211,9 @@ fn prepare(cli: &Cli) -> anyhow::Result<(String, Option<isolation::Sandbox>)> {
                 .with_context(|| format!("--workdir {}", cli.workdir.display()))?;
             std::fs::create_dir_all(&workdir)
                 .with_context(|| format!("--workdir {}", workdir.display()))?;
-            let sandbox = isolation::Sandbox::start(&cli.sandbox_id, &workdir, &cli.hide)
-                .context("isolating the sandbox")?;
+            let sandbox =
+                isolation::Sandbox::start(&cli.sandbox_id, &workdir, &cli.hide, cgroup.as_deref())
+                    .context("isolating the sandbox")?;
             info!(
                 init_pid = sandbox.init_pid(),
                 uid = isolation::host_id(&cli.sandbox_id),
@@ -210,15 +222,21 @@ fn prepare(cli: &Cli) -> anyhow::Result<(String, Option<isolation::Sandbox>)> {
             Some(sandbox)
         }
     };
-    Ok((secret, sandbox))
+    Ok((secret, Prepared { sandbox, cgroup }))
+}
+
+/// What [`prepare`] set up for the sandbox before the runtime started.
+struct Prepared {
+    sandbox: Option<isolation::Sandbox>,
+    cgroup: Option<Arc<limits::Cgroup>>,
 }
 
 #[tokio::main]
-async fn run(
-    cli: Cli,
-    secret: String,
-    mut sandbox: Option<isolation::Sandbox>,
-) -> anyhow::Result<()> {
+async fn run(cli: Cli, secret: String, prepared: Prepared) -> anyhow::Result<()> {
+    let Prepared {
+        mut sandbox,
+        cgroup,
+    } = prepared;
     let token = BearerToken::new(&secret).context("the sandbox token is invalid")?;
     let workdir = std::path::absolute(&cli.workdir)
         .with_context(|| format!("--workdir {}", cli.workdir.display()))?;
@@ -265,6 +283,7 @@ async fn run(
     let serving = SandboxServing {
         exec: Arc::new(ExecSettings {
             sandbox_init: sandbox.as_ref().map(isolation::Sandbox::init_pidfd),
+            cgroup: cgroup.clone(),
             ..ExecSettings::new(cli.sandbox_id.clone(), workdir)
         }),
         ssh_host_key,
@@ -314,6 +333,9 @@ async fn run(
         sandbox.kill();
     }
     sandbox_processes::kill_all(SHUTDOWN_GRACE).await;
+    if let Some(cgroup) = &cgroup {
+        cgroup.remove();
+    }
     info!("supervisor stopped");
     match gave_up {
         Some(reason) => bail!(reason),

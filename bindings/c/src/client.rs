@@ -342,6 +342,7 @@ async fn run_op(client: Client, op: u32, request: Vec<u8>, call: Call) -> Result
                 pb::ExecSandboxEvent {
                     payload: Some(Payload::Exit(pb::ExecSandboxExit {
                         exit_code: out.exit_code,
+                        oom_killed: false,
                     })),
                 },
             ])

@@ -53,7 +53,10 @@ fn event_bytes(event: ExecEvent) -> Vec<u8> {
         ExecEvent::Stderr(data) => Payload::Stderr(pb::ExecSandboxStderr {
             data: data.to_vec(),
         }),
-        ExecEvent::Exit(code) => Payload::Exit(pb::ExecSandboxExit { exit_code: code }),
+        ExecEvent::Exit(code) => Payload::Exit(pb::ExecSandboxExit {
+            exit_code: code,
+            oom_killed: false,
+        }),
     };
     pb::ExecSandboxEvent {
         payload: Some(payload),

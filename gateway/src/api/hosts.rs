@@ -27,7 +27,7 @@ use futures::{Stream, StreamExt};
 use openshell_proto::supervisor_host::supervisor_host_server::SupervisorHost;
 use openshell_proto::supervisor_host::{
     AssignedSandbox, HostAccepted, HostAssignment, HostGatewayMessage, HostHeartbeat, HostHello,
-    HostMessage, HostRedirect, SandboxGatewayMessage, SandboxSupervisorMessage,
+    HostMessage, HostRedirect, ResourceLimits, SandboxGatewayMessage, SandboxSupervisorMessage,
     host_gateway_message, host_message,
 };
 use openshell_proto::{
@@ -41,6 +41,7 @@ use tonic::{Request, Response, Status, Streaming};
 use crate::api::service::GatewayService;
 use crate::auth::Principal;
 use crate::cluster::placement;
+use crate::sandboxes::limits::Limits;
 use crate::sandboxes::{id_of, merged_environment, store_status};
 use crate::sessions::hosts::{HOST_TTL, HostOutbound, HostSessions};
 
@@ -360,6 +361,7 @@ impl HostTask {
                 environment: merged_environment(sandbox.spec.as_ref(), &Default::default())
                     .into_iter()
                     .collect(),
+                limits: resource_limits(sandbox.spec.as_ref()),
             })
             .collect();
         if last_sent.as_ref() == Some(&assigned) {
@@ -554,4 +556,15 @@ impl HostTask {
             .await
             && self.send(Ok(envelope(sandbox_id, None, true))).await
     }
+}
+
+/// The limits the host enforces for a sandbox (stored in its template at
+/// creation, defaults included); unset without any.
+fn resource_limits(spec: Option<&openshell_proto::SandboxSpec>) -> Option<ResourceLimits> {
+    let limits = Limits::of_template(spec.and_then(|spec| spec.template.as_ref()));
+    (limits != Limits::default()).then_some(ResourceLimits {
+        memory_bytes: limits.memory,
+        cpu_millis: limits.cpu_millis,
+        pids: limits.pids,
+    })
 }

@@ -67,8 +67,18 @@ pub struct IsolationLabels {
     pub mode: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct LimitLabels {
+    /// memory, cpu or pids.
+    pub resource: &'static str,
+}
+
 pub struct Metrics {
     registry: Registry,
+    /// Sandboxes created without a limit they asked for (or the gateway's
+    /// defaults set) because this host cannot enforce it
+    /// (`--resource-limits auto`).
+    pub limits_unenforced: Family<LimitLabels, Counter>,
     /// 1 for the isolation mode sandboxes get on this replica.
     pub isolation: Family<IsolationLabels, Gauge>,
     pub ring_members: Gauge,
@@ -104,6 +114,16 @@ impl Metrics {
         let offring_admissions = Counter::default();
         let routed_requests = Family::<RouteLabels, Counter>::default();
         let isolation = Family::<IsolationLabels, Gauge>::default();
+        let limits_unenforced = Family::<LimitLabels, Counter>::default();
+        registry.register(
+            "openshell_server_sandbox_limits_unenforced",
+            "Sandboxes created without a resource limit they asked for (or the defaults set) \
+             because this host cannot enforce it, by resource (memory, cpu, pids)",
+            limits_unenforced.clone(),
+        );
+        for resource in ["memory", "cpu", "pids"] {
+            let _ = limits_unenforced.get_or_create(&LimitLabels { resource });
+        }
         registry.register(
             "openshell_server_sandbox_isolation",
             "Isolation of sandbox processes on this replica: 1 for the mode in force \
@@ -209,6 +229,7 @@ impl Metrics {
             store_fault_down.clone(),
         );
         Arc::new(Self {
+            limits_unenforced,
             store_fault_delay_ms,
             store_fault_down,
             registry,

@@ -31,6 +31,8 @@ use std::time::Duration;
 
 use tokio::sync::{OwnedMutexGuard, mpsc};
 
+use crate::sandboxes::limits::Limits;
+
 /// A supervisor that exited while the driver was watching it.
 #[derive(Debug)]
 pub struct SupervisorExit {
@@ -206,7 +208,12 @@ impl ProcessDriver {
     }
 
     /// Creates the sandbox's directory and starts its supervisor.
-    pub async fn start(&self, sandbox_id: &str, token: &str) -> std::io::Result<i32> {
+    pub async fn start(
+        &self,
+        sandbox_id: &str,
+        token: &str,
+        limits: &Limits,
+    ) -> std::io::Result<i32> {
         let dir = self.sandbox_dir(sandbox_id);
         let workdir = dir.join("work");
         tokio::fs::create_dir_all(&workdir).await?;
@@ -252,6 +259,7 @@ impl ProcessDriver {
         if let Some(ca) = &self.ca_file {
             command.arg("--ca-file").arg(ca);
         }
+        command.args(limits.supervisor_args());
         if self.isolation == Isolation::Namespaces {
             command.arg("--isolation").arg("namespaces");
             command.arg("--hide").arg(&self.data_dir);

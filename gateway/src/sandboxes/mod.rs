@@ -14,6 +14,7 @@
 //! a cancelled call never leaves a supervisor that nobody recorded.
 
 pub mod driver;
+pub mod limits;
 mod recovery;
 pub mod watch;
 
@@ -28,13 +29,17 @@ use openshell_proto::{
     SandboxPhase, SandboxSpec, SandboxStatus, SandboxStreamEvent, SandboxStreamWarning,
     WatchSandboxRequest, sandbox_stream_event,
 };
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
 use tokio::sync::{broadcast, mpsc};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 use crate::auth;
 use crate::cluster::Cluster;
+use crate::metrics::LimitLabels;
 use crate::sandboxes::driver::{ProcessDriver, SupervisorExit};
+use crate::sandboxes::limits::{LIMITS_NOT_ENFORCED, LimitPolicy, Limits};
 use crate::sandboxes::watch::{Change, WatchHub};
 use crate::sessions::hosts::{HOST_TTL, HostSessions};
 use crate::sessions::routing::OWNER_TTL;
@@ -59,6 +64,10 @@ pub struct Sandboxes {
     /// `--driver hosts`: sandboxes are assigned to shared supervisor hosts
     /// (told here of assignment changes) and no supervisor is started.
     pub pool: Option<Arc<HostSessions>>,
+    /// Resource limit defaults and what this host can enforce.
+    pub limits: LimitPolicy,
+    /// `openshell_server_sandbox_limits_unenforced_total`.
+    pub limits_unenforced: Family<LimitLabels, Counter>,
 }
 
 pub fn store_status(err: StoreError) -> Status {
@@ -161,6 +170,8 @@ impl Sandboxes {
             validate::environment("spec.template.environment", &template.environment)?;
         }
         validate::command("spec.command", &spec.command, false)?;
+        // The limits it runs with, defaults included, stored in the spec.
+        let resolved = self.limits.resolve(&mut spec.template)?;
         // Kept in the spec, but the process driver has no use for it.
         let image_given = spec.template.as_ref().is_some_and(|t| !t.image.is_empty());
 
@@ -195,6 +206,28 @@ impl Sandboxes {
                 message: "the process driver runs the sandbox on the gateway's host; \
                           spec.template.image is not used"
                     .into(),
+                transition_time: Some(now()),
+            });
+        }
+        if !resolved.unenforced.is_empty() {
+            let names: Vec<&str> = resolved.unenforced.iter().map(|r| r.name()).collect();
+            for resource in &resolved.unenforced {
+                self.limits_unenforced
+                    .get_or_create(&LimitLabels {
+                        resource: resource.name(),
+                    })
+                    .inc();
+            }
+            let status = sandbox.status.get_or_insert_with(SandboxStatus::default);
+            status.conditions.push(SandboxCondition {
+                r#type: LIMITS_NOT_ENFORCED.into(),
+                status: "True".into(),
+                reason: "NoCgroupController".into(),
+                message: format!(
+                    "this gateway's host cannot enforce {} limits (no writable cgroup \
+                     controller); the sandbox runs without them",
+                    names.join(", ")
+                ),
                 transition_time: Some(now()),
             });
         }
@@ -245,7 +278,8 @@ impl Sandboxes {
             .await
             .map_err(store_status)?;
         self.hub.publish(Change::Updated(Box::new(sandbox.clone())));
-        let pid = match self.driver.start(&id, token).await {
+        let limits = Limits::of_template(sandbox.spec.as_ref().and_then(|s| s.template.as_ref()));
+        let pid = match self.driver.start(&id, token, &limits).await {
             Ok(pid) => pid,
             Err(err) => {
                 tracing::error!(sandbox_id = id, %err, "could not start supervisor");

@@ -108,7 +108,14 @@ impl Sandboxes {
                 continue;
             }
             let (token, hash) = auth::new_sandbox_token();
-            match self.driver.start(&id, &token).await {
+            let limits = Limits::of_template(
+                stored
+                    .sandbox
+                    .spec
+                    .as_ref()
+                    .and_then(|spec| spec.template.as_ref()),
+            );
+            match self.driver.start(&id, &token, &limits).await {
                 Ok(pid) => {
                     self.store
                         .swap_supervisor(&id, claim, i64::from(pid), Some(&hash))

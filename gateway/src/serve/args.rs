@@ -9,6 +9,7 @@ use clap::Args;
 
 use crate::config::delivery::{self, DeliveryMode};
 use crate::sandboxes::driver::{DriverKind, IsolationArg};
+use crate::sandboxes::limits::{self, Limits, LimitsMode};
 use crate::secret::Secret;
 
 /// Default of `--max-streams-per-connection`: far above what one SDK
@@ -194,6 +195,28 @@ pub struct ServeArgs {
     /// (namespaces where available, else none with a warning).
     #[arg(long, value_enum, env = "OPENSHELL_ISOLATION", default_value = "auto")]
     pub isolation: IsolationArg,
+    /// A resource limit this host cannot enforce (no writable cgroup
+    /// controller for it): `auto` runs the sandbox without it (condition
+    /// `LimitsNotEnforced`, metric
+    /// `openshell_server_sandbox_limits_unenforced_total`), `required`
+    /// refuses the sandbox (FAILED_PRECONDITION).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub resource_limits: LimitsMode,
+    /// Memory limit of a sandbox whose template sets none (`512Mi`, `2Gi`;
+    /// `0`: none).
+    #[arg(long, value_name = "QUANTITY", default_value = "4Gi",
+          value_parser = |s: &str| optional(s, limits::parse_memory))]
+    pub sandbox_memory: Optional,
+    /// CPU limit of a sandbox whose template sets none (`500m`, `2`; `0`:
+    /// none).
+    #[arg(long, value_name = "QUANTITY", default_value = "0",
+          value_parser = |s: &str| optional(s, limits::parse_cpu))]
+    pub sandbox_cpu: Optional,
+    /// Process (and thread) limit of a sandbox whose template sets none
+    /// (`0`: none).
+    #[arg(long, value_name = "N", default_value = "1024",
+          value_parser = |s: &str| optional(s, limits::parse_pids))]
+    pub sandbox_pids: Optional,
     /// Tests only: keep a copy of each sandbox token in
     /// `<data-dir>/sandboxes/<id>/token` (mode 0600, hidden from sandboxes)
     /// so a test can act as the sandbox's supervisor.
@@ -204,6 +227,25 @@ pub struct ServeArgs {
     /// redirects), so a test can read the counters of a replica that is gone.
     #[arg(long, value_name = "DIR", hide = true)]
     pub metrics_on_exit: Option<PathBuf>,
+}
+
+/// A default limit: `0` is none.
+pub type Optional = Option<u64>;
+
+fn optional(text: &str, parse: fn(&str) -> Result<u64, String>) -> Result<Optional, String> {
+    if text.trim() == "0" {
+        return Ok(None);
+    }
+    parse(text.trim()).map(Some)
+}
+
+/// The `--sandbox-*` defaults.
+pub fn default_limits(args: &ServeArgs) -> Limits {
+    Limits {
+        memory: args.sandbox_memory,
+        cpu_millis: args.sandbox_cpu,
+        pids: args.sandbox_pids,
+    }
 }
 
 /// What sandbox processes must not see besides the data directory: the

@@ -31,6 +31,7 @@ use crate::config::model::ConfigModel;
 use crate::metrics::Metrics;
 use crate::sandboxes::Sandboxes;
 use crate::sandboxes::driver::{DriverKind, ProcessDriver};
+use crate::sandboxes::limits::LimitPolicy;
 use crate::sandboxes::watch::WatchHub;
 use crate::secret::Secret;
 use crate::sessions::Sessions;
@@ -43,7 +44,7 @@ use openshell_proto::supervisor_host::HostRedirect;
 use openshell_proto::supervisor_host::supervisor_host_server::SupervisorHostServer;
 
 pub use args::ServeArgs;
-use args::{hidden_paths, user_tokens};
+use args::{default_limits, hidden_paths, user_tokens};
 
 /// Largest request message the gateway decodes (exec stdin travels inline).
 const MAX_MESSAGE_BYTES: usize = 8 * 1024 * 1024;
@@ -184,6 +185,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         }
     }
     metrics.set_isolation(isolation.as_str());
+    let limits = limit_policy(&args, &supervisor_bin)?;
     let (driver, mut exits) = ProcessDriver::new(
         data_dir.clone(),
         supervisor_bin,
@@ -222,6 +224,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         cluster: cluster.clone(),
         host: host_name(),
         pool: (args.driver == DriverKind::Hosts).then(|| host_sessions.clone()),
+        limits,
+        limits_unenforced: metrics.limits_unenforced.clone(),
     });
     sandboxes.recover().await.context("recovering sandboxes")?;
     tokio::spawn(sandboxes.clone().follow_events());
@@ -657,4 +661,30 @@ async fn follow_store_fault(
         metrics.store_fault_delay_ms.set(delay.as_millis() as i64);
         metrics.store_fault_down.set(i64::from(down));
     }
+}
+
+/// The limit defaults, and (process driver) which limits this host can
+/// enforce, asked of the supervisor binary as isolation is.
+fn limit_policy(args: &ServeArgs, supervisor_bin: &std::path::Path) -> anyhow::Result<LimitPolicy> {
+    let defaults = default_limits(args);
+    let available = match args.driver {
+        DriverKind::Process => {
+            let available = crate::sandboxes::limits::check_available(supervisor_bin)
+                .map_err(|reason| anyhow::anyhow!("checking cgroup controllers: {reason}"))?;
+            let names: Vec<&str> = available.iter().map(|r| r.name()).collect();
+            tracing::info!(
+                controllers = names.join(","),
+                mode = ?args.resource_limits,
+                "sandbox resource limits"
+            );
+            Some(available)
+        }
+        // A shared host enforces what its own cgroups allow.
+        DriverKind::Hosts | DriverKind::None => None,
+    };
+    Ok(LimitPolicy {
+        defaults,
+        mode: args.resource_limits,
+        available,
+    })
 }

@@ -153,6 +153,7 @@ mod tests {
         }
         let exit = relay(exec_sandbox_event::Payload::Exit(ExecSandboxExit {
             exit_code: 3,
+            oom_killed: false,
         }));
         assert_eq!(exec_output(&exit), None);
         assert_eq!(exec_output(&frame_message(&RelayFrame::default())), None);

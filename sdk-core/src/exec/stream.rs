@@ -184,7 +184,10 @@ mod tests {
     }
 
     fn exit(code: i32) -> Result<Bytes, Error> {
-        ev(EventPayload::Exit(pb::ExecSandboxExit { exit_code: code }))
+        ev(EventPayload::Exit(pb::ExecSandboxExit {
+            exit_code: code,
+            oom_killed: false,
+        }))
     }
 
     async fn events(frames: Vec<Result<Bytes, Error>>) -> Vec<Result<ExecEvent, Error>> {

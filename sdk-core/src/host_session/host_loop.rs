@@ -13,7 +13,7 @@ use prost::Message;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
-use super::{AssignedSandbox, HOST_OUTBOUND, HostEvent, HostInner, Link};
+use super::{AssignedSandbox, HOST_OUTBOUND, HostEvent, HostInner, Link, ResourceLimits};
 use crate::client::{CallOptions, Client};
 use crate::config_session::{AbortOnDrop, Backoff, heartbeat_period, next_tick};
 use crate::error::Error;
@@ -388,6 +388,14 @@ impl HostInner {
                             sandbox_id: s.sandbox_id,
                             name: s.name,
                             environment: s.environment.into_iter().collect(),
+                            limits: s
+                                .limits
+                                .map(|l| ResourceLimits {
+                                    memory_bytes: l.memory_bytes,
+                                    cpu_millis: l.cpu_millis,
+                                    pids: l.pids,
+                                })
+                                .unwrap_or_default(),
                         })
                         .collect();
                     self.stats.lock().unwrap().assigned = sandboxes.len();

@@ -79,6 +79,20 @@ pub struct AssignedSandbox {
     pub name: String,
     /// The spec's environment, for the sandbox's processes.
     pub environment: BTreeMap<String, String>,
+    /// What the host must limit the sandbox to.
+    pub limits: ResourceLimits,
+}
+
+/// A sandbox's resource limits, as the gateway resolved them; `None`: no
+/// limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct ResourceLimits {
+    /// Memory of all its processes together, in bytes.
+    pub memory_bytes: Option<u64>,
+    /// CPU in thousandths of a core.
+    pub cpu_millis: Option<u64>,
+    /// Processes and threads at once.
+    pub pids: Option<u64>,
 }
 
 /// Host session life.

@@ -19,6 +19,7 @@ import (
 	protoreflect "google.golang.org/protobuf/reflect/protoreflect"
 	protoimpl "google.golang.org/protobuf/runtime/protoimpl"
 	durationpb "google.golang.org/protobuf/types/known/durationpb"
+	structpb "google.golang.org/protobuf/types/known/structpb"
 	timestamppb "google.golang.org/protobuf/types/known/timestamppb"
 	reflect "reflect"
 	sync "sync"
@@ -795,9 +796,15 @@ type SandboxTemplate struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// The process driver runs no images: accepted and ignored, and the
 	// sandbox's status says so (condition ImageIgnored).
-	Image         string            `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
-	Labels        map[string]string `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
-	Environment   map[string]string `protobuf:"bytes,6,rep,name=environment,proto3" json:"environment,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Image       string            `protobuf:"bytes,1,opt,name=image,proto3" json:"image,omitempty"`
+	Labels      map[string]string `protobuf:"bytes,4,rep,name=labels,proto3" json:"labels,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Environment map[string]string `protobuf:"bytes,6,rep,name=environment,proto3" json:"environment,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// Resource limits, Kubernetes style: {"limits": {"cpu": "500m",
+	// "memory": "256Mi", "pids": 128}} ("pids" is ours: processes and
+	// threads at once). "requests" is accepted and not enforced; any other
+	// key is refused. The reference gateway fills in its defaults and stores
+	// the limits it enforces here.
+	Resources     *structpb.Struct `protobuf:"bytes,7,opt,name=resources,proto3" json:"resources,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -849,6 +856,13 @@ func (x *SandboxTemplate) GetLabels() map[string]string {
 func (x *SandboxTemplate) GetEnvironment() map[string]string {
 	if x != nil {
 		return x.Environment
+	}
+	return nil
+}
+
+func (x *SandboxTemplate) GetResources() *structpb.Struct {
+	if x != nil {
+		return x.Resources
 	}
 	return nil
 }
@@ -1942,7 +1956,10 @@ func (x *ExecSandboxStderr) GetData() []byte {
 type ExecSandboxExit struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Signals are reported as 128+n; an expired execution timeout as 124.
-	ExitCode      int32 `protobuf:"varint,1,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	ExitCode int32 `protobuf:"varint,1,opt,name=exit_code,json=exitCode,proto3" json:"exit_code,omitempty"`
+	// Ours: the sandbox's memory limit killed the process (exit_code is then
+	// 137, SIGKILL).
+	OomKilled     bool `protobuf:"varint,20,opt,name=oom_killed,json=oomKilled,proto3" json:"oom_killed,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1982,6 +1999,13 @@ func (x *ExecSandboxExit) GetExitCode() int32 {
 		return x.ExitCode
 	}
 	return 0
+}
+
+func (x *ExecSandboxExit) GetOomKilled() bool {
+	if x != nil {
+		return x.OomKilled
+	}
+	return false
 }
 
 type ExecSandboxEvent struct {
@@ -4678,7 +4702,7 @@ var File_openshell_openshell_proto protoreflect.FileDescriptor
 
 const file_openshell_openshell_proto_rawDesc = "" +
 	"\n" +
-	"\x19openshell/openshell.proto\x12\fopenshell.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19openshell/datamodel.proto\x1a\x17openshell/options.proto\x1a\x17openshell/sandbox.proto\"\x0f\n" +
+	"\x19openshell/openshell.proto\x12\fopenshell.v1\x1a\x1egoogle/protobuf/duration.proto\x1a\x1cgoogle/protobuf/struct.proto\x1a\x1fgoogle/protobuf/timestamp.proto\x1a\x19openshell/datamodel.proto\x1a\x17openshell/options.proto\x1a\x17openshell/sandbox.proto\"\x0f\n" +
 	"\rHealthRequest\"_\n" +
 	"\x0eHealthResponse\x123\n" +
 	"\x06status\x18\x01 \x01(\x0e2\x1b.openshell.v1.ServiceStatusR\x06status\x12\x18\n" +
@@ -4707,11 +4731,12 @@ const file_openshell_openshell_proto_rawDesc = "" +
 	"\x03gpu\x18\x01 \x01(\v2%.openshell.v1.GpuResourceRequirementsR\x03gpu\">\n" +
 	"\x17GpuResourceRequirements\x12\x19\n" +
 	"\x05count\x18\x01 \x01(\rH\x00R\x05count\x88\x01\x01B\b\n" +
-	"\x06_count\"\xbd\x02\n" +
+	"\x06_count\"\xf4\x02\n" +
 	"\x0fSandboxTemplate\x12\x14\n" +
 	"\x05image\x18\x01 \x01(\tR\x05image\x12A\n" +
 	"\x06labels\x18\x04 \x03(\v2).openshell.v1.SandboxTemplate.LabelsEntryR\x06labels\x12P\n" +
-	"\venvironment\x18\x06 \x03(\v2..openshell.v1.SandboxTemplate.EnvironmentEntryR\venvironment\x1a9\n" +
+	"\venvironment\x18\x06 \x03(\v2..openshell.v1.SandboxTemplate.EnvironmentEntryR\venvironment\x125\n" +
+	"\tresources\x18\a \x01(\v2\x17.google.protobuf.StructR\tresources\x1a9\n" +
 	"\vLabelsEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
 	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\x1a>\n" +
@@ -4816,9 +4841,11 @@ const file_openshell_openshell_proto_rawDesc = "" +
 	"\x11ExecSandboxStdout\x12\x12\n" +
 	"\x04data\x18\x01 \x01(\fR\x04data\"'\n" +
 	"\x11ExecSandboxStderr\x12\x12\n" +
-	"\x04data\x18\x01 \x01(\fR\x04data\".\n" +
+	"\x04data\x18\x01 \x01(\fR\x04data\"M\n" +
 	"\x0fExecSandboxExit\x12\x1b\n" +
-	"\texit_code\x18\x01 \x01(\x05R\bexitCode\"\xc8\x01\n" +
+	"\texit_code\x18\x01 \x01(\x05R\bexitCode\x12\x1d\n" +
+	"\n" +
+	"oom_killed\x18\x14 \x01(\bR\toomKilled\"\xc8\x01\n" +
 	"\x10ExecSandboxEvent\x129\n" +
 	"\x06stdout\x18\x01 \x01(\v2\x1f.openshell.v1.ExecSandboxStdoutH\x00R\x06stdout\x129\n" +
 	"\x06stderr\x18\x02 \x01(\v2\x1f.openshell.v1.ExecSandboxStderrH\x00R\x06stderr\x123\n" +
@@ -5171,12 +5198,13 @@ var file_openshell_openshell_proto_goTypes = []any{
 	nil,                                           // 79: openshell.v1.Provider.EnvironmentEntry
 	(*datamodelv1.ObjectMeta)(nil),                // 80: openshell.datamodel.v1.ObjectMeta
 	(*sandboxv1.SandboxPolicy)(nil),               // 81: openshell.sandbox.v1.SandboxPolicy
-	(*timestamppb.Timestamp)(nil),                 // 82: google.protobuf.Timestamp
-	(*datamodelv1.WorkspaceSelector)(nil),         // 83: openshell.datamodel.v1.WorkspaceSelector
-	(*durationpb.Duration)(nil),                   // 84: google.protobuf.Duration
-	(*sandboxv1.GetSandboxConfigResponse)(nil),    // 85: openshell.sandbox.v1.GetSandboxConfigResponse
-	(*sandboxv1.SettingValue)(nil),                // 86: openshell.sandbox.v1.SettingValue
-	(*sandboxv1.GetSandboxConfigRequest)(nil),     // 87: openshell.sandbox.v1.GetSandboxConfigRequest
+	(*structpb.Struct)(nil),                       // 82: google.protobuf.Struct
+	(*timestamppb.Timestamp)(nil),                 // 83: google.protobuf.Timestamp
+	(*datamodelv1.WorkspaceSelector)(nil),         // 84: openshell.datamodel.v1.WorkspaceSelector
+	(*durationpb.Duration)(nil),                   // 85: google.protobuf.Duration
+	(*sandboxv1.GetSandboxConfigResponse)(nil),    // 86: openshell.sandbox.v1.GetSandboxConfigResponse
+	(*sandboxv1.SettingValue)(nil),                // 87: openshell.sandbox.v1.SettingValue
+	(*sandboxv1.GetSandboxConfigRequest)(nil),     // 88: openshell.sandbox.v1.GetSandboxConfigRequest
 }
 var file_openshell_openshell_proto_depIdxs = []int32{
 	0,  // 0: openshell.v1.HealthResponse.status:type_name -> openshell.v1.ServiceStatus
@@ -5191,117 +5219,118 @@ var file_openshell_openshell_proto_depIdxs = []int32{
 	12, // 9: openshell.v1.ResourceRequirements.gpu:type_name -> openshell.v1.GpuResourceRequirements
 	71, // 10: openshell.v1.SandboxTemplate.labels:type_name -> openshell.v1.SandboxTemplate.LabelsEntry
 	72, // 11: openshell.v1.SandboxTemplate.environment:type_name -> openshell.v1.SandboxTemplate.EnvironmentEntry
-	82, // 12: openshell.v1.SandboxCondition.transition_time:type_name -> google.protobuf.Timestamp
-	14, // 13: openshell.v1.SandboxStatus.conditions:type_name -> openshell.v1.SandboxCondition
-	2,  // 14: openshell.v1.SandboxStatus.phase:type_name -> openshell.v1.SandboxPhase
-	10, // 15: openshell.v1.CreateSandboxRequest.spec:type_name -> openshell.v1.SandboxSpec
-	73, // 16: openshell.v1.CreateSandboxRequest.labels:type_name -> openshell.v1.CreateSandboxRequest.LabelsEntry
-	74, // 17: openshell.v1.CreateSandboxRequest.annotations:type_name -> openshell.v1.CreateSandboxRequest.AnnotationsEntry
-	83, // 18: openshell.v1.CreateSandboxRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
-	17, // 19: openshell.v1.CreateSandboxRequest.service_exposures:type_name -> openshell.v1.SandboxServiceExposure
-	3,  // 20: openshell.v1.SandboxServiceExposure.authorization_mode:type_name -> openshell.v1.ServiceAuthorizationMode
-	9,  // 21: openshell.v1.SandboxResponse.sandbox:type_name -> openshell.v1.Sandbox
-	75, // 22: openshell.v1.SandboxResponse.service_urls:type_name -> openshell.v1.SandboxResponse.ServiceUrlsEntry
-	83, // 23: openshell.v1.GetSandboxRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
-	83, // 24: openshell.v1.ListSandboxesRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
-	9,  // 25: openshell.v1.ListSandboxesResponse.sandboxes:type_name -> openshell.v1.Sandbox
-	83, // 26: openshell.v1.DeleteSandboxRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
-	4,  // 27: openshell.v1.DeleteSandboxResponse.outcome:type_name -> openshell.v1.DeletionOutcome
-	83, // 28: openshell.v1.WatchSandboxRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
-	9,  // 29: openshell.v1.SandboxStreamEvent.sandbox:type_name -> openshell.v1.Sandbox
-	25, // 30: openshell.v1.SandboxStreamEvent.warning:type_name -> openshell.v1.SandboxStreamWarning
-	76, // 31: openshell.v1.ExecSandboxRequest.environment:type_name -> openshell.v1.ExecSandboxRequest.EnvironmentEntry
-	83, // 32: openshell.v1.ExecSandboxRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
-	84, // 33: openshell.v1.ExecSandboxRequest.execution_timeout:type_name -> google.protobuf.Duration
-	28, // 34: openshell.v1.ExecSandboxEvent.stdout:type_name -> openshell.v1.ExecSandboxStdout
-	29, // 35: openshell.v1.ExecSandboxEvent.stderr:type_name -> openshell.v1.ExecSandboxStderr
-	30, // 36: openshell.v1.ExecSandboxEvent.exit:type_name -> openshell.v1.ExecSandboxExit
-	27, // 37: openshell.v1.ExecSandboxInput.start:type_name -> openshell.v1.ExecSandboxRequest
-	32, // 38: openshell.v1.ExecSandboxInput.resize:type_name -> openshell.v1.ExecSandboxWindowResize
-	77, // 39: openshell.v1.SshRelayTarget.environment:type_name -> openshell.v1.SshRelayTarget.EnvironmentEntry
-	34, // 40: openshell.v1.TcpForwardInit.ssh:type_name -> openshell.v1.SshRelayTarget
-	35, // 41: openshell.v1.TcpForwardInit.tcp:type_name -> openshell.v1.TcpRelayTarget
-	83, // 42: openshell.v1.CreateSshSessionRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
-	82, // 43: openshell.v1.CreateSshSessionResponse.expiration_time:type_name -> google.protobuf.Timestamp
-	36, // 44: openshell.v1.TcpForwardFrame.init:type_name -> openshell.v1.TcpForwardInit
-	41, // 45: openshell.v1.TcpForwardFrame.eof:type_name -> openshell.v1.TcpForwardEof
-	84, // 46: openshell.v1.SessionAccepted.heartbeat_interval:type_name -> google.protobuf.Duration
-	57, // 47: openshell.v1.SessionAccepted.bootstrap:type_name -> openshell.v1.ConfigUpdate
-	34, // 48: openshell.v1.RelayOpen.ssh:type_name -> openshell.v1.SshRelayTarget
-	35, // 49: openshell.v1.RelayOpen.tcp:type_name -> openshell.v1.TcpRelayTarget
-	27, // 50: openshell.v1.RelayOpen.exec:type_name -> openshell.v1.ExecSandboxRequest
-	52, // 51: openshell.v1.RelayFrame.init:type_name -> openshell.v1.RelayInit
-	53, // 52: openshell.v1.RelayFrame.eof:type_name -> openshell.v1.RelayEof
-	31, // 53: openshell.v1.RelayFrame.exec_event:type_name -> openshell.v1.ExecSandboxEvent
-	33, // 54: openshell.v1.RelayFrame.exec_input:type_name -> openshell.v1.ExecSandboxInput
-	45, // 55: openshell.v1.SupervisorMessage.hello:type_name -> openshell.v1.SupervisorHello
-	43, // 56: openshell.v1.SupervisorMessage.heartbeat:type_name -> openshell.v1.SupervisorHeartbeat
-	50, // 57: openshell.v1.SupervisorMessage.relay_open_result:type_name -> openshell.v1.RelayOpenResult
-	51, // 58: openshell.v1.SupervisorMessage.relay_close:type_name -> openshell.v1.RelayClose
-	58, // 59: openshell.v1.SupervisorMessage.config_update_result:type_name -> openshell.v1.ConfigUpdateResult
-	46, // 60: openshell.v1.GatewayMessage.session_accepted:type_name -> openshell.v1.SessionAccepted
-	47, // 61: openshell.v1.GatewayMessage.session_rejected:type_name -> openshell.v1.SessionRejected
-	44, // 62: openshell.v1.GatewayMessage.heartbeat:type_name -> openshell.v1.GatewayHeartbeat
-	49, // 63: openshell.v1.GatewayMessage.relay_open:type_name -> openshell.v1.RelayOpen
-	51, // 64: openshell.v1.GatewayMessage.relay_close:type_name -> openshell.v1.RelayClose
-	48, // 65: openshell.v1.GatewayMessage.session_redirect:type_name -> openshell.v1.SessionRedirect
-	57, // 66: openshell.v1.GatewayMessage.config_update:type_name -> openshell.v1.ConfigUpdate
-	85, // 67: openshell.v1.ConfigUpdate.sandbox_config:type_name -> openshell.sandbox.v1.GetSandboxConfigResponse
-	60, // 68: openshell.v1.ConfigUpdate.provider_environment:type_name -> openshell.v1.GetSandboxProviderEnvironmentResponse
-	5,  // 69: openshell.v1.ConfigUpdateResult.outcome:type_name -> openshell.v1.ConfigApplyOutcome
-	6,  // 70: openshell.v1.ConfigUpdateResult.policy_status:type_name -> openshell.v1.PolicyStatus
-	78, // 71: openshell.v1.GetSandboxProviderEnvironmentResponse.environment:type_name -> openshell.v1.GetSandboxProviderEnvironmentResponse.EnvironmentEntry
-	81, // 72: openshell.v1.UpdateConfigRequest.policy:type_name -> openshell.sandbox.v1.SandboxPolicy
-	86, // 73: openshell.v1.UpdateConfigRequest.setting_value:type_name -> openshell.sandbox.v1.SettingValue
-	79, // 74: openshell.v1.Provider.environment:type_name -> openshell.v1.Provider.EnvironmentEntry
-	63, // 75: openshell.v1.CreateProviderRequest.provider:type_name -> openshell.v1.Provider
-	63, // 76: openshell.v1.UpdateProviderRequest.provider:type_name -> openshell.v1.Provider
-	63, // 77: openshell.v1.ProviderResponse.provider:type_name -> openshell.v1.Provider
-	7,  // 78: openshell.v1.OpenShell.Health:input_type -> openshell.v1.HealthRequest
-	16, // 79: openshell.v1.OpenShell.CreateSandbox:input_type -> openshell.v1.CreateSandboxRequest
-	19, // 80: openshell.v1.OpenShell.GetSandbox:input_type -> openshell.v1.GetSandboxRequest
-	20, // 81: openshell.v1.OpenShell.ListSandboxes:input_type -> openshell.v1.ListSandboxesRequest
-	22, // 82: openshell.v1.OpenShell.DeleteSandbox:input_type -> openshell.v1.DeleteSandboxRequest
-	24, // 83: openshell.v1.OpenShell.WatchSandbox:input_type -> openshell.v1.WatchSandboxRequest
-	27, // 84: openshell.v1.OpenShell.ExecSandbox:input_type -> openshell.v1.ExecSandboxRequest
-	33, // 85: openshell.v1.OpenShell.ExecSandboxInteractive:input_type -> openshell.v1.ExecSandboxInput
-	42, // 86: openshell.v1.OpenShell.ForwardTcp:input_type -> openshell.v1.TcpForwardFrame
-	37, // 87: openshell.v1.OpenShell.CreateSshSession:input_type -> openshell.v1.CreateSshSessionRequest
-	39, // 88: openshell.v1.OpenShell.RevokeSshSession:input_type -> openshell.v1.RevokeSshSessionRequest
-	87, // 89: openshell.v1.OpenShell.GetSandboxConfig:input_type -> openshell.sandbox.v1.GetSandboxConfigRequest
-	59, // 90: openshell.v1.OpenShell.GetSandboxProviderEnvironment:input_type -> openshell.v1.GetSandboxProviderEnvironmentRequest
-	61, // 91: openshell.v1.OpenShell.UpdateConfig:input_type -> openshell.v1.UpdateConfigRequest
-	64, // 92: openshell.v1.OpenShell.CreateProvider:input_type -> openshell.v1.CreateProviderRequest
-	65, // 93: openshell.v1.OpenShell.UpdateProvider:input_type -> openshell.v1.UpdateProviderRequest
-	67, // 94: openshell.v1.OpenShell.AttachProvider:input_type -> openshell.v1.AttachProviderRequest
-	68, // 95: openshell.v1.OpenShell.DetachProvider:input_type -> openshell.v1.DetachProviderRequest
-	55, // 96: openshell.v1.OpenShell.ConnectSupervisor:input_type -> openshell.v1.SupervisorMessage
-	54, // 97: openshell.v1.OpenShell.RelayStream:input_type -> openshell.v1.RelayFrame
-	8,  // 98: openshell.v1.OpenShell.Health:output_type -> openshell.v1.HealthResponse
-	18, // 99: openshell.v1.OpenShell.CreateSandbox:output_type -> openshell.v1.SandboxResponse
-	18, // 100: openshell.v1.OpenShell.GetSandbox:output_type -> openshell.v1.SandboxResponse
-	21, // 101: openshell.v1.OpenShell.ListSandboxes:output_type -> openshell.v1.ListSandboxesResponse
-	23, // 102: openshell.v1.OpenShell.DeleteSandbox:output_type -> openshell.v1.DeleteSandboxResponse
-	26, // 103: openshell.v1.OpenShell.WatchSandbox:output_type -> openshell.v1.SandboxStreamEvent
-	31, // 104: openshell.v1.OpenShell.ExecSandbox:output_type -> openshell.v1.ExecSandboxEvent
-	31, // 105: openshell.v1.OpenShell.ExecSandboxInteractive:output_type -> openshell.v1.ExecSandboxEvent
-	42, // 106: openshell.v1.OpenShell.ForwardTcp:output_type -> openshell.v1.TcpForwardFrame
-	38, // 107: openshell.v1.OpenShell.CreateSshSession:output_type -> openshell.v1.CreateSshSessionResponse
-	40, // 108: openshell.v1.OpenShell.RevokeSshSession:output_type -> openshell.v1.RevokeSshSessionResponse
-	85, // 109: openshell.v1.OpenShell.GetSandboxConfig:output_type -> openshell.sandbox.v1.GetSandboxConfigResponse
-	60, // 110: openshell.v1.OpenShell.GetSandboxProviderEnvironment:output_type -> openshell.v1.GetSandboxProviderEnvironmentResponse
-	62, // 111: openshell.v1.OpenShell.UpdateConfig:output_type -> openshell.v1.UpdateConfigResponse
-	66, // 112: openshell.v1.OpenShell.CreateProvider:output_type -> openshell.v1.ProviderResponse
-	66, // 113: openshell.v1.OpenShell.UpdateProvider:output_type -> openshell.v1.ProviderResponse
-	69, // 114: openshell.v1.OpenShell.AttachProvider:output_type -> openshell.v1.AttachProviderResponse
-	69, // 115: openshell.v1.OpenShell.DetachProvider:output_type -> openshell.v1.AttachProviderResponse
-	56, // 116: openshell.v1.OpenShell.ConnectSupervisor:output_type -> openshell.v1.GatewayMessage
-	54, // 117: openshell.v1.OpenShell.RelayStream:output_type -> openshell.v1.RelayFrame
-	98, // [98:118] is the sub-list for method output_type
-	78, // [78:98] is the sub-list for method input_type
-	78, // [78:78] is the sub-list for extension type_name
-	78, // [78:78] is the sub-list for extension extendee
-	0,  // [0:78] is the sub-list for field type_name
+	82, // 12: openshell.v1.SandboxTemplate.resources:type_name -> google.protobuf.Struct
+	83, // 13: openshell.v1.SandboxCondition.transition_time:type_name -> google.protobuf.Timestamp
+	14, // 14: openshell.v1.SandboxStatus.conditions:type_name -> openshell.v1.SandboxCondition
+	2,  // 15: openshell.v1.SandboxStatus.phase:type_name -> openshell.v1.SandboxPhase
+	10, // 16: openshell.v1.CreateSandboxRequest.spec:type_name -> openshell.v1.SandboxSpec
+	73, // 17: openshell.v1.CreateSandboxRequest.labels:type_name -> openshell.v1.CreateSandboxRequest.LabelsEntry
+	74, // 18: openshell.v1.CreateSandboxRequest.annotations:type_name -> openshell.v1.CreateSandboxRequest.AnnotationsEntry
+	84, // 19: openshell.v1.CreateSandboxRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
+	17, // 20: openshell.v1.CreateSandboxRequest.service_exposures:type_name -> openshell.v1.SandboxServiceExposure
+	3,  // 21: openshell.v1.SandboxServiceExposure.authorization_mode:type_name -> openshell.v1.ServiceAuthorizationMode
+	9,  // 22: openshell.v1.SandboxResponse.sandbox:type_name -> openshell.v1.Sandbox
+	75, // 23: openshell.v1.SandboxResponse.service_urls:type_name -> openshell.v1.SandboxResponse.ServiceUrlsEntry
+	84, // 24: openshell.v1.GetSandboxRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
+	84, // 25: openshell.v1.ListSandboxesRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
+	9,  // 26: openshell.v1.ListSandboxesResponse.sandboxes:type_name -> openshell.v1.Sandbox
+	84, // 27: openshell.v1.DeleteSandboxRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
+	4,  // 28: openshell.v1.DeleteSandboxResponse.outcome:type_name -> openshell.v1.DeletionOutcome
+	84, // 29: openshell.v1.WatchSandboxRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
+	9,  // 30: openshell.v1.SandboxStreamEvent.sandbox:type_name -> openshell.v1.Sandbox
+	25, // 31: openshell.v1.SandboxStreamEvent.warning:type_name -> openshell.v1.SandboxStreamWarning
+	76, // 32: openshell.v1.ExecSandboxRequest.environment:type_name -> openshell.v1.ExecSandboxRequest.EnvironmentEntry
+	84, // 33: openshell.v1.ExecSandboxRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
+	85, // 34: openshell.v1.ExecSandboxRequest.execution_timeout:type_name -> google.protobuf.Duration
+	28, // 35: openshell.v1.ExecSandboxEvent.stdout:type_name -> openshell.v1.ExecSandboxStdout
+	29, // 36: openshell.v1.ExecSandboxEvent.stderr:type_name -> openshell.v1.ExecSandboxStderr
+	30, // 37: openshell.v1.ExecSandboxEvent.exit:type_name -> openshell.v1.ExecSandboxExit
+	27, // 38: openshell.v1.ExecSandboxInput.start:type_name -> openshell.v1.ExecSandboxRequest
+	32, // 39: openshell.v1.ExecSandboxInput.resize:type_name -> openshell.v1.ExecSandboxWindowResize
+	77, // 40: openshell.v1.SshRelayTarget.environment:type_name -> openshell.v1.SshRelayTarget.EnvironmentEntry
+	34, // 41: openshell.v1.TcpForwardInit.ssh:type_name -> openshell.v1.SshRelayTarget
+	35, // 42: openshell.v1.TcpForwardInit.tcp:type_name -> openshell.v1.TcpRelayTarget
+	84, // 43: openshell.v1.CreateSshSessionRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
+	83, // 44: openshell.v1.CreateSshSessionResponse.expiration_time:type_name -> google.protobuf.Timestamp
+	36, // 45: openshell.v1.TcpForwardFrame.init:type_name -> openshell.v1.TcpForwardInit
+	41, // 46: openshell.v1.TcpForwardFrame.eof:type_name -> openshell.v1.TcpForwardEof
+	85, // 47: openshell.v1.SessionAccepted.heartbeat_interval:type_name -> google.protobuf.Duration
+	57, // 48: openshell.v1.SessionAccepted.bootstrap:type_name -> openshell.v1.ConfigUpdate
+	34, // 49: openshell.v1.RelayOpen.ssh:type_name -> openshell.v1.SshRelayTarget
+	35, // 50: openshell.v1.RelayOpen.tcp:type_name -> openshell.v1.TcpRelayTarget
+	27, // 51: openshell.v1.RelayOpen.exec:type_name -> openshell.v1.ExecSandboxRequest
+	52, // 52: openshell.v1.RelayFrame.init:type_name -> openshell.v1.RelayInit
+	53, // 53: openshell.v1.RelayFrame.eof:type_name -> openshell.v1.RelayEof
+	31, // 54: openshell.v1.RelayFrame.exec_event:type_name -> openshell.v1.ExecSandboxEvent
+	33, // 55: openshell.v1.RelayFrame.exec_input:type_name -> openshell.v1.ExecSandboxInput
+	45, // 56: openshell.v1.SupervisorMessage.hello:type_name -> openshell.v1.SupervisorHello
+	43, // 57: openshell.v1.SupervisorMessage.heartbeat:type_name -> openshell.v1.SupervisorHeartbeat
+	50, // 58: openshell.v1.SupervisorMessage.relay_open_result:type_name -> openshell.v1.RelayOpenResult
+	51, // 59: openshell.v1.SupervisorMessage.relay_close:type_name -> openshell.v1.RelayClose
+	58, // 60: openshell.v1.SupervisorMessage.config_update_result:type_name -> openshell.v1.ConfigUpdateResult
+	46, // 61: openshell.v1.GatewayMessage.session_accepted:type_name -> openshell.v1.SessionAccepted
+	47, // 62: openshell.v1.GatewayMessage.session_rejected:type_name -> openshell.v1.SessionRejected
+	44, // 63: openshell.v1.GatewayMessage.heartbeat:type_name -> openshell.v1.GatewayHeartbeat
+	49, // 64: openshell.v1.GatewayMessage.relay_open:type_name -> openshell.v1.RelayOpen
+	51, // 65: openshell.v1.GatewayMessage.relay_close:type_name -> openshell.v1.RelayClose
+	48, // 66: openshell.v1.GatewayMessage.session_redirect:type_name -> openshell.v1.SessionRedirect
+	57, // 67: openshell.v1.GatewayMessage.config_update:type_name -> openshell.v1.ConfigUpdate
+	86, // 68: openshell.v1.ConfigUpdate.sandbox_config:type_name -> openshell.sandbox.v1.GetSandboxConfigResponse
+	60, // 69: openshell.v1.ConfigUpdate.provider_environment:type_name -> openshell.v1.GetSandboxProviderEnvironmentResponse
+	5,  // 70: openshell.v1.ConfigUpdateResult.outcome:type_name -> openshell.v1.ConfigApplyOutcome
+	6,  // 71: openshell.v1.ConfigUpdateResult.policy_status:type_name -> openshell.v1.PolicyStatus
+	78, // 72: openshell.v1.GetSandboxProviderEnvironmentResponse.environment:type_name -> openshell.v1.GetSandboxProviderEnvironmentResponse.EnvironmentEntry
+	81, // 73: openshell.v1.UpdateConfigRequest.policy:type_name -> openshell.sandbox.v1.SandboxPolicy
+	87, // 74: openshell.v1.UpdateConfigRequest.setting_value:type_name -> openshell.sandbox.v1.SettingValue
+	79, // 75: openshell.v1.Provider.environment:type_name -> openshell.v1.Provider.EnvironmentEntry
+	63, // 76: openshell.v1.CreateProviderRequest.provider:type_name -> openshell.v1.Provider
+	63, // 77: openshell.v1.UpdateProviderRequest.provider:type_name -> openshell.v1.Provider
+	63, // 78: openshell.v1.ProviderResponse.provider:type_name -> openshell.v1.Provider
+	7,  // 79: openshell.v1.OpenShell.Health:input_type -> openshell.v1.HealthRequest
+	16, // 80: openshell.v1.OpenShell.CreateSandbox:input_type -> openshell.v1.CreateSandboxRequest
+	19, // 81: openshell.v1.OpenShell.GetSandbox:input_type -> openshell.v1.GetSandboxRequest
+	20, // 82: openshell.v1.OpenShell.ListSandboxes:input_type -> openshell.v1.ListSandboxesRequest
+	22, // 83: openshell.v1.OpenShell.DeleteSandbox:input_type -> openshell.v1.DeleteSandboxRequest
+	24, // 84: openshell.v1.OpenShell.WatchSandbox:input_type -> openshell.v1.WatchSandboxRequest
+	27, // 85: openshell.v1.OpenShell.ExecSandbox:input_type -> openshell.v1.ExecSandboxRequest
+	33, // 86: openshell.v1.OpenShell.ExecSandboxInteractive:input_type -> openshell.v1.ExecSandboxInput
+	42, // 87: openshell.v1.OpenShell.ForwardTcp:input_type -> openshell.v1.TcpForwardFrame
+	37, // 88: openshell.v1.OpenShell.CreateSshSession:input_type -> openshell.v1.CreateSshSessionRequest
+	39, // 89: openshell.v1.OpenShell.RevokeSshSession:input_type -> openshell.v1.RevokeSshSessionRequest
+	88, // 90: openshell.v1.OpenShell.GetSandboxConfig:input_type -> openshell.sandbox.v1.GetSandboxConfigRequest
+	59, // 91: openshell.v1.OpenShell.GetSandboxProviderEnvironment:input_type -> openshell.v1.GetSandboxProviderEnvironmentRequest
+	61, // 92: openshell.v1.OpenShell.UpdateConfig:input_type -> openshell.v1.UpdateConfigRequest
+	64, // 93: openshell.v1.OpenShell.CreateProvider:input_type -> openshell.v1.CreateProviderRequest
+	65, // 94: openshell.v1.OpenShell.UpdateProvider:input_type -> openshell.v1.UpdateProviderRequest
+	67, // 95: openshell.v1.OpenShell.AttachProvider:input_type -> openshell.v1.AttachProviderRequest
+	68, // 96: openshell.v1.OpenShell.DetachProvider:input_type -> openshell.v1.DetachProviderRequest
+	55, // 97: openshell.v1.OpenShell.ConnectSupervisor:input_type -> openshell.v1.SupervisorMessage
+	54, // 98: openshell.v1.OpenShell.RelayStream:input_type -> openshell.v1.RelayFrame
+	8,  // 99: openshell.v1.OpenShell.Health:output_type -> openshell.v1.HealthResponse
+	18, // 100: openshell.v1.OpenShell.CreateSandbox:output_type -> openshell.v1.SandboxResponse
+	18, // 101: openshell.v1.OpenShell.GetSandbox:output_type -> openshell.v1.SandboxResponse
+	21, // 102: openshell.v1.OpenShell.ListSandboxes:output_type -> openshell.v1.ListSandboxesResponse
+	23, // 103: openshell.v1.OpenShell.DeleteSandbox:output_type -> openshell.v1.DeleteSandboxResponse
+	26, // 104: openshell.v1.OpenShell.WatchSandbox:output_type -> openshell.v1.SandboxStreamEvent
+	31, // 105: openshell.v1.OpenShell.ExecSandbox:output_type -> openshell.v1.ExecSandboxEvent
+	31, // 106: openshell.v1.OpenShell.ExecSandboxInteractive:output_type -> openshell.v1.ExecSandboxEvent
+	42, // 107: openshell.v1.OpenShell.ForwardTcp:output_type -> openshell.v1.TcpForwardFrame
+	38, // 108: openshell.v1.OpenShell.CreateSshSession:output_type -> openshell.v1.CreateSshSessionResponse
+	40, // 109: openshell.v1.OpenShell.RevokeSshSession:output_type -> openshell.v1.RevokeSshSessionResponse
+	86, // 110: openshell.v1.OpenShell.GetSandboxConfig:output_type -> openshell.sandbox.v1.GetSandboxConfigResponse
+	60, // 111: openshell.v1.OpenShell.GetSandboxProviderEnvironment:output_type -> openshell.v1.GetSandboxProviderEnvironmentResponse
+	62, // 112: openshell.v1.OpenShell.UpdateConfig:output_type -> openshell.v1.UpdateConfigResponse
+	66, // 113: openshell.v1.OpenShell.CreateProvider:output_type -> openshell.v1.ProviderResponse
+	66, // 114: openshell.v1.OpenShell.UpdateProvider:output_type -> openshell.v1.ProviderResponse
+	69, // 115: openshell.v1.OpenShell.AttachProvider:output_type -> openshell.v1.AttachProviderResponse
+	69, // 116: openshell.v1.OpenShell.DetachProvider:output_type -> openshell.v1.AttachProviderResponse
+	56, // 117: openshell.v1.OpenShell.ConnectSupervisor:output_type -> openshell.v1.GatewayMessage
+	54, // 118: openshell.v1.OpenShell.RelayStream:output_type -> openshell.v1.RelayFrame
+	99, // [99:119] is the sub-list for method output_type
+	79, // [79:99] is the sub-list for method input_type
+	79, // [79:79] is the sub-list for extension type_name
+	79, // [79:79] is the sub-list for extension extendee
+	0,  // [0:79] is the sub-list for field type_name
 }
 
 func init() { file_openshell_openshell_proto_init() }

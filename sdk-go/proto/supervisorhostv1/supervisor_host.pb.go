@@ -318,7 +318,9 @@ type AssignedSandbox struct {
 	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
 	Name      string                 `protobuf:"bytes,2,opt,name=name,proto3" json:"name,omitempty"`
 	// The sandbox spec's environment, for the sandbox's processes.
-	Environment   map[string]string `protobuf:"bytes,3,rep,name=environment,proto3" json:"environment,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	Environment map[string]string `protobuf:"bytes,3,rep,name=environment,proto3" json:"environment,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	// The limits the host enforces for the sandbox (unset: none).
+	Limits        *ResourceLimits `protobuf:"bytes,4,opt,name=limits,proto3" json:"limits,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -374,6 +376,78 @@ func (x *AssignedSandbox) GetEnvironment() map[string]string {
 	return nil
 }
 
+func (x *AssignedSandbox) GetLimits() *ResourceLimits {
+	if x != nil {
+		return x.Limits
+	}
+	return nil
+}
+
+// A sandbox's limits, as the gateway resolved them from its template and
+// defaults.
+type ResourceLimits struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Memory of all its processes together, in bytes.
+	MemoryBytes *uint64 `protobuf:"varint,1,opt,name=memory_bytes,json=memoryBytes,proto3,oneof" json:"memory_bytes,omitempty"`
+	// CPU in thousandths of a core.
+	CpuMillis *uint64 `protobuf:"varint,2,opt,name=cpu_millis,json=cpuMillis,proto3,oneof" json:"cpu_millis,omitempty"`
+	// Processes and threads at once.
+	Pids          *uint64 `protobuf:"varint,3,opt,name=pids,proto3,oneof" json:"pids,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *ResourceLimits) Reset() {
+	*x = ResourceLimits{}
+	mi := &file_openshell_supervisor_host_proto_msgTypes[6]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *ResourceLimits) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*ResourceLimits) ProtoMessage() {}
+
+func (x *ResourceLimits) ProtoReflect() protoreflect.Message {
+	mi := &file_openshell_supervisor_host_proto_msgTypes[6]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use ResourceLimits.ProtoReflect.Descriptor instead.
+func (*ResourceLimits) Descriptor() ([]byte, []int) {
+	return file_openshell_supervisor_host_proto_rawDescGZIP(), []int{6}
+}
+
+func (x *ResourceLimits) GetMemoryBytes() uint64 {
+	if x != nil && x.MemoryBytes != nil {
+		return *x.MemoryBytes
+	}
+	return 0
+}
+
+func (x *ResourceLimits) GetCpuMillis() uint64 {
+	if x != nil && x.CpuMillis != nil {
+		return *x.CpuMillis
+	}
+	return 0
+}
+
+func (x *ResourceLimits) GetPids() uint64 {
+	if x != nil && x.Pids != nil {
+		return *x.Pids
+	}
+	return 0
+}
+
 // Every sandbox assigned to the host, in full. A sandbox missing from a later
 // assignment was deleted: the host stops it.
 type HostAssignment struct {
@@ -385,7 +459,7 @@ type HostAssignment struct {
 
 func (x *HostAssignment) Reset() {
 	*x = HostAssignment{}
-	mi := &file_openshell_supervisor_host_proto_msgTypes[6]
+	mi := &file_openshell_supervisor_host_proto_msgTypes[7]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -397,7 +471,7 @@ func (x *HostAssignment) String() string {
 func (*HostAssignment) ProtoMessage() {}
 
 func (x *HostAssignment) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_supervisor_host_proto_msgTypes[6]
+	mi := &file_openshell_supervisor_host_proto_msgTypes[7]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -410,7 +484,7 @@ func (x *HostAssignment) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostAssignment.ProtoReflect.Descriptor instead.
 func (*HostAssignment) Descriptor() ([]byte, []int) {
-	return file_openshell_supervisor_host_proto_rawDescGZIP(), []int{6}
+	return file_openshell_supervisor_host_proto_rawDescGZIP(), []int{7}
 }
 
 func (x *HostAssignment) GetSandboxes() []*AssignedSandbox {
@@ -435,7 +509,7 @@ type SandboxSupervisorMessage struct {
 
 func (x *SandboxSupervisorMessage) Reset() {
 	*x = SandboxSupervisorMessage{}
-	mi := &file_openshell_supervisor_host_proto_msgTypes[7]
+	mi := &file_openshell_supervisor_host_proto_msgTypes[8]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -447,7 +521,7 @@ func (x *SandboxSupervisorMessage) String() string {
 func (*SandboxSupervisorMessage) ProtoMessage() {}
 
 func (x *SandboxSupervisorMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_supervisor_host_proto_msgTypes[7]
+	mi := &file_openshell_supervisor_host_proto_msgTypes[8]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -460,7 +534,7 @@ func (x *SandboxSupervisorMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxSupervisorMessage.ProtoReflect.Descriptor instead.
 func (*SandboxSupervisorMessage) Descriptor() ([]byte, []int) {
-	return file_openshell_supervisor_host_proto_rawDescGZIP(), []int{7}
+	return file_openshell_supervisor_host_proto_rawDescGZIP(), []int{8}
 }
 
 func (x *SandboxSupervisorMessage) GetSandboxId() string {
@@ -495,7 +569,7 @@ type SandboxGatewayMessage struct {
 
 func (x *SandboxGatewayMessage) Reset() {
 	*x = SandboxGatewayMessage{}
-	mi := &file_openshell_supervisor_host_proto_msgTypes[8]
+	mi := &file_openshell_supervisor_host_proto_msgTypes[9]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -507,7 +581,7 @@ func (x *SandboxGatewayMessage) String() string {
 func (*SandboxGatewayMessage) ProtoMessage() {}
 
 func (x *SandboxGatewayMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_supervisor_host_proto_msgTypes[8]
+	mi := &file_openshell_supervisor_host_proto_msgTypes[9]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -520,7 +594,7 @@ func (x *SandboxGatewayMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SandboxGatewayMessage.ProtoReflect.Descriptor instead.
 func (*SandboxGatewayMessage) Descriptor() ([]byte, []int) {
-	return file_openshell_supervisor_host_proto_rawDescGZIP(), []int{8}
+	return file_openshell_supervisor_host_proto_rawDescGZIP(), []int{9}
 }
 
 func (x *SandboxGatewayMessage) GetSandboxId() string {
@@ -558,7 +632,7 @@ type HostMessage struct {
 
 func (x *HostMessage) Reset() {
 	*x = HostMessage{}
-	mi := &file_openshell_supervisor_host_proto_msgTypes[9]
+	mi := &file_openshell_supervisor_host_proto_msgTypes[10]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -570,7 +644,7 @@ func (x *HostMessage) String() string {
 func (*HostMessage) ProtoMessage() {}
 
 func (x *HostMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_supervisor_host_proto_msgTypes[9]
+	mi := &file_openshell_supervisor_host_proto_msgTypes[10]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -583,7 +657,7 @@ func (x *HostMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostMessage.ProtoReflect.Descriptor instead.
 func (*HostMessage) Descriptor() ([]byte, []int) {
-	return file_openshell_supervisor_host_proto_rawDescGZIP(), []int{9}
+	return file_openshell_supervisor_host_proto_rawDescGZIP(), []int{10}
 }
 
 func (x *HostMessage) GetPayload() isHostMessage_Payload {
@@ -659,7 +733,7 @@ type HostGatewayMessage struct {
 
 func (x *HostGatewayMessage) Reset() {
 	*x = HostGatewayMessage{}
-	mi := &file_openshell_supervisor_host_proto_msgTypes[10]
+	mi := &file_openshell_supervisor_host_proto_msgTypes[11]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -671,7 +745,7 @@ func (x *HostGatewayMessage) String() string {
 func (*HostGatewayMessage) ProtoMessage() {}
 
 func (x *HostGatewayMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_supervisor_host_proto_msgTypes[10]
+	mi := &file_openshell_supervisor_host_proto_msgTypes[11]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -684,7 +758,7 @@ func (x *HostGatewayMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use HostGatewayMessage.ProtoReflect.Descriptor instead.
 func (*HostGatewayMessage) Descriptor() ([]byte, []int) {
-	return file_openshell_supervisor_host_proto_rawDescGZIP(), []int{10}
+	return file_openshell_supervisor_host_proto_rawDescGZIP(), []int{11}
 }
 
 func (x *HostGatewayMessage) GetPayload() isHostGatewayMessage_Payload {
@@ -815,15 +889,24 @@ const file_openshell_supervisor_host_proto_rawDesc = "" +
 	"\rpeer_endpoint\x18\x01 \x01(\tR\fpeerEndpoint\x12\x1d\n" +
 	"\n" +
 	"replica_id\x18\x02 \x01(\tR\treplicaId\"\x0f\n" +
-	"\rHostHeartbeat\"\xe6\x01\n" +
+	"\rHostHeartbeat\"\xac\x02\n" +
 	"\x0fAssignedSandbox\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x12\n" +
 	"\x04name\x18\x02 \x01(\tR\x04name\x12`\n" +
-	"\venvironment\x18\x03 \x03(\v2>.openshell.supervisor_host.v1.AssignedSandbox.EnvironmentEntryR\venvironment\x1a>\n" +
+	"\venvironment\x18\x03 \x03(\v2>.openshell.supervisor_host.v1.AssignedSandbox.EnvironmentEntryR\venvironment\x12D\n" +
+	"\x06limits\x18\x04 \x01(\v2,.openshell.supervisor_host.v1.ResourceLimitsR\x06limits\x1a>\n" +
 	"\x10EnvironmentEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"]\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x9e\x01\n" +
+	"\x0eResourceLimits\x12&\n" +
+	"\fmemory_bytes\x18\x01 \x01(\x04H\x00R\vmemoryBytes\x88\x01\x01\x12\"\n" +
+	"\n" +
+	"cpu_millis\x18\x02 \x01(\x04H\x01R\tcpuMillis\x88\x01\x01\x12\x17\n" +
+	"\x04pids\x18\x03 \x01(\x04H\x02R\x04pids\x88\x01\x01B\x0f\n" +
+	"\r_memory_bytesB\r\n" +
+	"\v_cpu_millisB\a\n" +
+	"\x05_pids\"]\n" +
 	"\x0eHostAssignment\x12K\n" +
 	"\tsandboxes\x18\x01 \x03(\v2-.openshell.supervisor_host.v1.AssignedSandboxR\tsandboxes\"\x86\x01\n" +
 	"\x18SandboxSupervisorMessage\x12\x1d\n" +
@@ -866,7 +949,7 @@ func file_openshell_supervisor_host_proto_rawDescGZIP() []byte {
 	return file_openshell_supervisor_host_proto_rawDescData
 }
 
-var file_openshell_supervisor_host_proto_msgTypes = make([]protoimpl.MessageInfo, 12)
+var file_openshell_supervisor_host_proto_msgTypes = make([]protoimpl.MessageInfo, 13)
 var file_openshell_supervisor_host_proto_goTypes = []any{
 	(*HostHello)(nil),                     // 0: openshell.supervisor_host.v1.HostHello
 	(*HostAccepted)(nil),                  // 1: openshell.supervisor_host.v1.HostAccepted
@@ -874,38 +957,40 @@ var file_openshell_supervisor_host_proto_goTypes = []any{
 	(*HostRedirect)(nil),                  // 3: openshell.supervisor_host.v1.HostRedirect
 	(*HostHeartbeat)(nil),                 // 4: openshell.supervisor_host.v1.HostHeartbeat
 	(*AssignedSandbox)(nil),               // 5: openshell.supervisor_host.v1.AssignedSandbox
-	(*HostAssignment)(nil),                // 6: openshell.supervisor_host.v1.HostAssignment
-	(*SandboxSupervisorMessage)(nil),      // 7: openshell.supervisor_host.v1.SandboxSupervisorMessage
-	(*SandboxGatewayMessage)(nil),         // 8: openshell.supervisor_host.v1.SandboxGatewayMessage
-	(*HostMessage)(nil),                   // 9: openshell.supervisor_host.v1.HostMessage
-	(*HostGatewayMessage)(nil),            // 10: openshell.supervisor_host.v1.HostGatewayMessage
-	nil,                                   // 11: openshell.supervisor_host.v1.AssignedSandbox.EnvironmentEntry
-	(*durationpb.Duration)(nil),           // 12: google.protobuf.Duration
-	(*openshellv1.SupervisorMessage)(nil), // 13: openshell.v1.SupervisorMessage
-	(*openshellv1.GatewayMessage)(nil),    // 14: openshell.v1.GatewayMessage
+	(*ResourceLimits)(nil),                // 6: openshell.supervisor_host.v1.ResourceLimits
+	(*HostAssignment)(nil),                // 7: openshell.supervisor_host.v1.HostAssignment
+	(*SandboxSupervisorMessage)(nil),      // 8: openshell.supervisor_host.v1.SandboxSupervisorMessage
+	(*SandboxGatewayMessage)(nil),         // 9: openshell.supervisor_host.v1.SandboxGatewayMessage
+	(*HostMessage)(nil),                   // 10: openshell.supervisor_host.v1.HostMessage
+	(*HostGatewayMessage)(nil),            // 11: openshell.supervisor_host.v1.HostGatewayMessage
+	nil,                                   // 12: openshell.supervisor_host.v1.AssignedSandbox.EnvironmentEntry
+	(*durationpb.Duration)(nil),           // 13: google.protobuf.Duration
+	(*openshellv1.SupervisorMessage)(nil), // 14: openshell.v1.SupervisorMessage
+	(*openshellv1.GatewayMessage)(nil),    // 15: openshell.v1.GatewayMessage
 }
 var file_openshell_supervisor_host_proto_depIdxs = []int32{
-	12, // 0: openshell.supervisor_host.v1.HostAccepted.heartbeat_interval:type_name -> google.protobuf.Duration
-	11, // 1: openshell.supervisor_host.v1.AssignedSandbox.environment:type_name -> openshell.supervisor_host.v1.AssignedSandbox.EnvironmentEntry
-	5,  // 2: openshell.supervisor_host.v1.HostAssignment.sandboxes:type_name -> openshell.supervisor_host.v1.AssignedSandbox
-	13, // 3: openshell.supervisor_host.v1.SandboxSupervisorMessage.message:type_name -> openshell.v1.SupervisorMessage
-	14, // 4: openshell.supervisor_host.v1.SandboxGatewayMessage.message:type_name -> openshell.v1.GatewayMessage
-	0,  // 5: openshell.supervisor_host.v1.HostMessage.hello:type_name -> openshell.supervisor_host.v1.HostHello
-	4,  // 6: openshell.supervisor_host.v1.HostMessage.heartbeat:type_name -> openshell.supervisor_host.v1.HostHeartbeat
-	7,  // 7: openshell.supervisor_host.v1.HostMessage.sandbox:type_name -> openshell.supervisor_host.v1.SandboxSupervisorMessage
-	1,  // 8: openshell.supervisor_host.v1.HostGatewayMessage.accepted:type_name -> openshell.supervisor_host.v1.HostAccepted
-	2,  // 9: openshell.supervisor_host.v1.HostGatewayMessage.rejected:type_name -> openshell.supervisor_host.v1.HostRejected
-	4,  // 10: openshell.supervisor_host.v1.HostGatewayMessage.heartbeat:type_name -> openshell.supervisor_host.v1.HostHeartbeat
-	3,  // 11: openshell.supervisor_host.v1.HostGatewayMessage.redirect:type_name -> openshell.supervisor_host.v1.HostRedirect
-	6,  // 12: openshell.supervisor_host.v1.HostGatewayMessage.assignment:type_name -> openshell.supervisor_host.v1.HostAssignment
-	8,  // 13: openshell.supervisor_host.v1.HostGatewayMessage.sandbox:type_name -> openshell.supervisor_host.v1.SandboxGatewayMessage
-	9,  // 14: openshell.supervisor_host.v1.SupervisorHost.ConnectHost:input_type -> openshell.supervisor_host.v1.HostMessage
-	10, // 15: openshell.supervisor_host.v1.SupervisorHost.ConnectHost:output_type -> openshell.supervisor_host.v1.HostGatewayMessage
-	15, // [15:16] is the sub-list for method output_type
-	14, // [14:15] is the sub-list for method input_type
-	14, // [14:14] is the sub-list for extension type_name
-	14, // [14:14] is the sub-list for extension extendee
-	0,  // [0:14] is the sub-list for field type_name
+	13, // 0: openshell.supervisor_host.v1.HostAccepted.heartbeat_interval:type_name -> google.protobuf.Duration
+	12, // 1: openshell.supervisor_host.v1.AssignedSandbox.environment:type_name -> openshell.supervisor_host.v1.AssignedSandbox.EnvironmentEntry
+	6,  // 2: openshell.supervisor_host.v1.AssignedSandbox.limits:type_name -> openshell.supervisor_host.v1.ResourceLimits
+	5,  // 3: openshell.supervisor_host.v1.HostAssignment.sandboxes:type_name -> openshell.supervisor_host.v1.AssignedSandbox
+	14, // 4: openshell.supervisor_host.v1.SandboxSupervisorMessage.message:type_name -> openshell.v1.SupervisorMessage
+	15, // 5: openshell.supervisor_host.v1.SandboxGatewayMessage.message:type_name -> openshell.v1.GatewayMessage
+	0,  // 6: openshell.supervisor_host.v1.HostMessage.hello:type_name -> openshell.supervisor_host.v1.HostHello
+	4,  // 7: openshell.supervisor_host.v1.HostMessage.heartbeat:type_name -> openshell.supervisor_host.v1.HostHeartbeat
+	8,  // 8: openshell.supervisor_host.v1.HostMessage.sandbox:type_name -> openshell.supervisor_host.v1.SandboxSupervisorMessage
+	1,  // 9: openshell.supervisor_host.v1.HostGatewayMessage.accepted:type_name -> openshell.supervisor_host.v1.HostAccepted
+	2,  // 10: openshell.supervisor_host.v1.HostGatewayMessage.rejected:type_name -> openshell.supervisor_host.v1.HostRejected
+	4,  // 11: openshell.supervisor_host.v1.HostGatewayMessage.heartbeat:type_name -> openshell.supervisor_host.v1.HostHeartbeat
+	3,  // 12: openshell.supervisor_host.v1.HostGatewayMessage.redirect:type_name -> openshell.supervisor_host.v1.HostRedirect
+	7,  // 13: openshell.supervisor_host.v1.HostGatewayMessage.assignment:type_name -> openshell.supervisor_host.v1.HostAssignment
+	9,  // 14: openshell.supervisor_host.v1.HostGatewayMessage.sandbox:type_name -> openshell.supervisor_host.v1.SandboxGatewayMessage
+	10, // 15: openshell.supervisor_host.v1.SupervisorHost.ConnectHost:input_type -> openshell.supervisor_host.v1.HostMessage
+	11, // 16: openshell.supervisor_host.v1.SupervisorHost.ConnectHost:output_type -> openshell.supervisor_host.v1.HostGatewayMessage
+	16, // [16:17] is the sub-list for method output_type
+	15, // [15:16] is the sub-list for method input_type
+	15, // [15:15] is the sub-list for extension type_name
+	15, // [15:15] is the sub-list for extension extendee
+	0,  // [0:15] is the sub-list for field type_name
 }
 
 func init() { file_openshell_supervisor_host_proto_init() }
@@ -913,12 +998,13 @@ func file_openshell_supervisor_host_proto_init() {
 	if File_openshell_supervisor_host_proto != nil {
 		return
 	}
-	file_openshell_supervisor_host_proto_msgTypes[9].OneofWrappers = []any{
+	file_openshell_supervisor_host_proto_msgTypes[6].OneofWrappers = []any{}
+	file_openshell_supervisor_host_proto_msgTypes[10].OneofWrappers = []any{
 		(*HostMessage_Hello)(nil),
 		(*HostMessage_Heartbeat)(nil),
 		(*HostMessage_Sandbox)(nil),
 	}
-	file_openshell_supervisor_host_proto_msgTypes[10].OneofWrappers = []any{
+	file_openshell_supervisor_host_proto_msgTypes[11].OneofWrappers = []any{
 		(*HostGatewayMessage_Accepted)(nil),
 		(*HostGatewayMessage_Rejected)(nil),
 		(*HostGatewayMessage_Heartbeat)(nil),
@@ -932,7 +1018,7 @@ func file_openshell_supervisor_host_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_openshell_supervisor_host_proto_rawDesc), len(file_openshell_supervisor_host_proto_rawDesc)),
 			NumEnums:      0,
-			NumMessages:   12,
+			NumMessages:   13,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

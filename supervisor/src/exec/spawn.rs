@@ -145,6 +145,14 @@ pub(super) fn start(
         .kill_on_drop(true);
 
     let supervisor = std::process::id();
+    // The process joins the sandbox's control group before it runs
+    // anything (the exec helper, under isolation, before it forks the
+    // program), so everything it starts is limited with the sandbox.
+    let cgroup_fds: Vec<i32> = settings
+        .cgroup
+        .as_ref()
+        .map(|cgroup| cgroup.procs_fds())
+        .unwrap_or_default();
     let pty = if request.tty {
         let pty = pty::Pty::open(request.cols, request.rows)
             .map_err(|err| SpawnFailure::from_io(argv0, Some("open pty".into()), &err))?;
@@ -157,9 +165,11 @@ pub(super) fn start(
             .stdout(slave(&pty)?)
             .stderr(slave(&pty)?);
         let isolated = settings.sandbox_init.is_some();
+        let cgroup = cgroup_fds.clone();
         // SAFETY: the hook only makes async-signal-safe calls.
         unsafe {
             command.pre_exec(move || {
+                crate::limits::join_self(&cgroup)?;
                 if isolated {
                     // The program itself becomes the pty's session leader
                     // inside the sandbox (`--tty`): were the helper the
@@ -182,9 +192,13 @@ pub(super) fn start(
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
             .process_group(0);
+        let cgroup = cgroup_fds.clone();
         // SAFETY: the hook only makes async-signal-safe calls.
         unsafe {
-            command.pre_exec(move || die_with_parent(supervisor));
+            command.pre_exec(move || {
+                crate::limits::join_self(&cgroup)?;
+                die_with_parent(supervisor)
+            });
         }
         None
     };

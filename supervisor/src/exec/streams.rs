@@ -55,8 +55,14 @@ pub(super) fn event_frame(payload: exec_sandbox_event::Payload) -> RelayFrame {
 }
 
 pub(super) fn exit_frame(exit_code: i32) -> RelayFrame {
+    exit_frame_with(exit_code, false)
+}
+
+/// The exit event, saying whether the sandbox's memory limit killed it.
+pub(super) fn exit_frame_with(exit_code: i32, oom_killed: bool) -> RelayFrame {
     event_frame(exec_sandbox_event::Payload::Exit(ExecSandboxExit {
         exit_code,
+        oom_killed,
     }))
 }
 

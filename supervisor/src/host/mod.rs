@@ -247,7 +247,14 @@ async fn run(cli: HostCli, secret: String, spawner: Option<Spawner>) -> anyhow::
         tokio::select! {
             event = events.recv(), if events_open => match event {
                 Some(HostEvent::Assignment(sandboxes)) => {
-                    pool.assign(sandboxes.into_iter().map(|sandbox| sandbox.sandbox_id));
+                    pool.assign(sandboxes.into_iter().map(|sandbox| {
+                        let limits = crate::limits::Limits {
+                            memory: sandbox.limits.memory_bytes,
+                            cpu_millis: sandbox.limits.cpu_millis,
+                            pids: sandbox.limits.pids,
+                        };
+                        (sandbox.sandbox_id, limits)
+                    }));
                     info!(serving = pool.serving().len(), "assignment applied");
                 }
                 Some(HostEvent::Accepted { session_id, served_by }) => {

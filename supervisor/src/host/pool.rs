@@ -10,7 +10,7 @@
 //! host was down; every sandbox starts once that is done, so a sandbox
 //! assigned meanwhile never loses its fresh directory to it.
 
-use std::collections::{BTreeSet, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::Path;
 use std::sync::Arc;
 
@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
 use super::runtime::{self, HostSettings, Stop};
+use crate::limits::Limits;
 
 struct Running {
     stop: watch::Sender<Option<Stop>>,
@@ -58,15 +59,17 @@ impl Pool {
         ids
     }
 
-    /// Makes the running set equal to `assigned`: stops what is missing,
-    /// starts what is new. Ids that cannot name a directory are skipped.
+    /// Makes the running set equal to `assigned` (ids with their limits):
+    /// stops what is missing, starts what is new. Ids that cannot name a
+    /// directory are skipped. A sandbox's limits are those of its first
+    /// assignment (the gateway fixes them at creation).
     pub fn assign<I, S>(&mut self, assigned: I)
     where
-        I: IntoIterator<Item = S>,
+        I: IntoIterator<Item = (S, Limits)>,
         S: Into<String>,
     {
-        let mut wanted = BTreeSet::new();
-        for id in assigned {
+        let mut wanted = BTreeMap::new();
+        for (id, limits) in assigned {
             let id = id.into();
             if runtime::sandbox_dir(&self.settings.root, &id).is_none() {
                 warn!(
@@ -75,13 +78,13 @@ impl Pool {
                 );
                 continue;
             }
-            wanted.insert(id);
+            wanted.insert(id, limits);
         }
         self.stopping.retain(|_, task| !task.is_finished());
         let gone: Vec<String> = self
             .running
             .keys()
-            .filter(|id| !wanted.contains(*id))
+            .filter(|id| !wanted.contains_key(*id))
             .cloned()
             .collect();
         for id in gone {
@@ -92,7 +95,8 @@ impl Pool {
         }
         if !self.sweeping {
             self.sweeping = true;
-            let (root, keep) = (self.settings.root.clone(), wanted.clone());
+            let keep: BTreeSet<String> = wanted.keys().cloned().collect();
+            let root = self.settings.root.clone();
             // Done, even if the sweep panicked: sandboxes must start.
             let done = self.swept.clone().drop_guard();
             tokio::task::spawn_blocking(move || {
@@ -100,7 +104,7 @@ impl Pool {
                 sweep(&root, &keep);
             });
         }
-        for id in wanted {
+        for (id, limits) in wanted {
             if self.running.contains_key(&id) {
                 continue;
             }
@@ -118,7 +122,7 @@ impl Pool {
                 if let Some(previous) = previous {
                     let _ = previous.await;
                 }
-                runtime::run(settings, sandbox_id, stopped).await;
+                runtime::run(settings, sandbox_id, limits, stopped).await;
             }));
             self.running.insert(id, Running { stop, task });
         }

@@ -28,6 +28,7 @@ use tracing::{error, info, warn};
 
 use crate::exec::ExecSettings;
 use crate::isolation::{self, spawner::Spawner};
+use crate::limits::{Cgroup, Limits};
 use crate::sandbox_processes;
 use crate::session::{self, RelayScope, SandboxServing};
 use crate::ssh::HostKey;
@@ -92,6 +93,7 @@ pub fn sandbox_dir(root: &Path, sandbox_id: &str) -> Option<PathBuf> {
 pub async fn run(
     settings: Arc<HostSettings>,
     sandbox_id: String,
+    limits: Limits,
     mut stop: watch::Receiver<Option<Stop>>,
 ) {
     let Some(dir) = sandbox_dir(&settings.root, &sandbox_id) else {
@@ -104,7 +106,7 @@ pub async fn run(
         // Starting and stopping are boxed: their state exists only while
         // they run, not in every served sandbox's task.
         let life = tokio::select! {
-            life = Box::pin(Life::start(&settings, &sandbox_id, &dir)) => life,
+            life = Box::pin(Life::start(&settings, &sandbox_id, &limits, &dir)) => life,
             reason = stopped(&mut stop) => break reason,
         };
         match life {
@@ -156,6 +158,8 @@ async fn stopped(stop: &mut watch::Receiver<Option<Stop>>) -> Stop {
 struct Life {
     serving: SandboxServing,
     isolated: Option<isolation::Sandbox>,
+    /// The sandbox's control group (with limits), removed at stop.
+    cgroup: Option<Arc<Cgroup>>,
     /// Handed to every relay; dropped at stop, so that `relays_done`
     /// resolves once the last relay let go.
     alive: Option<mpsc::Sender<()>>,
@@ -164,9 +168,34 @@ struct Life {
 
 impl Life {
     /// Files, SSH host key, and (isolated) the init.
-    async fn start(settings: &HostSettings, sandbox_id: &str, dir: &Path) -> anyhow::Result<Self> {
+    async fn start(
+        settings: &HostSettings,
+        sandbox_id: &str,
+        limits: &Limits,
+        dir: &Path,
+    ) -> anyhow::Result<Self> {
         let workdir = dir.join(WORK_DIR);
         let key_path = dir.join(SSH_HOST_KEY_FILE);
+        let cgroup = {
+            let (sandbox_id, limits) = (sandbox_id.to_owned(), *limits);
+            tokio::task::spawn_blocking(move || {
+                let (limits, missing) = limits.enforceable();
+                if !missing.is_empty() {
+                    let names: Vec<&str> = missing.iter().map(|c| c.name()).collect();
+                    warn!(
+                        sandbox_id,
+                        missing = names.join(","),
+                        "this host cannot enforce these limits of the sandbox (no writable \
+                         cgroup controller); it runs without them"
+                    );
+                }
+                Cgroup::create(&sandbox_id, &limits)
+            })
+            .await
+            .context("sandbox setup")?
+            .context("limiting the sandbox's resources")?
+            .map(Arc::new)
+        };
         let created = {
             let (dir, workdir) = (dir.to_path_buf(), workdir.clone());
             tokio::task::spawn_blocking(move || -> anyhow::Result<anyhow::Result<HostKey>> {
@@ -192,7 +221,12 @@ impl Life {
         let isolated = match &settings.spawner {
             Some(spawner) => Some(
                 spawner
-                    .start_sandbox(sandbox_id, workdir.clone(), settings.hide.clone())
+                    .start_sandbox(
+                        sandbox_id,
+                        workdir.clone(),
+                        settings.hide.clone(),
+                        cgroup.clone(),
+                    )
                     .await
                     .context("isolating the sandbox")?,
             ),
@@ -201,6 +235,7 @@ impl Life {
         let serving = SandboxServing {
             exec: Arc::new(ExecSettings {
                 sandbox_init: isolated.as_ref().map(isolation::Sandbox::init_pidfd),
+                cgroup: cgroup.clone(),
                 ..ExecSettings::new(sandbox_id.to_owned(), workdir)
             }),
             ssh_host_key,
@@ -216,6 +251,7 @@ impl Life {
         Ok(Self {
             serving,
             isolated,
+            cgroup,
             alive: Some(alive),
             relays_done,
         })
@@ -264,6 +300,9 @@ impl Life {
             None => {
                 sandbox_processes::kill_sandbox(&self.serving.exec.sandbox_id, STOP_GRACE).await
             }
+        }
+        if let Some(cgroup) = self.cgroup.take() {
+            let _ = tokio::task::spawn_blocking(move || cgroup.remove()).await;
         }
     }
 }

@@ -21,6 +21,7 @@ use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::sync::mpsc as std_mpsc;
 
 use anyhow::Context;
@@ -28,6 +29,7 @@ use tokio::sync::oneshot;
 use tracing::warn;
 
 use super::Sandbox;
+use crate::limits::Cgroup;
 
 /// Stack of the spawner thread: it only forks and reads a few lines.
 const STACK_SIZE: usize = 256 * 1024;
@@ -36,6 +38,7 @@ struct Request {
     sandbox_id: String,
     workdir: PathBuf,
     hide: Vec<PathBuf>,
+    cgroup: Option<Arc<Cgroup>>,
     reply: oneshot::Sender<anyhow::Result<Sandbox>>,
 }
 
@@ -107,6 +110,7 @@ impl Spawner {
         sandbox_id: &str,
         workdir: PathBuf,
         hide: Vec<PathBuf>,
+        cgroup: Option<Arc<Cgroup>>,
     ) -> anyhow::Result<Sandbox> {
         let (reply, started) = oneshot::channel();
         self.requests
@@ -114,6 +118,7 @@ impl Spawner {
                 sandbox_id: sandbox_id.to_owned(),
                 workdir,
                 hide,
+                cgroup,
                 reply,
             })
             .map_err(|_| anyhow::anyhow!("the sandbox init thread is gone"))?;
@@ -144,6 +149,7 @@ fn start_one(
         &request.sandbox_id,
         &request.workdir,
         &request.hide,
+        request.cgroup.as_deref(),
         |args, fd| current.send(args, fd),
     )
 }

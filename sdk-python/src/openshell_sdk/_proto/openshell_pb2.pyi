@@ -2,6 +2,7 @@
 import datetime
 
 from google.protobuf import duration_pb2 as _duration_pb2
+from google.protobuf import struct_pb2 as _struct_pb2
 from google.protobuf import timestamp_pb2 as _timestamp_pb2
 from openshell_sdk._proto import datamodel_pb2 as _datamodel_pb2
 from openshell_sdk._proto import options_pb2 as _options_pb2
@@ -172,7 +173,7 @@ class GpuResourceRequirements(_message.Message):
     def __init__(self, count: _Optional[int] = ...) -> None: ...
 
 class SandboxTemplate(_message.Message):
-    __slots__ = ("image", "labels", "environment")
+    __slots__ = ("image", "labels", "environment", "resources")
     class LabelsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -190,10 +191,12 @@ class SandboxTemplate(_message.Message):
     IMAGE_FIELD_NUMBER: _ClassVar[int]
     LABELS_FIELD_NUMBER: _ClassVar[int]
     ENVIRONMENT_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
     image: str
     labels: _containers.ScalarMap[str, str]
     environment: _containers.ScalarMap[str, str]
-    def __init__(self, image: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., environment: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    resources: _struct_pb2.Struct
+    def __init__(self, image: _Optional[str] = ..., labels: _Optional[_Mapping[str, str]] = ..., environment: _Optional[_Mapping[str, str]] = ..., resources: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
 
 class SandboxCondition(_message.Message):
     __slots__ = ("type", "status", "reason", "message", "transition_time")
@@ -404,10 +407,12 @@ class ExecSandboxStderr(_message.Message):
     def __init__(self, data: _Optional[bytes] = ...) -> None: ...
 
 class ExecSandboxExit(_message.Message):
-    __slots__ = ("exit_code",)
+    __slots__ = ("exit_code", "oom_killed")
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    OOM_KILLED_FIELD_NUMBER: _ClassVar[int]
     exit_code: int
-    def __init__(self, exit_code: _Optional[int] = ...) -> None: ...
+    oom_killed: bool
+    def __init__(self, exit_code: _Optional[int] = ..., oom_killed: _Optional[bool] = ...) -> None: ...
 
 class ExecSandboxEvent(_message.Message):
     __slots__ = ("stdout", "stderr", "exit")

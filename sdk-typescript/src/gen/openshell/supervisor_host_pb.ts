@@ -20,7 +20,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file openshell/supervisor_host.proto.
  */
 export const file_openshell_supervisor_host: GenFile = /*@__PURE__*/
-  fileDesc("Ch9vcGVuc2hlbGwvc3VwZXJ2aXNvcl9ob3N0LnByb3RvEhxvcGVuc2hlbGwuc3VwZXJ2aXNvcl9ob3N0LnYxIoEBCglIb3N0SGVsbG8SEQoJbWVtYmVyX2lkGAEgASgJEhMKC2luc3RhbmNlX2lkGAIgASgJEhgKEGNvbm5lY3Rpb25fZXBvY2gYAyABKAQSEgoKcmVkaXJlY3RlZBgEIAEoCBIMCgRzdGF5GAUgASgIEhAKCGNhcGFjaXR5GAYgASgNIm0KDEhvc3RBY2NlcHRlZBISCgpzZXNzaW9uX2lkGAEgASgJEjUKEmhlYXJ0YmVhdF9pbnRlcnZhbBgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhISCgpyZXBsaWNhX2lkGAMgASgJIh4KDEhvc3RSZWplY3RlZBIOCgZyZWFzb24YASABKAkiOQoMSG9zdFJlZGlyZWN0EhUKDXBlZXJfZW5kcG9pbnQYASABKAkSEgoKcmVwbGljYV9pZBgCIAEoCSIPCg1Ib3N0SGVhcnRiZWF0IrwBCg9Bc3NpZ25lZFNhbmRib3gSEgoKc2FuZGJveF9pZBgBIAEoCRIMCgRuYW1lGAIgASgJElMKC2Vudmlyb25tZW50GAMgAygLMj4ub3BlbnNoZWxsLnN1cGVydmlzb3JfaG9zdC52MS5Bc3NpZ25lZFNhbmRib3guRW52aXJvbm1lbnRFbnRyeRoyChBFbnZpcm9ubWVudEVudHJ5EgsKA2tleRgBIAEoCRINCgV2YWx1ZRgCIAEoCToCOAEiUgoOSG9zdEFzc2lnbm1lbnQSQAoJc2FuZGJveGVzGAEgAygLMi0ub3BlbnNoZWxsLnN1cGVydmlzb3JfaG9zdC52MS5Bc3NpZ25lZFNhbmRib3gibQoYU2FuZGJveFN1cGVydmlzb3JNZXNzYWdlEhIKCnNhbmRib3hfaWQYASABKAkSMAoHbWVzc2FnZRgCIAEoCzIfLm9wZW5zaGVsbC52MS5TdXBlcnZpc29yTWVzc2FnZRILCgNlbmQYAyABKAgiZwoVU2FuZGJveEdhdGV3YXlNZXNzYWdlEhIKCnNhbmRib3hfaWQYASABKAkSLQoHbWVzc2FnZRgCIAEoCzIcLm9wZW5zaGVsbC52MS5HYXRld2F5TWVzc2FnZRILCgNlbmQYAyABKAgi3wEKC0hvc3RNZXNzYWdlEjgKBWhlbGxvGAEgASgLMicub3BlbnNoZWxsLnN1cGVydmlzb3JfaG9zdC52MS5Ib3N0SGVsbG9IABJACgloZWFydGJlYXQYAiABKAsyKy5vcGVuc2hlbGwuc3VwZXJ2aXNvcl9ob3N0LnYxLkhvc3RIZWFydGJlYXRIABJJCgdzYW5kYm94GAMgASgLMjYub3BlbnNoZWxsLnN1cGVydmlzb3JfaG9zdC52MS5TYW5kYm94U3VwZXJ2aXNvck1lc3NhZ2VIAEIJCgdwYXlsb2FkIq0DChJIb3N0R2F0ZXdheU1lc3NhZ2USPgoIYWNjZXB0ZWQYASABKAsyKi5vcGVuc2hlbGwuc3VwZXJ2aXNvcl9ob3N0LnYxLkhvc3RBY2NlcHRlZEgAEj4KCHJlamVjdGVkGAIgASgLMioub3BlbnNoZWxsLnN1cGVydmlzb3JfaG9zdC52MS5Ib3N0UmVqZWN0ZWRIABJACgloZWFydGJlYXQYAyABKAsyKy5vcGVuc2hlbGwuc3VwZXJ2aXNvcl9ob3N0LnYxLkhvc3RIZWFydGJlYXRIABI+CghyZWRpcmVjdBgEIAEoCzIqLm9wZW5zaGVsbC5zdXBlcnZpc29yX2hvc3QudjEuSG9zdFJlZGlyZWN0SAASQgoKYXNzaWdubWVudBgFIAEoCzIsLm9wZW5zaGVsbC5zdXBlcnZpc29yX2hvc3QudjEuSG9zdEFzc2lnbm1lbnRIABJGCgdzYW5kYm94GAYgASgLMjMub3BlbnNoZWxsLnN1cGVydmlzb3JfaG9zdC52MS5TYW5kYm94R2F0ZXdheU1lc3NhZ2VIAEIJCgdwYXlsb2FkMoABCg5TdXBlcnZpc29ySG9zdBJuCgtDb25uZWN0SG9zdBIpLm9wZW5zaGVsbC5zdXBlcnZpc29yX2hvc3QudjEuSG9zdE1lc3NhZ2UaMC5vcGVuc2hlbGwuc3VwZXJ2aXNvcl9ob3N0LnYxLkhvc3RHYXRld2F5TWVzc2FnZSgBMAFiBnByb3RvMw", [file_google_protobuf_duration, file_openshell_openshell]);
+  fileDesc("Ch9vcGVuc2hlbGwvc3VwZXJ2aXNvcl9ob3N0LnByb3RvEhxvcGVuc2hlbGwuc3VwZXJ2aXNvcl9ob3N0LnYxIoEBCglIb3N0SGVsbG8SEQoJbWVtYmVyX2lkGAEgASgJEhMKC2luc3RhbmNlX2lkGAIgASgJEhgKEGNvbm5lY3Rpb25fZXBvY2gYAyABKAQSEgoKcmVkaXJlY3RlZBgEIAEoCBIMCgRzdGF5GAUgASgIEhAKCGNhcGFjaXR5GAYgASgNIm0KDEhvc3RBY2NlcHRlZBISCgpzZXNzaW9uX2lkGAEgASgJEjUKEmhlYXJ0YmVhdF9pbnRlcnZhbBgCIAEoCzIZLmdvb2dsZS5wcm90b2J1Zi5EdXJhdGlvbhISCgpyZXBsaWNhX2lkGAMgASgJIh4KDEhvc3RSZWplY3RlZBIOCgZyZWFzb24YASABKAkiOQoMSG9zdFJlZGlyZWN0EhUKDXBlZXJfZW5kcG9pbnQYASABKAkSEgoKcmVwbGljYV9pZBgCIAEoCSIPCg1Ib3N0SGVhcnRiZWF0IvoBCg9Bc3NpZ25lZFNhbmRib3gSEgoKc2FuZGJveF9pZBgBIAEoCRIMCgRuYW1lGAIgASgJElMKC2Vudmlyb25tZW50GAMgAygLMj4ub3BlbnNoZWxsLnN1cGVydmlzb3JfaG9zdC52MS5Bc3NpZ25lZFNhbmRib3guRW52aXJvbm1lbnRFbnRyeRI8CgZsaW1pdHMYBCABKAsyLC5vcGVuc2hlbGwuc3VwZXJ2aXNvcl9ob3N0LnYxLlJlc291cmNlTGltaXRzGjIKEEVudmlyb25tZW50RW50cnkSCwoDa2V5GAEgASgJEg0KBXZhbHVlGAIgASgJOgI4ASKAAQoOUmVzb3VyY2VMaW1pdHMSGQoMbWVtb3J5X2J5dGVzGAEgASgESACIAQESFwoKY3B1X21pbGxpcxgCIAEoBEgBiAEBEhEKBHBpZHMYAyABKARIAogBAUIPCg1fbWVtb3J5X2J5dGVzQg0KC19jcHVfbWlsbGlzQgcKBV9waWRzIlIKDkhvc3RBc3NpZ25tZW50EkAKCXNhbmRib3hlcxgBIAMoCzItLm9wZW5zaGVsbC5zdXBlcnZpc29yX2hvc3QudjEuQXNzaWduZWRTYW5kYm94Im0KGFNhbmRib3hTdXBlcnZpc29yTWVzc2FnZRISCgpzYW5kYm94X2lkGAEgASgJEjAKB21lc3NhZ2UYAiABKAsyHy5vcGVuc2hlbGwudjEuU3VwZXJ2aXNvck1lc3NhZ2USCwoDZW5kGAMgASgIImcKFVNhbmRib3hHYXRld2F5TWVzc2FnZRISCgpzYW5kYm94X2lkGAEgASgJEi0KB21lc3NhZ2UYAiABKAsyHC5vcGVuc2hlbGwudjEuR2F0ZXdheU1lc3NhZ2USCwoDZW5kGAMgASgIIt8BCgtIb3N0TWVzc2FnZRI4CgVoZWxsbxgBIAEoCzInLm9wZW5zaGVsbC5zdXBlcnZpc29yX2hvc3QudjEuSG9zdEhlbGxvSAASQAoJaGVhcnRiZWF0GAIgASgLMisub3BlbnNoZWxsLnN1cGVydmlzb3JfaG9zdC52MS5Ib3N0SGVhcnRiZWF0SAASSQoHc2FuZGJveBgDIAEoCzI2Lm9wZW5zaGVsbC5zdXBlcnZpc29yX2hvc3QudjEuU2FuZGJveFN1cGVydmlzb3JNZXNzYWdlSABCCQoHcGF5bG9hZCKtAwoSSG9zdEdhdGV3YXlNZXNzYWdlEj4KCGFjY2VwdGVkGAEgASgLMioub3BlbnNoZWxsLnN1cGVydmlzb3JfaG9zdC52MS5Ib3N0QWNjZXB0ZWRIABI+CghyZWplY3RlZBgCIAEoCzIqLm9wZW5zaGVsbC5zdXBlcnZpc29yX2hvc3QudjEuSG9zdFJlamVjdGVkSAASQAoJaGVhcnRiZWF0GAMgASgLMisub3BlbnNoZWxsLnN1cGVydmlzb3JfaG9zdC52MS5Ib3N0SGVhcnRiZWF0SAASPgoIcmVkaXJlY3QYBCABKAsyKi5vcGVuc2hlbGwuc3VwZXJ2aXNvcl9ob3N0LnYxLkhvc3RSZWRpcmVjdEgAEkIKCmFzc2lnbm1lbnQYBSABKAsyLC5vcGVuc2hlbGwuc3VwZXJ2aXNvcl9ob3N0LnYxLkhvc3RBc3NpZ25tZW50SAASRgoHc2FuZGJveBgGIAEoCzIzLm9wZW5zaGVsbC5zdXBlcnZpc29yX2hvc3QudjEuU2FuZGJveEdhdGV3YXlNZXNzYWdlSABCCQoHcGF5bG9hZDKAAQoOU3VwZXJ2aXNvckhvc3QSbgoLQ29ubmVjdEhvc3QSKS5vcGVuc2hlbGwuc3VwZXJ2aXNvcl9ob3N0LnYxLkhvc3RNZXNzYWdlGjAub3BlbnNoZWxsLnN1cGVydmlzb3JfaG9zdC52MS5Ib3N0R2F0ZXdheU1lc3NhZ2UoATABYgZwcm90bzM", [file_google_protobuf_duration, file_openshell_openshell]);
 
 /**
  * @generated from message openshell.supervisor_host.v1.HostHello
@@ -181,6 +181,13 @@ export type AssignedSandbox = Message<"openshell.supervisor_host.v1.AssignedSand
    * @generated from field: map<string, string> environment = 3;
    */
   environment: { [key: string]: string };
+
+  /**
+   * The limits the host enforces for the sandbox (unset: none).
+   *
+   * @generated from field: openshell.supervisor_host.v1.ResourceLimits limits = 4;
+   */
+  limits?: ResourceLimits | undefined;
 };
 
 /**
@@ -189,6 +196,42 @@ export type AssignedSandbox = Message<"openshell.supervisor_host.v1.AssignedSand
  */
 export const AssignedSandboxSchema: GenMessage<AssignedSandbox> = /*@__PURE__*/
   messageDesc(file_openshell_supervisor_host, 5);
+
+/**
+ * A sandbox's limits, as the gateway resolved them from its template and
+ * defaults.
+ *
+ * @generated from message openshell.supervisor_host.v1.ResourceLimits
+ */
+export type ResourceLimits = Message<"openshell.supervisor_host.v1.ResourceLimits"> & {
+  /**
+   * Memory of all its processes together, in bytes.
+   *
+   * @generated from field: optional uint64 memory_bytes = 1;
+   */
+  memoryBytes?: bigint | undefined;
+
+  /**
+   * CPU in thousandths of a core.
+   *
+   * @generated from field: optional uint64 cpu_millis = 2;
+   */
+  cpuMillis?: bigint | undefined;
+
+  /**
+   * Processes and threads at once.
+   *
+   * @generated from field: optional uint64 pids = 3;
+   */
+  pids?: bigint | undefined;
+};
+
+/**
+ * Describes the message openshell.supervisor_host.v1.ResourceLimits.
+ * Use `create(ResourceLimitsSchema)` to create a new message.
+ */
+export const ResourceLimitsSchema: GenMessage<ResourceLimits> = /*@__PURE__*/
+  messageDesc(file_openshell_supervisor_host, 6);
 
 /**
  * Every sandbox assigned to the host, in full. A sandbox missing from a later
@@ -208,7 +251,7 @@ export type HostAssignment = Message<"openshell.supervisor_host.v1.HostAssignmen
  * Use `create(HostAssignmentSchema)` to create a new message.
  */
 export const HostAssignmentSchema: GenMessage<HostAssignment> = /*@__PURE__*/
-  messageDesc(file_openshell_supervisor_host, 6);
+  messageDesc(file_openshell_supervisor_host, 7);
 
 /**
  * One message of a sandbox's session inside the host session. The session
@@ -240,7 +283,7 @@ export type SandboxSupervisorMessage = Message<"openshell.supervisor_host.v1.San
  * Use `create(SandboxSupervisorMessageSchema)` to create a new message.
  */
 export const SandboxSupervisorMessageSchema: GenMessage<SandboxSupervisorMessage> = /*@__PURE__*/
-  messageDesc(file_openshell_supervisor_host, 7);
+  messageDesc(file_openshell_supervisor_host, 8);
 
 /**
  * @generated from message openshell.supervisor_host.v1.SandboxGatewayMessage
@@ -267,7 +310,7 @@ export type SandboxGatewayMessage = Message<"openshell.supervisor_host.v1.Sandbo
  * Use `create(SandboxGatewayMessageSchema)` to create a new message.
  */
 export const SandboxGatewayMessageSchema: GenMessage<SandboxGatewayMessage> = /*@__PURE__*/
-  messageDesc(file_openshell_supervisor_host, 8);
+  messageDesc(file_openshell_supervisor_host, 9);
 
 /**
  * @generated from message openshell.supervisor_host.v1.HostMessage
@@ -302,7 +345,7 @@ export type HostMessage = Message<"openshell.supervisor_host.v1.HostMessage"> & 
  * Use `create(HostMessageSchema)` to create a new message.
  */
 export const HostMessageSchema: GenMessage<HostMessage> = /*@__PURE__*/
-  messageDesc(file_openshell_supervisor_host, 9);
+  messageDesc(file_openshell_supervisor_host, 10);
 
 /**
  * @generated from message openshell.supervisor_host.v1.HostGatewayMessage
@@ -355,7 +398,7 @@ export type HostGatewayMessage = Message<"openshell.supervisor_host.v1.HostGatew
  * Use `create(HostGatewayMessageSchema)` to create a new message.
  */
 export const HostGatewayMessageSchema: GenMessage<HostGatewayMessage> = /*@__PURE__*/
-  messageDesc(file_openshell_supervisor_host, 10);
+  messageDesc(file_openshell_supervisor_host, 11);
 
 /**
  * @generated from service openshell.supervisor_host.v1.SupervisorHost
