@@ -270,7 +270,66 @@ async fn exec_and_forward_are_served_by_the_hosts_replica(isolation: &str) {
         2.0 * n,
         "not every stream was served on {holder}"
     );
+    held_to_limits(&client, &sandboxes[0]).await;
     drop(host);
+}
+
+/// A pooled sandbox runs in a cgroup of its own with the gateway's default
+/// limits, and one created with a memory limit has its hog killed.
+async fn held_to_limits(client: &Client, (name, id): &(String, String)) {
+    let groups = sh(client, name, "cat /proc/self/cgroup").await;
+    for controller in ["memory", "pids"] {
+        assert!(
+            groups.lines().any(
+                |line| line.contains(controller) && line.ends_with(&format!("/openshell/{id}"))
+            ),
+            "not in the sandbox's {controller} cgroup: {groups}"
+        );
+    }
+    let limits = prost_types::Struct {
+        fields: [(
+            "memory".to_owned(),
+            prost_types::Value {
+                kind: Some(prost_types::value::Kind::StringValue("64Mi".into())),
+            },
+        )]
+        .into(),
+    };
+    let resources = prost_types::Struct {
+        fields: [(
+            "limits".to_owned(),
+            prost_types::Value {
+                kind: Some(prost_types::value::Kind::StructValue(limits)),
+            },
+        )]
+        .into(),
+    };
+    let template = openshell_proto::SandboxTemplate {
+        resources: Some(resources),
+        ..Default::default()
+    };
+    client
+        .sandboxes()
+        .create(
+            CreateSandbox::new()
+                .name("pooled-limited")
+                .template(template),
+            CallOptions::new(),
+        )
+        .await
+        .expect("create");
+    wait_ready(client, "pooled-limited").await;
+    let hog = client
+        .exec(
+            ExecRequest::new(
+                "pooled-limited",
+                ["python3", "-c", "b = b'\\x01' * (256 << 20)"],
+            ),
+            CallOptions::new(),
+        )
+        .await
+        .expect("exec");
+    assert_eq!(hog.exit_code, 137, "{hog:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
