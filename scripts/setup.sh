@@ -70,6 +70,15 @@ fi
 if ! command -v rsync >/dev/null 2>&1; then
   install_deb rsync
 fi
+# Sandbox egress: slirp4netns gives a sandbox whose network policy allows
+# outbound traffic user-mode networking; the egress test drives it, and `ip`
+# (iproute2) builds the test's outside machine.
+if ! command -v slirp4netns >/dev/null 2>&1; then
+  install_deb slirp4netns
+fi
+if ! command -v ip >/dev/null 2>&1; then
+  install_deb iproute2
+fi
 # TypeScript SDK: Node 20.17 or newer with npm (the Node packages themselves
 # are pinned by sdk-typescript/package-lock.json and installed by `make node`).
 if ! command -v node >/dev/null 2>&1 || ! command -v npm >/dev/null 2>&1; then

@@ -179,6 +179,16 @@ pub fn apply(exec: &ExecSettings, snapshot: &ConfigSnapshot) -> ApplyOutcome {
     if let Err(reason) = check(snapshot) {
         return ApplyOutcome::Rejected(reason);
     }
+    // Outbound access first: a policy whose network cannot be set up is
+    // rejected, and the previous configuration stays in force.
+    if let Some(egress) = &exec.egress {
+        let applied = crate::egress::wanted(snapshot.sandbox_config.policy.as_ref())
+            .map_err(anyhow::Error::msg)
+            .and_then(|wanted| egress.apply(&wanted));
+        if let Err(err) = applied {
+            return ApplyOutcome::Rejected(format!("network policy: {err:#}"));
+        }
+    }
     let path = config_path(&exec.workdir);
     let mut text = serde_json::to_vec_pretty(&render(snapshot)).expect("JSON values serialize");
     text.push(b'\n');

@@ -72,6 +72,8 @@ pub struct ExecSettings {
     pub sandbox_init: Option<std::sync::Arc<std::os::fd::OwnedFd>>,
     /// The sandbox's control group: every process starts in it.
     pub cgroup: Option<std::sync::Arc<crate::limits::Cgroup>>,
+    /// Outbound access of the sandbox's network namespace (isolated only).
+    pub egress: Option<std::sync::Arc<crate::egress::Egress>>,
 }
 
 /// The provider environment in force: secrets, so `Debug` shows keys only.
@@ -112,6 +114,7 @@ impl ExecSettings {
             provider_env: ProviderEnv::default(),
             sandbox_init: None,
             cgroup: None,
+            egress: None,
         }
     }
 

@@ -26,6 +26,7 @@
 //! the same way and exits 1 ([`give_up`]).
 
 mod config_apply;
+mod egress;
 mod exec;
 mod forward;
 mod give_up;
@@ -126,6 +127,16 @@ struct Cli {
     status_file: Option<PathBuf>,
     #[command(flatten)]
     limits: limits::LimitArgs,
+    /// With `--isolation namespaces`: an IPv4 network (`a.b.c.d/n`) the
+    /// sandbox may never reach, whatever its policy allows (repeatable);
+    /// the host's own addresses, link-local ones and the gateway's are
+    /// always denied.
+    #[arg(long, value_name = "CIDR", value_parser = parse_net)]
+    egress_deny: Vec<egress::Net>,
+}
+
+fn parse_net(text: &str) -> Result<egress::Net, String> {
+    egress::Net::parse(text).ok_or_else(|| format!("{text:?} is not an IPv4 network (a.b.c.d/n)"))
 }
 
 fn main() -> ExitCode {
@@ -284,6 +295,12 @@ async fn run(cli: Cli, secret: String, prepared: Prepared) -> anyhow::Result<()>
         exec: Arc::new(ExecSettings {
             sandbox_init: sandbox.as_ref().map(isolation::Sandbox::init_pidfd),
             cgroup: cgroup.clone(),
+            egress: sandbox.as_ref().map(|sandbox| {
+                Arc::new(egress::Egress::new(
+                    sandbox.init_pidfd(),
+                    &egress::deny_list(&cli.egress_deny, &cli.gateway),
+                ))
+            }),
             ..ExecSettings::new(cli.sandbox_id.clone(), workdir)
         }),
         ssh_host_key,

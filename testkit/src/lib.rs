@@ -16,6 +16,7 @@ pub mod cluster;
 pub mod edge;
 pub mod host;
 pub mod netns;
+pub mod outside;
 pub mod tls;
 pub mod up;
 

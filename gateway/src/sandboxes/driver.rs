@@ -103,6 +103,8 @@ pub struct ProcessDriver {
     isolation: Isolation,
     /// Paths sandbox processes must not see (namespaces only).
     hide: Vec<PathBuf>,
+    /// Networks sandboxes may never reach (namespaces only).
+    egress_deny: Vec<String>,
     /// Tests only (`--expose-sandbox-tokens`): also write each token to
     /// `<sandbox dir>/token` (mode 0600; hidden from the sandbox).
     expose_tokens: bool,
@@ -128,6 +130,7 @@ impl ProcessDriver {
                 ca_file,
                 isolation: Isolation::None,
                 hide: Vec::new(),
+                egress_deny: Vec::new(),
                 expose_tokens: false,
                 exits,
                 locks: Mutex::default(),
@@ -141,6 +144,12 @@ impl ProcessDriver {
     pub fn with_isolation(mut self, isolation: Isolation, hide: Vec<PathBuf>) -> Self {
         self.isolation = isolation;
         self.hide = hide;
+        self
+    }
+
+    /// `--sandbox-egress-deny`.
+    pub fn with_egress_deny(mut self, deny: Vec<String>) -> Self {
+        self.egress_deny = deny;
         self
     }
 
@@ -265,6 +274,9 @@ impl ProcessDriver {
             command.arg("--hide").arg(&self.data_dir);
             for path in &self.hide {
                 command.arg("--hide").arg(path);
+            }
+            for net in &self.egress_deny {
+                command.arg("--egress-deny").arg(net);
             }
         }
         // SAFETY: the hook only calls dup2 and fcntl, which are

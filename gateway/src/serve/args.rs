@@ -202,6 +202,12 @@ pub struct ServeArgs {
     /// refuses the sandbox (FAILED_PRECONDITION).
     #[arg(long, value_enum, default_value = "auto")]
     pub resource_limits: LimitsMode,
+    /// An IPv4 network (`a.b.c.d/n`) no sandbox may reach, whatever its
+    /// network policy allows (repeatable): the database's, the other
+    /// replicas', the edge's. This host's own addresses, link-local ones
+    /// and the gateway's are always denied.
+    #[arg(long, value_name = "CIDR", value_parser = parse_cidr)]
+    pub sandbox_egress_deny: Vec<String>,
     /// Memory limit of a sandbox whose template sets none (`512Mi`, `2Gi`;
     /// `0`: none).
     #[arg(long, value_name = "QUANTITY", default_value = "4Gi",
@@ -227,6 +233,17 @@ pub struct ServeArgs {
     /// redirects), so a test can read the counters of a replica that is gone.
     #[arg(long, value_name = "DIR", hide = true)]
     pub metrics_on_exit: Option<PathBuf>,
+}
+
+fn parse_cidr(text: &str) -> Result<String, String> {
+    let (addr, prefix) = text.split_once('/').unwrap_or((text, "32"));
+    let ok =
+        addr.parse::<std::net::Ipv4Addr>().is_ok() && prefix.parse::<u8>().is_ok_and(|p| p <= 32);
+    if ok {
+        Ok(format!("{addr}/{prefix}"))
+    } else {
+        Err(format!("{text:?} is not an IPv4 network (a.b.c.d/n)"))
+    }
 }
 
 /// A default limit: `0` is none.

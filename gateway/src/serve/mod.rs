@@ -192,7 +192,9 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         supervisor_url,
         supervisor_ca,
     );
-    let driver = driver.with_isolation(isolation, hidden_paths(&args, &data_dir));
+    let driver = driver
+        .with_isolation(isolation, hidden_paths(&args, &data_dir))
+        .with_egress_deny(args.sandbox_egress_deny.clone());
     let driver = if args.expose_sandbox_tokens {
         tracing::warn!(
             "--expose-sandbox-tokens: sandbox tokens are kept in <data-dir>/sandboxes/<id>/token \

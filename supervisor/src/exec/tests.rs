@@ -9,6 +9,7 @@ use tokio_stream::wrappers::ReceiverStream;
 fn settings(workdir: &Path) -> ExecSettings {
     ExecSettings {
         cgroup: None,
+        egress: None,
         sandbox_id: "sb-1".into(),
         workdir: workdir.to_path_buf(),
         path: DEFAULT_PATH.into(),

@@ -104,6 +104,12 @@ struct HostCli {
     /// working directory.
     #[arg(long, value_name = "PATH")]
     hide: Vec<PathBuf>,
+    /// With `--isolation namespaces`: an IPv4 network (`a.b.c.d/n`) no
+    /// sandbox may reach, whatever its policy allows (repeatable); the
+    /// host's own addresses, link-local ones and the gateway's are always
+    /// denied.
+    #[arg(long, value_name = "CIDR", value_parser = crate::parse_net)]
+    egress_deny: Vec<crate::egress::Net>,
     /// PEM file with the CA that signs the gateway's certificate (https
     /// only; default: system roots).
     #[arg(long, value_name = "PEM")]
@@ -223,6 +229,7 @@ async fn run(cli: HostCli, secret: String, spawner: Option<Spawner>) -> anyhow::
         root,
         spawner,
         hide,
+        egress_deny: crate::egress::deny_list(&cli.egress_deny, &cli.gateway),
         token,
         sessions,
     }));

@@ -60,6 +60,8 @@ pub struct HostSettings {
     pub spawner: Option<Spawner>,
     /// `--hide`, plus the root itself.
     pub hide: Vec<PathBuf>,
+    /// Networks no sandbox may reach (`--egress-deny` and the gateway's).
+    pub egress_deny: Vec<crate::egress::Net>,
     /// The host token: relays are claimed with it.
     pub token: BearerToken,
     pub sessions: SessionSource,
@@ -236,6 +238,12 @@ impl Life {
             exec: Arc::new(ExecSettings {
                 sandbox_init: isolated.as_ref().map(isolation::Sandbox::init_pidfd),
                 cgroup: cgroup.clone(),
+                egress: isolated.as_ref().map(|sandbox| {
+                    Arc::new(crate::egress::Egress::new(
+                        sandbox.init_pidfd(),
+                        &settings.egress_deny,
+                    ))
+                }),
                 ..ExecSettings::new(sandbox_id.to_owned(), workdir)
             }),
             ssh_host_key,
