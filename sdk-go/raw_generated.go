@@ -99,7 +99,7 @@ func (r *Raw) ExecSandboxInteractive(ctx context.Context, opts ...CallOption) (*
 }
 
 // ForwardTcp calls /openshell.v1.OpenShell/ForwardTcp.
-// Relays one TCP connection to a loopback port inside the sandbox's host.
+// Relays one TCP connection to a loopback port inside the sandbox.
 // The first frame must be `init`.
 func (r *Raw) ForwardTcp(ctx context.Context, opts ...CallOption) (*RawStream[*openshellv1.TcpForwardFrame, *openshellv1.TcpForwardFrame], error) {
 	return openRawStream[*openshellv1.TcpForwardFrame, *openshellv1.TcpForwardFrame](ctx, r.c, "/openshell.v1.OpenShell/ForwardTcp", func() *openshellv1.TcpForwardFrame { return new(openshellv1.TcpForwardFrame) }, opts)

@@ -1,5 +1,5 @@
 //! TCP forwarding: a local listener whose connections reach a loopback port
-//! inside a sandbox's host, or one stream over any reader and writer
+//! inside a sandbox (its own loopback), or one stream over any reader and writer
 //! ([`Client::forward_io`], what an ssh `ProxyCommand` needs).
 //!
 //! The data plane stays in Rust: [`Client::forward`] binds the listener, and
@@ -58,7 +58,7 @@ const WRITE_BATCH: usize = 16;
 /// What a forward reaches inside the sandbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ForwardTarget {
-    /// A TCP port on loopback inside the sandbox's host.
+    /// A TCP port on the sandbox's own loopback.
     Tcp(u16),
     /// The sandbox's SSH server (the supervisor's embedded one).
     Ssh,
@@ -110,7 +110,7 @@ impl ForwardHandle {
         &self.sandbox
     }
 
-    /// The port inside the sandbox's host (0 for [`ForwardTarget::Ssh`]).
+    /// The port on the sandbox's loopback (0 for [`ForwardTarget::Ssh`]).
     pub fn remote_port(&self) -> u16 {
         self.remote_port
     }

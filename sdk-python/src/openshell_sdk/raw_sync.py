@@ -215,7 +215,7 @@ class SyncRaw:
     ) -> SyncBidiStream[pb.TcpForwardFrame, pb.TcpForwardFrame]:
         """``ForwardTcp`` (bidi streaming).
 
-        Relays one TCP connection to a loopback port inside the sandbox's host.
+        Relays one TCP connection to a loopback port inside the sandbox.
         The first frame must be `init`.
 
         Owner-routed by the core on request field ``init.sandbox``.

@@ -104,7 +104,7 @@ export abstract class GeneratedRaw extends TypedRawBase {
   }
 
   /**
-   * Relays one TCP connection to a loopback port inside the sandbox's host.
+   * Relays one TCP connection to a loopback port inside the sandbox.
    * The first frame must be `init`.
    * Owner-routed by the request's `init.sandbox` (the core sends it to the sandbox's owner replica).
    * Bidi streaming `/openshell.v1.OpenShell/ForwardTcp`: `send` requests, `closeSend`, iterate the replies.

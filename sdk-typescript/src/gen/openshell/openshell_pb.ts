@@ -2320,7 +2320,7 @@ export const OpenShell: GenService<{
     output: typeof ExecSandboxEventSchema;
   },
   /**
-   * Relays one TCP connection to a loopback port inside the sandbox's host.
+   * Relays one TCP connection to a loopback port inside the sandbox.
    * The first frame must be `init`.
    *
    * @generated from rpc openshell.v1.OpenShell.ForwardTcp
