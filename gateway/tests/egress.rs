@@ -3,7 +3,8 @@
 //! pair, `openshell_testkit::outside`) and real slirp4netns:
 //!
 //! - without network rules a sandbox reaches nothing but its own loopback;
-//! - a rule naming an address reaches that address and nothing else;
+//! - a rule naming an address reaches that address and no other outside
+//!   address;
 //! - a rule for `*` reaches the outside, and still never this host's own
 //!   addresses, its loopback (through slirp4netns's gateway), link-local
 //!   addresses or a network the gateway denies (`--sandbox-egress-deny`);
@@ -159,6 +160,8 @@ async fn outbound_access_follows_the_network_policy() {
     serve_echo(listener);
     let allowed = SocketAddr::from((outside.addr, port));
     let other = SocketAddr::from((outside.other, port));
+    // Allowed by no rule but `*`, denied by nothing.
+    let spare = SocketAddr::from((outside.spare, port));
     // A denied network: the outside's second address, by the gateway's flag.
     let denied_net = format!("{}/32", outside.other);
     let gw = Gateway::start(GatewayOptions {
@@ -183,7 +186,7 @@ async fn outbound_access_follows_the_network_policy() {
     let metadata = SocketAddr::from(([169, 254, 169, 254], 80));
 
     // Positive controls from the test process itself.
-    for target in [allowed, other, host_addr] {
+    for target in [allowed, other, spare, host_addr] {
         let mut conn = TcpStream::connect_timeout(&target, Duration::from_secs(3))
             .unwrap_or_else(|err| panic!("control {target}: {err}"));
         conn.write_all(b"ping").unwrap();
@@ -209,14 +212,18 @@ async fn outbound_access_follows_the_network_policy() {
         ping(&mut client, "eg-one", allowed).await,
         (true, "ok".into())
     );
-    let (through, said) = ping(&mut client, "eg-one", other).await;
+    let (through, said) = ping(&mut client, "eg-one", spare).await;
     assert!(
         !through,
-        "eg-one reached {other}, not in its policy: {said}"
+        "eg-one reached {spare}, not in its policy: {said}"
     );
 
     assert_eq!(
         ping(&mut client, "eg-any", allowed).await,
+        (true, "ok".into())
+    );
+    assert_eq!(
+        ping(&mut client, "eg-any", spare).await,
         (true, "ok".into())
     );
     for target in [other, host_addr, host_loopback, metadata] {

@@ -271,7 +271,86 @@ async fn exec_and_forward_are_served_by_the_hosts_replica(isolation: &str) {
         "not every stream was served on {holder}"
     );
     held_to_limits(&client, &sandboxes[0]).await;
+    if isolation == "namespaces" {
+        egress_by_policy(&setup, &client).await;
+    }
     drop(host);
+}
+
+/// A pooled sandbox whose policy names an outside address reaches it, and
+/// nothing else outside.
+async fn egress_by_policy(setup: &Setup, client: &Client) {
+    use openshell_proto::sandbox::{NetworkEndpoint, NetworkPolicyRule, SandboxPolicy};
+    let outside = openshell_testkit::outside::Outside::start().expect("an outside namespace");
+    let listener = outside
+        .listen((std::net::Ipv4Addr::UNSPECIFIED, 0).into())
+        .unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming().flatten() {
+            let mut conn = conn;
+            let _ = std::io::Write::write_all(&mut conn, b"outside");
+        }
+    });
+    let policy = SandboxPolicy {
+        network_policies: [(
+            "out".to_owned(),
+            NetworkPolicyRule {
+                name: "out".into(),
+                endpoints: vec![NetworkEndpoint {
+                    host: outside.addr.to_string(),
+                    port: u32::from(port),
+                    protocol: "tcp".into(),
+                }],
+                binaries: Vec::new(),
+            },
+        )]
+        .into(),
+        ..Default::default()
+    };
+    let channel = tonic::transport::Channel::from_shared(setup.edge.url.clone())
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut raw = openshell_proto::open_shell_client::OpenShellClient::with_interceptor(
+        channel,
+        common::Bearer(Some(TOKEN.into())),
+    );
+    raw.create_sandbox(openshell_proto::CreateSandboxRequest {
+        name: "pooled-out".into(),
+        spec: Some(openshell_proto::SandboxSpec {
+            policy: Some(policy),
+            ..Default::default()
+        }),
+        ..Default::default()
+    })
+    .await
+    .expect("create");
+    wait_ready(client, "pooled-out").await;
+    let read = |addr: std::net::Ipv4Addr| {
+        format!(
+            "python3 -c 'import socket; print(socket.create_connection((\"{addr}\", {port}), \
+             timeout=3).recv(16).decode())' 2>&1 || true"
+        )
+    };
+    // The policy reaches the supervisor through its configuration, which
+    // may come a moment after READY.
+    let mut reached = String::new();
+    for _ in 0..50 {
+        reached = sh(client, "pooled-out", &read(outside.addr)).await;
+        if reached.trim() == "outside" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(reached.trim(), "outside");
+    let other = sh(client, "pooled-out", &read(outside.spare)).await;
+    assert_ne!(
+        other.trim(),
+        "outside",
+        "reached an address not in the policy"
+    );
 }
 
 /// A pooled sandbox runs in a cgroup of its own with the gateway's default

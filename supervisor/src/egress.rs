@@ -502,7 +502,7 @@ fn route(netlink: &OwnedFd, change: Change, net: Net, oif: u32) -> io::Result<()
     if net.prefix > 0 {
         attribute(libc::RTA_DST, &net.addr.octets());
     }
-    if !matches!(change, Change::Prohibit) {
+    if matches!(change, Change::Add) {
         attribute(libc::RTA_GATEWAY, &SLIRP_GATEWAY.octets());
         attribute(libc::RTA_OIF, &oif.to_ne_bytes());
     }
@@ -516,8 +516,14 @@ fn route(netlink: &OwnedFd, change: Change, net: Net, oif: u32) -> io::Result<()
     rtmsg[0] = libc::AF_INET as u8;
     rtmsg[1] = net.prefix;
     rtmsg[4] = libc::RT_TABLE_MAIN;
-    rtmsg[5] = libc::RTPROT_STATIC;
-    rtmsg[6] = libc::RT_SCOPE_UNIVERSE;
+    // A delete matches on what it names: any protocol and scope (the
+    // default route slirp4netns made is not ours), the destination only.
+    let (protocol, scope) = match change {
+        Change::Delete => (libc::RTPROT_UNSPEC, libc::RT_SCOPE_NOWHERE),
+        _ => (libc::RTPROT_STATIC, libc::RT_SCOPE_UNIVERSE),
+    };
+    rtmsg[5] = protocol;
+    rtmsg[6] = scope;
     rtmsg[7] = route_type;
     request(netlink, &message).or_else(|err| match (change, err.raw_os_error()) {
         // Already gone.

@@ -1,7 +1,7 @@
 //! A machine "outside" this one, for tests of sandbox egress: a network
 //! namespace of its own (kept by a `sleep` process this struct owns),
-//! joined to the test's namespace by a veth pair. The outside end holds two
-//! addresses, `.1` and `.3` of a /24 in 198.18.0.0/15 (the benchmarking
+//! joined to the test's namespace by a veth pair. The outside end holds three
+//! addresses, `.1`, `.3` and `.4` of a /24 in 198.18.0.0/15 (the benchmarking
 //! range, never routed anywhere real); the test's end holds `.2`. Nothing
 //! leaves the machine. Dropping it kills the holder by its pid, which
 //! removes the namespace and with it both ends of the pair.
@@ -16,8 +16,9 @@ pub struct Outside {
     holder: Child,
     /// The outside end's first address.
     pub addr: Ipv4Addr,
-    /// Its second address.
+    /// Its second and third addresses.
     pub other: Ipv4Addr,
+    pub spare: Ipv4Addr,
     /// The test's end of the pair.
     pub near: Ipv4Addr,
 }
@@ -56,6 +57,7 @@ impl Outside {
             holder,
             addr: at(1),
             other: at(3),
+            spare: at(4),
             near: at(2),
         };
         // The holder must have its namespace before the link can go there.
@@ -98,6 +100,7 @@ impl Outside {
             };
             inside(&["addr", "add", &format!("{}/24", outside.addr), "dev", &far])?;
             inside(&["addr", "add", &format!("{}/24", outside.other), "dev", &far])?;
+            inside(&["addr", "add", &format!("{}/24", outside.spare), "dev", &far])?;
             inside(&["link", "set", &far, "up"])?;
             inside(&["link", "set", "lo", "up"])?;
             Ok(())
