@@ -102,6 +102,15 @@ pub struct CreateArgs {
     /// Label (repeatable)
     #[arg(long = "label", short = 'l', value_name = "KEY=VALUE", value_parser = key_value)]
     pub labels: Vec<(String, String)>,
+    /// Memory limit of the sandbox's processes together (512Mi, 2Gi)
+    #[arg(long, value_name = "QUANTITY")]
+    pub memory: Option<String>,
+    /// CPU limit (500m is half a core, 2 is two cores)
+    #[arg(long, value_name = "QUANTITY")]
+    pub cpu: Option<String>,
+    /// Limit on processes and threads at once
+    #[arg(long, value_name = "N")]
+    pub pids: Option<u32>,
     /// Return once created, without waiting for READY
     #[arg(long)]
     pub no_wait: bool,

@@ -141,8 +141,33 @@ pub fn sandbox_json(sandbox: &Sandbox) -> Value {
         "command": spec.command,
         "environment_keys": env_keys,
         "providers": spec.providers,
+        "limits": limits_json(spec.template.as_ref()),
         "conditions": conditions,
     })
+}
+
+/// The template's `resources.limits` (what the gateway enforces), as JSON;
+/// `{}` without any.
+fn limits_json(template: Option<&openshell_sdk::proto::SandboxTemplate>) -> Value {
+    use prost_types::value::Kind;
+    let limits = template
+        .and_then(|t| t.resources.as_ref())
+        .and_then(|r| r.fields.get("limits"))
+        .and_then(|v| match &v.kind {
+            Some(Kind::StructValue(table)) => Some(table),
+            _ => None,
+        });
+    let mut out = serde_json::Map::new();
+    for (key, value) in limits.map(|t| t.fields.iter()).into_iter().flatten() {
+        let value = match &value.kind {
+            Some(Kind::StringValue(text)) => json!(text),
+            Some(Kind::NumberValue(n)) if n.fract() == 0.0 => json!(*n as u64),
+            Some(Kind::NumberValue(n)) => json!(n),
+            _ => continue,
+        };
+        out.insert(key.clone(), value);
+    }
+    Value::Object(out)
 }
 
 /// Pretty JSON and a newline on stdout.

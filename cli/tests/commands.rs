@@ -70,11 +70,21 @@ fn every_command_against_a_three_replica_cluster() {
             "team=x",
             "-e",
             "SECRET=hunter2",
+            "--memory",
+            "256Mi",
+            "--cpu",
+            "1.5",
             "--json",
         ])
         .run(60);
     let labelled = labelled.success().json();
     assert_eq!(labelled["labels"]["team"], "x");
+    // The limits asked for, in the gateway's form, and its default pids.
+    assert_eq!(
+        labelled["limits"],
+        serde_json::json!({"memory": "256Mi", "cpu": "1500m", "pids": 1024}),
+        "{labelled}"
+    );
     assert_eq!(labelled["environment_keys"][0], "SECRET");
     assert!(
         !labelled.to_string().contains("hunter2"),
@@ -377,6 +387,12 @@ fn every_command_against_a_three_replica_cluster() {
         .args(["sandbox", "create", "x", "--timeout", "0"])
         .run(10)
         .one_line_error(1, "invalid_argument");
+    let out = c
+        .cli()
+        .args(["sandbox", "create", "x", "--memory", "lots"])
+        .run(30);
+    out.one_line_error(1, "invalid_argument");
+    assert!(out.stderr.contains("limits.memory"), "{}", out.stderr);
     c.cli()
         .env("OPENSHELL_TOKEN", "wrong-token")
         .args(["sandbox", "list"])

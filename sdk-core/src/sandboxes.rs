@@ -161,6 +161,33 @@ impl CreateSandbox {
         self
     }
 
+    /// Sets a resource limit in the template's `resources.limits`
+    /// (Kubernetes quantities: `limit("memory", "256Mi")`,
+    /// `limit("cpu", "500m")`, `limit("pids", "128")`). The gateway checks
+    /// them (`INVALID_ARGUMENT` naming a bad one) and fills in its defaults.
+    pub fn limit(mut self, resource: impl Into<String>, quantity: impl Into<String>) -> Self {
+        use prost_types::value::Kind;
+        let resources = self.template.resources.get_or_insert_with(Default::default);
+        let limits = resources
+            .fields
+            .entry("limits".to_owned())
+            .or_insert_with(|| prost_types::Value {
+                kind: Some(Kind::StructValue(Default::default())),
+            });
+        if !matches!(limits.kind, Some(Kind::StructValue(_))) {
+            limits.kind = Some(Kind::StructValue(Default::default()));
+        }
+        if let Some(Kind::StructValue(table)) = &mut limits.kind {
+            table.fields.insert(
+                resource.into(),
+                prost_types::Value {
+                    kind: Some(Kind::StringValue(quantity.into())),
+                },
+            );
+        }
+        self
+    }
+
     /// Adds an environment variable of every process in the sandbox.
     pub fn env(mut self, key: impl Into<String>, value: impl Into<String>) -> Self {
         self.environment.insert(key.into(), value.into());

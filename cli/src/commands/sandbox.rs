@@ -62,6 +62,16 @@ async fn create(args: CreateArgs, settings: &Settings) -> Result<(), Failure> {
     for (k, v) in &args.labels {
         request = request.label(k, v);
     }
+    let pids = args.pids.map(|n| n.to_string());
+    for (resource, quantity) in [
+        ("memory", &args.memory),
+        ("cpu", &args.cpu),
+        ("pids", &pids),
+    ] {
+        if let Some(quantity) = quantity {
+            request = request.limit(resource, quantity);
+        }
+    }
     if !args.command.is_empty() {
         request = request.command(args.command.clone());
     }
