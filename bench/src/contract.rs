@@ -5,8 +5,9 @@
 //! Inputs, from the environment:
 //! - `OPENSHELL_ENDPOINT`: the gateway; `OPENSHELL_TOKEN` (optional);
 //! - `OPENSHELL_BENCH_SANDBOX`: a READY sandbox;
-//! - `OPENSHELL_BENCH_IPERF_PORT`: an `iperf3 -s` on 127.0.0.1:PORT that the
-//!   sandbox reaches as a forward target;
+//! - `OPENSHELL_BENCH_IPERF_PORT`: an `iperf3 -s` on 127.0.0.1:PORT inside
+//!   the sandbox's network (its own loopback under isolation), a forward
+//!   target;
 //! - `OPENSHELL_BENCH_ROUNDS` (default 5), `OPENSHELL_BENCH_FORWARD_SECONDS`
 //!   (default 3).
 //!

@@ -1,25 +1,36 @@
 //! `openshell-bench dataplane`: how close the forward data plane gets to what
 //! this machine can move, with iperf3 as the program on both ends.
 //!
-//! One gateway replica (dev mode), the built-in edge in front of it, one
-//! sandbox; `iperf3 -s` listens on loopback on the sandbox's host. Arms, each
-//! one iperf3 client run of a few seconds to the server:
+//! One gateway replica (dev mode, `--isolation namespaces`), the built-in
+//! edge in front of it, one sandbox; the forwards' `iperf3 -s` listens on
+//! the loopback of the sandbox's own network namespace (started there by
+//! this process), the limits' on the host's loopback. Beside it a second
+//! replica with `--isolation none` (its sandbox shares the host's
+//! network). Arms, each one iperf3 client run of a few seconds to a server:
 //!
-//! - `raw`: straight to the server over loopback;
+//! - `raw`: straight to a server over the host's loopback;
 //! - `socat xN`: through a chain of N plain TCP relays
-//!   (`socat -b 1048576`, one process each), N = 4 and 3;
+//!   (`socat -b 1048576`, one process each) on the host, N = 4 and 3;
 //! - `sdk via edge`: into `Client::forward`'s listener with the client
 //!   connected to the edge: SDK listener -> edge -> replica -> supervisor ->
-//!   server, 4 relays (compared with socat x4);
+//!   server in the sandbox, 4 relays (compared with socat x4);
 //! - `sdk direct`: the same with the client connected to the replica: 3
-//!   relays (compared with socat x3).
+//!   relays (compared with socat x3);
+//! - `no netns: sdk direct`: `sdk direct` through the `--isolation none`
+//!   replica, whose sandbox's server is on the host's loopback: the
+//!   forward without the sandbox's network namespace.
+//!
+//! Then exec round trips of `true` through both replicas (`isolation`), and
+//! the ratios with / without the namespace of the direct forward and of the
+//! exec p50 (goals: forward >= 0.95, exec p50 within 10%).
 //!
 //! One warm-up run per arm, then rounds of every arm in a fresh random order;
 //! each arm's median counts. Beside the rates it prints the CPU time each
 //! process spent per GB moved (from `/proc/<pid>/stat`): this benchmark
 //! process (the SDK's forward, nothing else runs here during a run), the
 //! edge, the replica and the supervisor. Every process it starts (gateway,
-//! edge, iperf3 server, socat relays) is stopped by its PID.
+//! edge, iperf3 servers, socat relays) is stopped by its PID. Needs root
+//! (the namespaces).
 //!
 //! `OPENSHELL_BENCH_DATAPLANE_SECONDS` (default 3) and
 //! `OPENSHELL_BENCH_DATAPLANE_ROUNDS` (default 5) size the run;
@@ -27,12 +38,16 @@
 //! example `sdk via edge`) runs only those arms, with the PIDs printed first,
 //! so that a profiler can be attached to one path for a long run.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use openshell_sdk::{CallOptions, Client, ClientConfig, CreateSandbox, ForwardHandle};
-use openshell_testkit::{Edge, Gateway, GatewayOptions};
+use openshell_sdk::{CallOptions, Client, ClientConfig, ForwardHandle};
+use openshell_testkit::Edge;
+use openshell_testkit::netns::SandboxNet;
 
+use crate::iperf::{free_port, iperf3_server, iperf3_server_in, relay_chain};
+use crate::isolation;
+use crate::loopback::sandbox_net;
 use crate::measure::interleaved;
 
 fn env_or(name: &str, default: u64) -> u64 {
@@ -41,24 +56,6 @@ fn env_or(name: &str, default: u64) -> u64 {
         .and_then(|v| v.parse().ok())
         .filter(|&v| v > 0)
         .unwrap_or(default)
-}
-
-/// A child process stopped (SIGTERM, then reaped) by its PID when dropped.
-struct Process(Child);
-
-impl Drop for Process {
-    fn drop(&mut self) {
-        openshell_testkit::signal(self.0.id() as i32, libc::SIGTERM);
-        let _ = self.0.wait();
-    }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
 }
 
 fn require(tool: &str) {
@@ -72,56 +69,6 @@ fn require(tool: &str) {
         eprintln!("{tool} is not on PATH: apt-get install -y iperf3 socat");
         std::process::exit(2);
     }
-}
-
-/// Waits until something accepts connections on `port`.
-fn wait_listening(port: u16) {
-    for _ in 0..200 {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    panic!("nothing listening on port {port} after 2 s");
-}
-
-/// `iperf3 -s` on loopback.
-fn iperf_server() -> (u16, Process) {
-    let port = free_port();
-    let child = Command::new("iperf3")
-        .args(["-s", "-B", "127.0.0.1", "-p", &port.to_string()])
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("start iperf3 -s");
-    let process = Process(child);
-    wait_listening(port);
-    (port, process)
-}
-
-/// A chain of `hops` socat relays ending at `target`; returns the first
-/// relay's port.
-fn socat_chain(hops: usize, target: u16) -> (u16, Vec<Process>) {
-    let mut next = target;
-    let mut relays = Vec::new();
-    for _ in 0..hops {
-        let port = free_port();
-        let child = Command::new("socat")
-            .args([
-                "-b",
-                "1048576",
-                &format!("TCP-LISTEN:{port},bind=127.0.0.1,reuseaddr,fork"),
-                &format!("TCP:127.0.0.1:{next}"),
-            ])
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("start socat");
-        relays.push(Process(child));
-        wait_listening(port);
-        next = port;
-    }
-    (next, relays)
 }
 
 /// One iperf3 client run into `port`: bits per second the server received.
@@ -199,32 +146,36 @@ pub async fn run() {
     let seconds = env_or("OPENSHELL_BENCH_DATAPLANE_SECONDS", 3);
     let rounds = env_or("OPENSHELL_BENCH_DATAPLANE_ROUNDS", 5) as usize;
 
-    let gw = Gateway::start(GatewayOptions::dev());
+    let (gw, direct) = isolation::gateway("namespaces").await;
+    let (_plain_gw, plain) = isolation::gateway("none").await;
     let edge = Edge::start(&[("gw-0", gw.url.as_str())]);
     let via_edge = Client::connect(ClientConfig::builder(edge.url.clone()).build().unwrap())
-        .await
-        .unwrap();
-    let direct = Client::connect(ClientConfig::builder(gw.url.clone()).build().unwrap())
-        .await
-        .unwrap();
-    via_edge
-        .sandboxes()
-        .create(CreateSandbox::new().name("bench"), CallOptions::new())
-        .await
-        .unwrap();
-    via_edge
-        .sandboxes()
-        .wait_ready("bench", CallOptions::new())
         .await
         .unwrap();
 
     // A server per arm: iperf3 serves one test at a time, and a test's
     // connections may still be closing along a path when the next begins.
-    let servers: Vec<(u16, Process)> = (0..5).map(|_| iperf_server()).collect();
-    let (socat4, _chain4) = socat_chain(4, servers[1].0);
-    let (socat3, _chain3) = socat_chain(3, servers[2].0);
-    let forward_edge = forward(&via_edge, servers[3].0).await;
-    let forward_direct = forward(&direct, servers[4].0).await;
+    // The limits' servers are on the host's loopback, the forwards' where
+    // the sandbox's 127.0.0.1 is (under `none`, the host's loopback too).
+    let (net, plain_net) = (
+        sandbox_net(&direct, "bench").await,
+        sandbox_net(&plain, "bench").await,
+    );
+    let mut servers = Vec::new();
+    let mut server = |net: Option<&SandboxNet>| {
+        let port = free_port();
+        servers.push(match net {
+            Some(net) => iperf3_server_in(net, port),
+            None => iperf3_server(port),
+        });
+        port
+    };
+    let raw = server(None);
+    let socat4 = relay_chain(4, server(None));
+    let socat3 = relay_chain(3, server(None));
+    let forward_edge = forward(&via_edge, server(Some(&net))).await;
+    let forward_direct = forward(&direct, server(Some(&net))).await;
+    let forward_plain = forward(&plain, server(Some(&plain_net))).await;
 
     let supervisor = gw.supervisor_pids().first().copied().unwrap_or(0);
     let watched: [(&str, i32); 4] = [
@@ -234,11 +185,15 @@ pub async fn run() {
         ("supervisor", supervisor),
     ];
     let mut arms: Vec<Arm> = [
-        ("raw loopback", servers[0].0),
-        ("socat x4", socat4),
-        ("socat x3", socat3),
+        ("raw loopback", raw),
+        ("socat x4", socat4.port),
+        ("socat x3", socat3.port),
         ("sdk via edge (4 relays)", forward_edge.local_addr().port()),
         ("sdk direct (3 relays)", forward_direct.local_addr().port()),
+        (
+            "no netns: sdk direct (3 relays)",
+            forward_plain.local_addr().port(),
+        ),
     ]
     .into_iter()
     .map(|(name, port)| Arm {
@@ -276,10 +231,18 @@ pub async fn run() {
             arm.cpu[i] += a - b;
         }
     }
-    let stats = forward_edge.stats();
-    assert_eq!(stats.connections_failed, 0, "{stats:?}");
-    forward_edge.close();
-    forward_direct.close();
+    for forward in [&forward_edge, &forward_direct, &forward_plain] {
+        let stats = forward.stats();
+        assert_eq!(stats.connections_failed, 0, "{stats:?}");
+        forward.close();
+    }
+    // Exec round trips with and without the namespace (an arms filter
+    // skips them).
+    let exec = if std::env::var_os("OPENSHELL_BENCH_DATAPLANE_ARMS").is_none() {
+        Some(isolation::exec_comparison([&direct, &plain]).await)
+    } else {
+        None
+    };
 
     let gbit = |arm: &Arm| median(arm.rates.clone()) / 1e9;
     let rate_of = |name: &str| arms.iter().find(|a| a.name.starts_with(name)).map(gbit);
@@ -287,7 +250,7 @@ pub async fn run() {
         "dataplane benchmark (iperf3, one stream, {seconds} s per run, median of {rounds} interleaved runs per arm, random order per round)"
     );
     for arm in &arms {
-        println!("  {:<26} {:>6.2} Gbit/s", arm.name, gbit(arm));
+        println!("  {:<32} {:>6.2} Gbit/s", arm.name, gbit(arm));
     }
     let ratio = |label: &str, a: &str, b: &str| {
         if let (Some(a), Some(b)) = (rate_of(a), rate_of(b)) {
@@ -298,6 +261,14 @@ pub async fn run() {
     ratio("sdk direct / socat x3:", "sdk direct", "socat x3");
     ratio("sdk via edge / raw:", "sdk via edge", "raw");
     ratio("sdk direct / raw:", "sdk direct", "raw");
+    if let (Some(with), Some(without), Some(exec)) =
+        (rate_of("sdk direct"), rate_of("no netns"), &exec)
+    {
+        println!(
+            "  with / without the sandbox's network namespace (--isolation namespaces / none; forward: sdk direct):"
+        );
+        isolation::report([with, without], exec);
+    }
     println!("  CPU seconds per GB moved (all runs of the arm):");
     print!("    {:<26}", "");
     for (name, _) in &watched {

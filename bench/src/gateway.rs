@@ -1,6 +1,8 @@
 //! `openshell-bench gateway`: exec round-trip latency of `true` through a
 //! plain tonic client, and ForwardTcp throughput through the gateway as a
-//! ratio of a plain loopback TCP copy of the same bytes.
+//! ratio of a plain loopback TCP copy of the same bytes. The forward's sink
+//! listens inside the sandbox's network (where its 127.0.0.1 is), the plain
+//! copy's on the host's loopback.
 
 use std::time::{Duration, Instant};
 
@@ -9,7 +11,9 @@ use openshell_proto::*;
 use openshell_testkit::{Gateway, GatewayOptions};
 use tonic::transport::Channel;
 
-use crate::loopback::{CHUNK, forward_bytes, forward_mib, rate, sink_server, tcp_copy};
+use crate::loopback::{
+    CHUNK, forward_bytes, forward_mib, rate, sandbox_net, sink_server, sink_server_in, tcp_copy,
+};
 use crate::measure::{interleaved, p50_p99, sorted};
 
 const EXEC_ROUNDS: usize = 300;
@@ -124,15 +128,24 @@ pub async fn run() {
 
     // Throughput: plain copies and forwarded copies alternate in a random
     // order after one warm-up each; the best copy of each arm counts.
+    let sdk = openshell_sdk::Client::connect(
+        openshell_sdk::ClientConfig::builder(gw.url.clone())
+            .build()
+            .unwrap(),
+    )
+    .await
+    .unwrap();
+    let net = sandbox_net(&sdk, "bench").await;
     let (port, _server) = sink_server().await;
+    let (target, _target_server) = sink_server_in(&net);
     tcp_copy(port).await;
-    forward_copy(&mut client, "bench", port).await;
+    forward_copy(&mut client, "bench", target).await;
     let (mut plain, mut forwarded) = (Duration::MAX, Duration::MAX);
     for arm in interleaved(2, COPY_ROUNDS) {
         if arm == 0 {
             plain = plain.min(tcp_copy(port).await);
         } else {
-            forwarded = forwarded.min(forward_copy(&mut client, "bench", port).await);
+            forwarded = forwarded.min(forward_copy(&mut client, "bench", target).await);
         }
     }
     let (plain_rate, forward_rate) = (rate(plain), rate(forwarded));

@@ -24,7 +24,8 @@
 //! Then a host's runtime threads: two one-host clusters side by side, one
 //! with `up --host-threads 1` (the default) and one with 2, N/H sandboxes
 //! each: each host's PSS, and iperf3 through the SDK's forward into one
-//! sandbox of each (one stream and four), in `OPENSHELL_BENCH_ROUNDS`
+//! sandbox of each (one stream and four; `iperf3 -s` in that sandbox's
+//! network), in `OPENSHELL_BENCH_ROUNDS`
 //! (default 5) interleaved rounds of `OPENSHELL_BENCH_FORWARD_SECONDS`
 //! (default 3): medians and their ratio. Needs iperf3 too (`make bench`
 //! installs it).
@@ -223,14 +224,18 @@ async fn threads_comparison(sandboxes: usize) {
             host.0, host.1
         );
     }
-    let iperf_port = crate::iperf::free_port();
-    let _iperf = crate::iperf::iperf3_server(iperf_port);
+    // An `iperf3 -s` in each cluster's mem-0 (its own network): started by
+    // this process, so it is in no cluster's bill.
+    let mut servers = Vec::new();
     let mut forwards = Vec::new();
     for cluster in &clusters {
+        let net = crate::loopback::sandbox_net(&cluster.client, "mem-0").await;
+        let port = crate::iperf::free_port();
+        servers.push(crate::iperf::iperf3_server_in(&net, port));
         forwards.push(
             cluster
                 .client
-                .forward("mem-0", iperf_port, "127.0.0.1:0", CallOptions::new())
+                .forward("mem-0", port, "127.0.0.1:0", CallOptions::new())
                 .await
                 .expect("forward into mem-0"),
         );
@@ -262,6 +267,7 @@ async fn threads_comparison(sandboxes: usize) {
     for forward in forwards {
         forward.close();
     }
+    drop(servers);
     for mut cluster in clusters {
         cluster.up.stop();
     }

@@ -11,6 +11,8 @@ use std::net::TcpListener;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use openshell_testkit::netns::SandboxNet;
+
 /// socat's read/write buffer: 1 MiB, as the relay chain.
 const SOCAT_BUFFER: &str = "1048576";
 const SIGTERM: i32 = 15;
@@ -72,16 +74,35 @@ pub fn installed(program: &str) -> bool {
         .is_ok()
 }
 
-/// `iperf3 -s` on 127.0.0.1:`port`, once it says it listens.
+/// `iperf3 -s` on the host's 127.0.0.1:`port`, once it says it listens: a
+/// limit's server (raw loopback, relay chains). A forward cannot reach it
+/// from an isolated sandbox: see [`iperf3_server_in`].
 pub fn iperf3_server(port: u16) -> Process {
-    let mut child = Command::new("iperf3")
+    start_iperf3_server(None, port)
+}
+
+/// `iperf3 -s` on 127.0.0.1:`port` inside a sandbox's network (started by
+/// this process in that namespace only, so nothing but the namespace
+/// differs from [`iperf3_server`]): where the sandbox's forwards to
+/// 127.0.0.1:`port` arrive. Pick `port` free on the host
+/// ([`free_port`]) so that it is free without isolation too.
+pub fn iperf3_server_in(net: &SandboxNet, port: u16) -> Process {
+    start_iperf3_server(Some(net), port)
+}
+
+fn start_iperf3_server(net: Option<&SandboxNet>, port: u16) -> Process {
+    let mut command = Command::new("iperf3");
+    command
         .args(["-s", "--forceflush", "-B", "127.0.0.1", "-p"])
         .arg(port.to_string())
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("starting iperf3 -s (make bench installs iperf3: scripts/bench-setup.sh)");
+        .stderr(Stdio::inherit());
+    let mut child = match net {
+        Some(net) => net.spawn(&mut command),
+        None => command.spawn(),
+    }
+    .expect("starting iperf3 -s (make bench installs iperf3: scripts/bench-setup.sh)");
     let stdout = child.stdout.take().unwrap();
     let (tx, rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {

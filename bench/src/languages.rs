@@ -16,7 +16,10 @@
 //! - the Rust SDK's forward through the edge (4 hops).
 //!
 //! Every forward figure is iperf3 on both ends: `iperf3 -s` on 127.0.0.1
-//! (the forward target in the sandbox) and one `iperf3 -c -t S` stream.
+//! and one `iperf3 -c -t S` stream. The forwards' server listens inside
+//! the sandbox's network (its own loopback, where a forward's target is;
+//! started there by this process); the limits' server (raw loopback, the
+//! relay chains) on the host's loopback, which no forward reaches.
 //!
 //! Environment: `OPENSHELL_BENCH_ROUNDS` (rounds, default 5),
 //! `OPENSHELL_BENCH_FORWARD_SECONDS` (default 3), `OPENSHELL_BENCH_EXEC_MIB`
@@ -279,10 +282,18 @@ pub async fn run() {
         .await
         .unwrap();
 
+    // The forwards' iperf3 server in the sandbox's network, the limits' on
+    // the host (each a port free on the host, so both work without
+    // isolation too).
     let iperf_port = iperf::free_port();
-    let _iperf_server = iperf::iperf3_server(iperf_port);
-    let relay3 = iperf::relay_chain(3, iperf_port);
-    let relay4 = iperf::relay_chain(4, iperf_port);
+    let _iperf_server = iperf::iperf3_server_in(
+        &crate::loopback::sandbox_net(&client, SANDBOX).await,
+        iperf_port,
+    );
+    let raw_port = iperf::free_port();
+    let _raw_server = iperf::iperf3_server(raw_port);
+    let relay3 = iperf::relay_chain(3, raw_port);
+    let relay4 = iperf::relay_chain(4, raw_port);
     let edge_forward = via_edge
         .forward(SANDBOX, iperf_port, "127.0.0.1:0", CallOptions::new())
         .await
@@ -308,7 +319,7 @@ pub async fn run() {
     }
 
     // Warm-up: one run of each limit (a program warms itself up).
-    for port in [iperf_port, relay3.port, relay4.port, edge_port] {
+    for port in [raw_port, relay3.port, relay4.port, edge_port] {
         let _ = tokio::task::spawn_blocking(move || iperf3_gbit_s(port, 1))
             .await
             .unwrap();
@@ -325,7 +336,7 @@ pub async fn run() {
     for round in 1..=rounds {
         let mut order: Vec<Contender> = (0..programs.len()).map(Contender::Program).collect();
         order.extend([
-            Contender::Limit(Limit::Raw, iperf_port),
+            Contender::Limit(Limit::Raw, raw_port),
             Contender::Limit(Limit::Relay3, relay3.port),
             Contender::Limit(Limit::Relay4, relay4.port),
             Contender::Limit(Limit::EdgeForward, edge_port),

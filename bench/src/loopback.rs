@@ -1,8 +1,19 @@
 //! The plain loopback TCP side of the forward benchmarks: a sink server and
-//! a timed copy into it.
+//! a timed copy into it, and the sandbox's network a forward's target
+//! listens in.
+//!
+//! Every isolated sandbox has a network namespace of its own (loopback
+//! only): a forward to 127.0.0.1:PORT reaches the sandbox's port, never a
+//! listener of this process on the host. So a forward's target is bound
+//! inside the sandbox's namespace ([`sandbox_net`], [`sink_server_in`]) by
+//! this process, as before but in the right namespace: nothing else on the
+//! data path changes. A plain copy's sink (the baseline) stays on the
+//! host's loopback ([`sink_server`]): the same kernel loopback, no forward.
 
 use std::time::{Duration, Instant};
 
+use openshell_sdk::{CallOptions, Client, ExecRequest};
+use openshell_testkit::netns::{PRINT_NETNS, SandboxNet};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -30,9 +41,35 @@ pub fn rate(took: Duration) -> f64 {
     forward_mib() / took.as_secs_f64()
 }
 
-/// Accepts connections and discards everything; replies with the count.
+/// The network namespace of `sandbox` (its own under isolation, else this
+/// process's): what its forwards to 127.0.0.1 reach.
+pub async fn sandbox_net(client: &Client, sandbox: &str) -> SandboxNet {
+    let out = client
+        .exec(
+            ExecRequest::new(sandbox, PRINT_NETNS),
+            CallOptions::new().deadline(Duration::from_secs(30)),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("reading the network namespace of {sandbox}: {e}"));
+    SandboxNet::from_link(&String::from_utf8_lossy(&out.stdout))
+        .unwrap_or_else(|e| panic!("the network namespace of {sandbox}: {e}"))
+}
+
+/// Accepts connections on the host's loopback and discards everything;
+/// replies with the count. The plain copy's sink.
 pub async fn sink_server() -> (u16, tokio::task::JoinHandle<()>) {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    serve_sink(TcpListener::bind("127.0.0.1:0").await.unwrap())
+}
+
+/// [`sink_server`] inside a sandbox's network: a forward's target.
+pub fn sink_server_in(net: &SandboxNet) -> (u16, tokio::task::JoinHandle<()>) {
+    serve_sink(
+        net.listen("127.0.0.1:0")
+            .expect("a sink in the sandbox's network"),
+    )
+}
+
+fn serve_sink(listener: TcpListener) -> (u16, tokio::task::JoinHandle<()>) {
     let port = listener.local_addr().unwrap().port();
     let task = tokio::spawn(async move {
         loop {

@@ -21,7 +21,7 @@ use openshell_sdk::{CallOptions, Client, ClientConfig, CreateSandbox};
 use openshell_testkit::cluster::{ClusterOptions, TestCluster, ring_owner};
 use openshell_testkit::edge::Edge;
 
-use crate::loopback::{rate, sink_server, tcp_copy};
+use crate::loopback::{rate, sandbox_net, sink_server_in, tcp_copy};
 use crate::measure::{exec_round_trips, interleaved, mean, ms, p50_p99, percentile, sorted};
 
 const EXEC_ROUNDS: usize = 80;
@@ -101,8 +101,8 @@ pub async fn run() {
         .sum();
 
     // Forward: one warm-up copy each, then alternating in a random order;
-    // the best copy of each counts.
-    let (port, _server) = sink_server().await;
+    // the best copy of each counts. The sink listens in the sandbox's network.
+    let (port, _server) = sink_server_in(&sandbox_net(&hinted, "bench").await);
     let mut forwards = Vec::new();
     for client in pair {
         let forward = client

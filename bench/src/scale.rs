@@ -13,7 +13,8 @@
 //!   (`OPENSHELL_BENCH_SCALE_SANDBOXES`), one SDK client (one HTTP/2
 //!   connection) and one forward listener per sandbox, and 20 TCP
 //!   connections held open per sandbox (`OPENSHELL_BENCH_SCALE_FORWARDS`
-//!   in total, default 1,000), each proven end to end by one echoed byte.
+//!   in total, default 1,000), each proven end to end by one echoed byte
+//!   (an echo server this process binds in each sandbox's network).
 //!   The gateway's memory before and with them open, over their count.
 //! - Exec: `true` through the SDK, 1 caller and 64 concurrent callers (on
 //!   one sandbox, and spread over the 50; one SDK client), 3 rounds in
@@ -30,7 +31,7 @@ use openshell_sdk::{
 };
 use openshell_testkit::{Gateway, GatewayOptions};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::TcpStream;
 use tonic::transport::Channel;
 
 use crate::contract::median;
@@ -214,22 +215,23 @@ async fn sessions() {
     );
 }
 
-/// Echoes what it reads; holds every connection until its peer closes.
-async fn echo_server() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    tokio::spawn(async move {
-        while let Ok((mut socket, _)) = listener.accept().await {
-            tokio::spawn(async move {
-                let mut buf = [0u8; 1024];
-                while let Ok(n) = socket.read(&mut buf).await {
-                    if n == 0 || socket.write_all(&buf[..n]).await.is_err() {
-                        return;
-                    }
-                }
-            });
+/// An echo server (holds every connection until its peer closes) on one
+/// port number in the network of each of `sandboxes`, where their forwards
+/// arrive: their own under isolation, this process's otherwise (then one
+/// bind serves all).
+async fn echo_servers(client: &Client, sandboxes: &[String]) -> u16 {
+    let mut port = 0;
+    for sandbox in sandboxes {
+        let net = crate::loopback::sandbox_net(client, sandbox).await;
+        if port != 0 && net.is_own() {
+            continue;
         }
-    });
+        let listener = net
+            .listen(("127.0.0.1", port))
+            .unwrap_or_else(|e| panic!("an echo server in {sandbox}'s network: {e}"));
+        port = listener.local_addr().unwrap().port();
+        openshell_testkit::netns::serve_echo(listener);
+    }
     port
 }
 
@@ -358,7 +360,7 @@ async fn forwards_and_exec() {
             median(rates).unwrap()
         );
     }
-    let target = echo_server().await;
+    let target = echo_servers(&admin, &names).await;
     let mut clients = Vec::with_capacity(sandbox_count);
     let mut forwards = Vec::with_capacity(sandbox_count);
     for name in &names {

@@ -1,7 +1,8 @@
 //! `openshell-bench sdk`: the core client (`openshell-sdk`). Forward
 //! throughput through `Client::forward` (bytes pushed into the core's local
-//! listener, through the gateway and supervisor, to a sink server) as a
-//! ratio of a plain loopback TCP copy; and unary `GetSandbox` latency
+//! listener, through the gateway and supervisor, to a sink server inside
+//! the sandbox's network) as a ratio of a plain loopback TCP copy (to a sink
+//! on the host's loopback); and unary `GetSandbox` latency
 //! through the SDK against a plain tonic client on its own connection
 //! ("SDK vs native"). Both comparisons interleave their arms.
 
@@ -13,7 +14,9 @@ use openshell_sdk::{CallOptions, Client, ClientConfig, CreateSandbox};
 use openshell_testkit::{Gateway, GatewayOptions};
 use tonic::transport::Channel;
 
-use crate::loopback::{forward_bytes, forward_mib, rate, sink_server, tcp_copy};
+use crate::loopback::{
+    forward_bytes, forward_mib, rate, sandbox_net, sink_server, sink_server_in, tcp_copy,
+};
 use crate::measure::{interleaved, ms, p50_p99, percentile, sorted};
 
 /// Measured copies per arm of the throughput comparison (best one kept).
@@ -68,8 +71,9 @@ pub async fn run() {
     // core's local listener (core -> gateway -> supervisor -> sink); one
     // warm-up each, then alternating in a random order, best copy counts.
     let (port, _server) = sink_server().await;
+    let (target, _target_server) = sink_server_in(&sandbox_net(&client, "bench").await);
     let forward = client
-        .forward("bench", port, "127.0.0.1:0", CallOptions::new())
+        .forward("bench", target, "127.0.0.1:0", CallOptions::new())
         .await
         .unwrap();
     let local_port = forward.local_addr().port();

@@ -3,8 +3,9 @@
 //! program `sdk-typescript/dist/bench/languages.js` (compiled by `make
 //! typescript`), the TypeScript program of `openshell-bench languages`
 //! (`contract`) run alone: the SDK against a grpc-js client loaded from the
-//! same proto (unary, 100 concurrent callers, forward with its own iperf3
-//! through `client.forward` and the grpc-js pump of
+//! same proto (unary, 100 concurrent callers, forward with its own iperf3,
+//! which it starts inside the sandbox, through `client.forward` and the
+//! grpc-js pump of
 //! `sdk-typescript/bench/grpcjs.ts`, exec stdout), and prints the figures. The SDK runs
 //! on the release addon (`libopenshell_sdk_node.so` next to the release
 //! binaries, which `make bench` builds), copied to a temporary `.node` file

@@ -6,8 +6,10 @@
 //
 // Inputs (environment): OPENSHELL_ENDPOINT, OPENSHELL_TOKEN (optional),
 // OPENSHELL_BENCH_SANDBOX (READY), OPENSHELL_BENCH_IPERF_PORT (an
-// `iperf3 -s` on 127.0.0.1 the sandbox reaches; without it the program
-// starts its own when iperf3 is on PATH, else reports no forward figure),
+// `iperf3 -s` on 127.0.0.1 inside the sandbox's network, its own loopback
+// under isolation; without it the program starts its own inside the
+// sandbox through an exec stream when iperf3 is on PATH, else reports no
+// forward figure),
 // OPENSHELL_BENCH_ROUNDS (default 5), OPENSHELL_BENCH_FORWARD_SECONDS
 // (default 3), OPENSHELL_BENCH_EXEC_MIB (default 64), OPENSHELL_BENCH_PROTO
 // (the proto/ directory, default the repository's), OPENSHELL_SDK_NATIVE
@@ -18,7 +20,7 @@
 // concurrent GetSandbox callers x 20 calls, one iperf3 run through each
 // forward, one exec of `head -c` streaming its stdout. Prints a table, then
 // as the last line `BENCH_JSON {...}` with the medians over the rounds.
-import { type ChildProcess, execFile, spawn } from "node:child_process";
+import { execFile } from "node:child_process";
 import { type AddressInfo, createServer } from "node:net";
 import { fileURLToPath } from "node:url";
 import { promisify } from "node:util";
@@ -171,34 +173,75 @@ async function freePort(): Promise<number> {
   return port;
 }
 
-async function stopChild(child: ChildProcess): Promise<void> {
-  if (child.exitCode !== null || child.signalCode !== null) return;
-  const exited = new Promise((resolve) => child.once("exit", resolve));
-  child.kill("SIGTERM");
-  const timer = setTimeout(() => child.kill("SIGKILL"), 5000);
-  await exited;
-  clearTimeout(timer);
+/** Rejects with `what` when `promise` has not settled within `ms`. */
+async function within<T>(promise: Promise<T>, ms: number, what: string): Promise<T> {
+  let timer: NodeJS.Timeout | undefined;
+  const late = new Promise<never>((_, reject) => {
+    timer = setTimeout(() => reject(new Error(what)), ms);
+  });
+  try {
+    return await Promise.race([promise, late]);
+  } finally {
+    clearTimeout(timer);
+  }
 }
 
-/** `iperf3 -s` on 127.0.0.1 (a free port), once it listens. */
-async function iperf3Server(): Promise<{ port: number; stop(): Promise<void> }> {
+/**
+ * `iperf3 -s` inside `sandbox`, on its own loopback (a forward's target is
+ * the sandbox's port: every sandbox has a network namespace of its own),
+ * through an exec stream, once it listens; `stop` cancels the stream, which
+ * ends it. The port is one free on this host, so that it is free in the
+ * sandbox without isolation too.
+ */
+async function iperf3Server(
+  client: Client,
+  sandbox: string,
+): Promise<{ port: number; stop(): Promise<void> }> {
   const port = await freePort();
-  const server = spawn("iperf3", ["-s", "--forceflush", "-B", "127.0.0.1", "-p", String(port)], {
-    stdio: ["ignore", "pipe", "inherit"],
+  const stream = client.execStream(sandbox, [
+    "iperf3",
+    "-s",
+    "--forceflush",
+    "-B",
+    "127.0.0.1",
+    "-p",
+    String(port),
+  ]);
+  let seen = "";
+  let listening = false;
+  let ready: () => void = () => {};
+  let failed: (err: unknown) => void = () => {};
+  const started = new Promise<void>((resolve, reject) => {
+    ready = resolve;
+    failed = reject;
   });
-  await new Promise<void>((resolve, reject) => {
-    let seen = "";
-    const timer = setTimeout(() => reject(new Error("iperf3 -s did not start in 10 s")), 10_000);
-    server.stdout?.on("data", (d: Buffer) => {
-      seen += d.toString();
-      if (seen.includes("Server listening")) {
-        clearTimeout(timer);
-        resolve();
+  // One reader for the stream's whole life, so iperf3 never blocks on a
+  // full pipe; what it prints once it listens is dropped.
+  const ended = (async () => {
+    for await (const event of stream) {
+      if (event.type === "exit") {
+        failed(new Error(`iperf3 -s exited with ${event.exitCode}: ${seen}`));
+      } else if (!listening) {
+        seen += event.data.toString();
+        if (seen.includes("Server listening")) {
+          listening = true;
+          ready();
+        }
       }
-    });
-    server.once("exit", () => reject(new Error("iperf3 -s exited")));
-  });
-  return { port, stop: () => stopChild(server) };
+    }
+    failed(new Error(`iperf3 -s's exec stream ended: ${seen}`));
+  })().catch(failed);
+  const stop = async (): Promise<void> => {
+    stream.cancel();
+    await within(ended, 10_000, "iperf3 -s's exec stream did not end in 10 s");
+  };
+  try {
+    await within(started, 10_000, "iperf3 -s did not listen in the sandbox within 10 s");
+  } catch (err) {
+    await stop();
+    throw err;
+  }
+  return { port, stop };
 }
 
 /** One `iperf3 -c` run (one stream) into `port`: the receiver's Gbit/s. */
@@ -242,11 +285,11 @@ async function main(): Promise<void> {
   const grpcClient = grpcJsClient(protoDir, new URL(endpoint).host, token);
   const arms = [sdkArm(client, sandbox), grpcJsArm(grpcClient, sandbox)];
 
-  // The forward target: the given iperf3 server, else our own.
+  // The forward target: the given iperf3 server, else our own in the sandbox.
   let iperfPort = envNumber("OPENSHELL_BENCH_IPERF_PORT", 0);
   let ownServer: { stop(): Promise<void> } | null = null;
   if (iperfPort === 0 && (await hasIperf3())) {
-    const server = await iperf3Server();
+    const server = await iperf3Server(client, sandbox);
     iperfPort = server.port;
     ownServer = server;
   }

@@ -6,7 +6,8 @@
 //! forward (count bytes, read slowly, close at a chosen moment) binds its
 //! listener *inside* that namespace: [`SandboxNet::bind`] makes the socket on
 //! a thread that joins the namespace and ends, so the listener is the
-//! sandbox's while the test's own code serves it.
+//! sandbox's while the test's own code serves it. [`SandboxNet::spawn`]
+//! starts a program there the same way (a benchmark's `iperf3 -s`).
 //!
 //! The namespace is found from what a process in the sandbox sees: run
 //! [`PRINT_NETNS`] there and hand its output to [`SandboxNet::from_link`].
@@ -17,6 +18,7 @@ use std::io;
 use std::net::{TcpListener, TcpStream, ToSocketAddrs};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::os::unix::ffi::OsStrExt;
+use std::process::{Child, Command};
 use std::time::Duration;
 
 /// The command (argv) that prints a process's network namespace, as
@@ -104,6 +106,14 @@ impl SandboxNet {
     /// what a process in the sandbox would get.
     pub fn connect(&self, addr: std::net::SocketAddr, timeout: Duration) -> io::Result<TcpStream> {
         self.inside(|| TcpStream::connect_timeout(&addr, timeout))
+    }
+
+    /// Starts `command` inside the namespace (forked from a thread that has
+    /// joined it): a program of the test's, such as `iperf3 -s`, listening
+    /// where the sandbox's forwards arrive. Only the network is the
+    /// sandbox's; its user, mount and PID namespaces are not entered.
+    pub fn spawn(&self, command: &mut Command) -> io::Result<Child> {
+        self.inside(|| command.spawn())
     }
 
     /// Runs `f` on a thread of its own that has joined the namespace (and
