@@ -175,7 +175,7 @@ test-go: build go-native
 	cd sdk-go && CARGO_TARGET_DIR=$(TARGET_DIR) $(GO) test -race -count=1 -timeout 20m ./...
 
 # `make bench BENCH=config` (or sdk, routing, typescript, go, languages, dataplane, hosts,
-# scale, all) runs another benchmark; none of them is part of `make test`.
+# scale, isolation, egress, all) runs another benchmark; none of them is part of `make test`.
 # Every one installs iperf3 and socat first (scripts/bench-setup.sh,
 # idempotent). typescript also needs the release addon and dist/bench; go
 # runs its own program (bench-go); languages builds every language's
@@ -188,6 +188,8 @@ ifeq ($(BENCH),go)
 	$(MAKE) bench-go
 else ifeq ($(BENCH),languages)
 	$(MAKE) bench-languages
+else ifeq ($(BENCH),egress)
+	bash scripts/bench-egress.sh
 else
 	$(CARGO) build --release --workspace --bins
 	$(if $(filter typescript all,$(BENCH)),$(CARGO) build --release -p openshell-sdk-node)

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # What `make bench` needs beyond `make setup`: iperf3 (the program on both
-# ends of every forward figure) and socat (the plain TCP relay chain the
-# forward is compared with). Idempotent: installs only what is missing,
+# ends of every forward figure), socat (the plain TCP relay chain the
+# forward is compared with), slirp4netns and pasta (BENCH=egress). Idempotent: installs only what is missing,
 # without starting any service (iperf3's package offers a daemon).
 set -euo pipefail
 
 missing=()
 command -v iperf3 >/dev/null 2>&1 || missing+=(iperf3)
 command -v socat >/dev/null 2>&1 || missing+=(socat)
+# BENCH=egress compares the two user-mode networking helpers.
+command -v slirp4netns >/dev/null 2>&1 || missing+=(slirp4netns)
+command -v pasta >/dev/null 2>&1 || missing+=(passt)
 if [ "${#missing[@]}" -eq 0 ]; then
   exit 0
 fi

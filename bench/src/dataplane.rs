@@ -5,8 +5,8 @@
 //! edge in front of it, one sandbox; the forwards' `iperf3 -s` listens on
 //! the loopback of the sandbox's own network namespace (started there by
 //! this process), the limits' on the host's loopback. Beside it a second
-//! replica with `--isolation none` (its sandbox shares the host's
-//! network). Arms, each one iperf3 client run of a few seconds to a server:
+//! replica with the same isolation keeping the host's network
+//! (`--sandbox-host-network`, a benchmark flag). Arms, each one iperf3 client run of a few seconds to a server:
 //!
 //! - `raw`: straight to a server over the host's loopback;
 //! - `socat xN`: through a chain of N plain TCP relays
@@ -16,9 +16,9 @@
 //!   server in the sandbox, 4 relays (compared with socat x4);
 //! - `sdk direct`: the same with the client connected to the replica: 3
 //!   relays (compared with socat x3);
-//! - `no netns: sdk direct`: `sdk direct` through the `--isolation none`
-//!   replica, whose sandbox's server is on the host's loopback: the
-//!   forward without the sandbox's network namespace.
+//! - `no netns: sdk direct`: `sdk direct` through the second replica,
+//!   whose sandbox's server is on the host's loopback: the forward without
+//!   the sandbox's network namespace.
 //!
 //! Then exec round trips of `true` through both replicas (`isolation`), and
 //! the ratios with / without the namespace of the direct forward and of the
@@ -146,8 +146,8 @@ pub async fn run() {
     let seconds = env_or("OPENSHELL_BENCH_DATAPLANE_SECONDS", 3);
     let rounds = env_or("OPENSHELL_BENCH_DATAPLANE_ROUNDS", 5) as usize;
 
-    let (gw, direct) = isolation::gateway("namespaces").await;
-    let (_plain_gw, plain) = isolation::gateway("none").await;
+    let (gw, direct) = isolation::gateway(0).await;
+    let (_plain_gw, plain) = isolation::gateway(1).await;
     let edge = Edge::start(&[("gw-0", gw.url.as_str())]);
     let via_edge = Client::connect(ClientConfig::builder(edge.url.clone()).build().unwrap())
         .await
@@ -156,7 +156,8 @@ pub async fn run() {
     // A server per arm: iperf3 serves one test at a time, and a test's
     // connections may still be closing along a path when the next begins.
     // The limits' servers are on the host's loopback, the forwards' where
-    // the sandbox's 127.0.0.1 is (under `none`, the host's loopback too).
+    // the sandbox's 127.0.0.1 is (without its namespace, the host's
+    // loopback too).
     let (net, plain_net) = (
         sandbox_net(&direct, "bench").await,
         sandbox_net(&plain, "bench").await,
@@ -265,7 +266,7 @@ pub async fn run() {
         (rate_of("sdk direct"), rate_of("no netns"), &exec)
     {
         println!(
-            "  with / without the sandbox's network namespace (--isolation namespaces / none; forward: sdk direct):"
+            "  with / without the sandbox's network namespace (--isolation namespaces, keeping the host's network or not; forward: sdk direct):"
         );
         isolation::report([with, without], exec);
     }

@@ -132,6 +132,7 @@ impl Sandbox {
         workdir: &Path,
         hide: &[PathBuf],
         cgroup: Option<&Cgroup>,
+        host_network: bool,
     ) -> anyhow::Result<Self> {
         let id = host_id(sandbox_id);
         give_to(workdir, id).with_context(|| format!("chown {}", workdir.display()))?;
@@ -141,6 +142,12 @@ impl Sandbox {
         command
             .arg(INIT_COMMAND)
             .args(init_args(workdir, hide))
+            .args(
+                host_network
+                    .then_some(["--network", "host"])
+                    .into_iter()
+                    .flatten(),
+            )
             .env_clear()
             .stdin(Stdio::from(OwnedFd::from(theirs)))
             .stdout(Stdio::null());

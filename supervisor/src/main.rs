@@ -133,6 +133,11 @@ struct Cli {
     /// always denied.
     #[arg(long, value_name = "CIDR", value_parser = parse_net)]
     egress_deny: Vec<egress::Net>,
+    /// Benchmarks only: with `--isolation namespaces`, every namespace but
+    /// the network one (the sandbox keeps the host's network), to measure
+    /// what the network namespace alone costs.
+    #[arg(long, hide = true)]
+    host_network: bool,
 }
 
 fn parse_net(text: &str) -> Result<egress::Net, String> {
@@ -222,9 +227,14 @@ fn prepare(cli: &Cli) -> anyhow::Result<(String, Prepared)> {
                 .with_context(|| format!("--workdir {}", cli.workdir.display()))?;
             std::fs::create_dir_all(&workdir)
                 .with_context(|| format!("--workdir {}", workdir.display()))?;
-            let sandbox =
-                isolation::Sandbox::start(&cli.sandbox_id, &workdir, &cli.hide, cgroup.as_deref())
-                    .context("isolating the sandbox")?;
+            let sandbox = isolation::Sandbox::start(
+                &cli.sandbox_id,
+                &workdir,
+                &cli.hide,
+                cgroup.as_deref(),
+                cli.host_network,
+            )
+            .context("isolating the sandbox")?;
             info!(
                 init_pid = sandbox.init_pid(),
                 uid = isolation::host_id(&cli.sandbox_id),
@@ -295,12 +305,15 @@ async fn run(cli: Cli, secret: String, prepared: Prepared) -> anyhow::Result<()>
         exec: Arc::new(ExecSettings {
             sandbox_init: sandbox.as_ref().map(isolation::Sandbox::init_pidfd),
             cgroup: cgroup.clone(),
-            egress: sandbox.as_ref().map(|sandbox| {
-                Arc::new(egress::Egress::new(
-                    sandbox.init_pidfd(),
-                    &egress::deny_list(&cli.egress_deny, &cli.gateway),
-                ))
-            }),
+            egress: sandbox
+                .as_ref()
+                .filter(|_| !cli.host_network)
+                .map(|sandbox| {
+                    Arc::new(egress::Egress::new(
+                        sandbox.init_pidfd(),
+                        &egress::deny_list(&cli.egress_deny, &cli.gateway),
+                    ))
+                }),
             ..ExecSettings::new(cli.sandbox_id.clone(), workdir)
         }),
         ssh_host_key,

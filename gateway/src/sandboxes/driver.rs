@@ -105,6 +105,8 @@ pub struct ProcessDriver {
     hide: Vec<PathBuf>,
     /// Networks sandboxes may never reach (namespaces only).
     egress_deny: Vec<String>,
+    /// Benchmarks only: sandboxes keep the host's network.
+    host_network: bool,
     /// Tests only (`--expose-sandbox-tokens`): also write each token to
     /// `<sandbox dir>/token` (mode 0600; hidden from the sandbox).
     expose_tokens: bool,
@@ -131,6 +133,7 @@ impl ProcessDriver {
                 isolation: Isolation::None,
                 hide: Vec::new(),
                 egress_deny: Vec::new(),
+                host_network: false,
                 expose_tokens: false,
                 exits,
                 locks: Mutex::default(),
@@ -144,6 +147,12 @@ impl ProcessDriver {
     pub fn with_isolation(mut self, isolation: Isolation, hide: Vec<PathBuf>) -> Self {
         self.isolation = isolation;
         self.hide = hide;
+        self
+    }
+
+    /// `--sandbox-host-network` (benchmarks only).
+    pub fn with_host_network(mut self, host_network: bool) -> Self {
+        self.host_network = host_network;
         self
     }
 
@@ -277,6 +286,9 @@ impl ProcessDriver {
             }
             for net in &self.egress_deny {
                 command.arg("--egress-deny").arg(net);
+            }
+            if self.host_network {
+                command.arg("--host-network");
             }
         }
         // SAFETY: the hook only calls dup2 and fcntl, which are

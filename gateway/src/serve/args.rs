@@ -208,6 +208,11 @@ pub struct ServeArgs {
     /// and the gateway's are always denied.
     #[arg(long, value_name = "CIDR", value_parser = parse_cidr)]
     pub sandbox_egress_deny: Vec<String>,
+    /// Benchmarks only: isolated sandboxes get every namespace but the
+    /// network one (they keep the host's network), to measure what the
+    /// network namespace alone costs.
+    #[arg(long, hide = true)]
+    pub sandbox_host_network: bool,
     /// Memory limit of a sandbox whose template sets none (`512Mi`, `2Gi`;
     /// `0`: none).
     #[arg(long, value_name = "QUANTITY", default_value = "4Gi",

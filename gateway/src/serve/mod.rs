@@ -194,7 +194,8 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     );
     let driver = driver
         .with_isolation(isolation, hidden_paths(&args, &data_dir))
-        .with_egress_deny(args.sandbox_egress_deny.clone());
+        .with_egress_deny(args.sandbox_egress_deny.clone())
+        .with_host_network(args.sandbox_host_network);
     let driver = if args.expose_sandbox_tokens {
         tracing::warn!(
             "--expose-sandbox-tokens: sandbox tokens are kept in <data-dir>/sandboxes/<id>/token \

@@ -34,17 +34,26 @@ pub fn c_path(path: &std::ffi::OsStr) -> io::Result<std::ffi::CString> {
 struct Args {
     workdir: PathBuf,
     hide: Vec<PathBuf>,
+    /// `--network host` (benchmarks only): every namespace but the network
+    /// one, to measure what the network namespace alone costs.
+    host_network: bool,
 }
 
 fn parse(args: &[OsString]) -> Result<Args, String> {
     let mut workdir = None;
     let mut hide = Vec::new();
+    let mut host_network = false;
     let mut args = args.iter();
     while let Some(arg) = args.next() {
         let value = args.next().ok_or("missing value")?;
         match arg.as_bytes() {
             b"--workdir" => workdir = Some(PathBuf::from(value)),
             b"--hide" => hide.push(PathBuf::from(value)),
+            b"--network" => match value.as_bytes() {
+                b"own" => host_network = false,
+                b"host" => host_network = true,
+                _ => return Err("--network is own or host".into()),
+            },
             _ => return Err("unknown argument".into()),
         }
     }
@@ -52,7 +61,11 @@ fn parse(args: &[OsString]) -> Result<Args, String> {
     if !workdir.is_absolute() || hide.iter().any(|p| !p.is_absolute()) {
         return Err("paths must be absolute".into());
     }
-    Ok(Args { workdir, hide })
+    Ok(Args {
+        workdir,
+        hide,
+        host_network,
+    })
 }
 
 /// How PID 1 is related to the process that made the namespaces.
@@ -101,7 +114,12 @@ fn run(
     // and no route anywhere else.
     // SAFETY: unshare has no memory-safety preconditions; this process is
     // single-threaded, as CLONE_NEWUSER requires.
-    if unsafe { libc::unshare(NAMESPACES) } != 0 {
+    let namespaces = if args.host_network {
+        NAMESPACES & !libc::CLONE_NEWNET
+    } else {
+        NAMESPACES
+    };
+    if unsafe { libc::unshare(namespaces) } != 0 {
         return Err(format!(
             "unshare user, mount, pid and network namespaces: {}",
             io::Error::last_os_error()
@@ -113,7 +131,9 @@ fn run(
     if line.trim_end() != "mapped" {
         return Err("the supervisor did not map the sandbox ids".into());
     }
-    loopback_up().map_err(|e| format!("bring up the sandbox's loopback: {e}"))?;
+    if !args.host_network {
+        loopback_up().map_err(|e| format!("bring up the sandbox's loopback: {e}"))?;
+    }
     if shape == Shape::Sibling {
         // PID 1 cannot compare pids with its parent (outside its namespace
         // getppid gives 0): it checks this pidfd of the server instead.
