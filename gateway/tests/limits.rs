@@ -405,3 +405,101 @@ async fn bad_resources_are_refused_and_nothing_is_created() {
         assert_eq!(missing.code(), tonic::Code::NotFound);
     }
 }
+
+/// A gateway on a host whose cgroups it cannot see: started in a mount
+/// namespace of its own with a tmpfs over `/sys/fs/cgroup` (its supervisors
+/// inherit it), with `--resource-limits MODE`.
+fn gateway_without_cgroups(mode: &str) -> Gateway {
+    Gateway::start(GatewayOptions {
+        extra_args: vec!["--resource-limits".into(), mode.into()],
+        launcher: vec![
+            "unshare".into(),
+            "--mount".into(),
+            "--propagation".into(),
+            "private".into(),
+            "sh".into(),
+            "-c".into(),
+            r#"mount -t tmpfs none /sys/fs/cgroup && exec "$0" "$@""#.into(),
+        ],
+        ..GatewayOptions::with_token(TOKEN)
+    })
+}
+
+#[tokio::test]
+async fn limits_a_host_cannot_enforce_follow_the_resource_limits_mode() {
+    // auto: created, unlimited, and saying so.
+    let gw = gateway_without_cgroups("auto");
+    let mut client = client(&gw).await;
+    create_limited(&mut client, "lim-none", vec![("memory", text("64Mi"))]).await;
+    let sandbox = client
+        .get_sandbox(GetSandboxRequest {
+            name: "lim-none".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .sandbox
+        .unwrap();
+    let condition = sandbox
+        .status
+        .as_ref()
+        .unwrap()
+        .conditions
+        .iter()
+        .find(|c| c.r#type == "LimitsNotEnforced")
+        .unwrap_or_else(|| panic!("no LimitsNotEnforced condition: {sandbox:?}"));
+    assert!(
+        condition.message.contains("memory") && condition.message.contains("pids"),
+        "{}",
+        condition.message
+    );
+    let template = sandbox.spec.unwrap().template.unwrap_or_default();
+    assert_eq!(template.resources, None, "unenforced limits were stored");
+    for resource in ["memory", "pids"] {
+        let sample =
+            format!(r#"openshell_server_sandbox_limits_unenforced_total{{resource="{resource}"}}"#);
+        assert_eq!(gw.metric(&sample), Some(1.0), "{sample}");
+    }
+    let (code, oom, out) = run(&mut client, "lim-none", &["python3", "-c", HOG, "256"]).await;
+    assert_eq!((code, oom, out.as_str()), (0, false, "256"));
+    drop(client);
+    drop(gw);
+
+    // required: refused, naming the limit and where it came from.
+    let gw = gateway_without_cgroups("required");
+    let mut client = common::client(&gw).await;
+    let err = client
+        .create_sandbox(with_resources(
+            "lim-refused",
+            limits(vec![("memory", text("64Mi"))]),
+        ))
+        .await
+        .expect_err("an unenforceable limit was accepted");
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    assert!(
+        err.message().contains("spec.template.resources") && err.message().contains("memory"),
+        "{}",
+        err.message()
+    );
+    // The default pids limit cannot be enforced either.
+    let err = client
+        .create_sandbox(CreateSandboxRequest {
+            name: "lim-default".into(),
+            ..Default::default()
+        })
+        .await
+        .expect_err("an unenforceable default was accepted");
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition, "{err:?}");
+    assert!(err.message().contains("defaults"), "{}", err.message());
+    for name in ["lim-refused", "lim-default"] {
+        let missing = client
+            .get_sandbox(GetSandboxRequest {
+                name: name.into(),
+                ..Default::default()
+            })
+            .await
+            .expect_err("a refused sandbox exists");
+        assert_eq!(missing.code(), tonic::Code::NotFound);
+    }
+}
