@@ -238,12 +238,19 @@ fn ssh_scp_sftp_and_rsync_through_ssh_proxy_port_to_an_sshd_in_the_sandbox() {
             .args([format!("{d}/sshd_config")])
             .spawn(),
     };
+    // It listens on the sandbox's own loopback (its network namespace):
+    // asked from inside.
+    let listening = format!(
+        "import socket; socket.create_connection(('127.0.0.1', {port}), timeout=1).close()"
+    );
     assert!(
-        wait_until(Duration::from_secs(30), || std::net::TcpStream::connect((
-            "127.0.0.1",
-            port
-        ))
-        .is_ok()),
+        wait_until(Duration::from_secs(30), || {
+            c.cli()
+                .args(["exec", "ssh-box", "--", "python3", "-c", &listening])
+                .run(30)
+                .code
+                == 0
+        }),
         "sshd in the sandbox never listened on {port}"
     );
 
