@@ -79,7 +79,9 @@ except OSError as err:
 "#;
 /// The control of every network probe: a listener of its own on loopback,
 /// reached the way the attacks try theirs.
-const OWN_PORT: &str = r#"$PY -c 'import socket; s = socket.create_server(("127.0.0.1", 0)); print(s.getsockname()[1], flush=True); import time; time.sleep(30)' > port.txt & for i in $(seq 50); do [ -s port.txt ] && break; sleep 0.1; done; $PY -c "$CONNECT" 127.0.0.1 $(cat port.txt); r=$?; kill $!; exit $r"#;
+/// (Its port goes through a file of its own, empty before the listener
+/// starts: a file shared with an earlier control could name a closed port.)
+const OWN_PORT: &str = r#"f=$(mktemp -p .); $PY -c 'import socket; s = socket.create_server(("127.0.0.1", 0)); print(s.getsockname()[1], flush=True); import time; time.sleep(30)' > $f & for i in $(seq 50); do [ -s $f ] && break; sleep 0.1; done; $PY -c "$CONNECT" 127.0.0.1 $(cat $f); r=$?; kill $!; rm -f $f; exit $r"#;
 
 const PROBES: &[Probe] = &[
     Probe {
