@@ -11,8 +11,9 @@
 //! - an endpoint host `*` (or empty) allows every destination: the default
 //!   route;
 //! - an IPv4 address or CIDR allows that network; a name is resolved by the
-//!   host when the policy is applied and allows its IPv4 addresses (ports
-//!   and the rule's binaries are not enforced here: addresses only);
+//!   host when the policy is applied and allows its IPv4 addresses (one
+//!   that does not resolve allows nothing, with a warning; ports and the
+//!   rule's binaries are not enforced here: addresses only);
 //! - whatever is denied wins over both: the host's own addresses (read when
 //!   the sandbox starts), link-local addresses (cloud metadata services),
 //!   the gateway's addresses, and the networks the gateway names with
@@ -106,12 +107,15 @@ pub enum Wanted {
     To(BTreeSet<Net>),
 }
 
-/// What `policy` allows, its names resolved now.
+/// What `policy` allows, its names resolved now. A name that does not
+/// resolve (to an IPv4 address) allows nothing and is logged: the rest of
+/// the policy still applies.
 pub fn wanted(policy: Option<&SandboxPolicy>) -> Result<Wanted, String> {
     let Some(policy) = policy.filter(|p| !p.network_policies.is_empty()) else {
         return Ok(Wanted::Off);
     };
     let mut nets = BTreeSet::new();
+    let mut unresolved = Vec::new();
     for (name, rule) in &policy.network_policies {
         if rule.endpoints.is_empty() {
             return Err(format!("network policy {} has no endpoints", quote(name)));
@@ -126,24 +130,33 @@ pub fn wanted(policy: Option<&SandboxPolicy>) -> Result<Wanted, String> {
                 let port = u16::try_from(endpoint.port).unwrap_or(0);
                 let resolved: Vec<Ipv4Addr> = (host, port)
                     .to_socket_addrs()
-                    .map_err(|_| format!("cannot resolve network policy host {}", quote(host)))?
-                    .filter_map(|addr| match addr.ip() {
-                        std::net::IpAddr::V4(v4) => Some(v4),
-                        std::net::IpAddr::V6(_) => None,
+                    .map(|addrs| {
+                        addrs
+                            .filter_map(|addr| match addr.ip() {
+                                std::net::IpAddr::V4(v4) => Some(v4),
+                                std::net::IpAddr::V6(_) => None,
+                            })
+                            .collect()
                     })
-                    .collect();
+                    .unwrap_or_default();
                 if resolved.is_empty() {
-                    return Err(format!(
-                        "network policy host {} has no IPv4 address",
-                        quote(host)
-                    ));
+                    unresolved.push(quote(host));
                 }
                 nets.extend(resolved.into_iter().map(Net::host));
             }
         }
     }
+    if !unresolved.is_empty() {
+        tracing::warn!(
+            hosts = unresolved.join(", "),
+            "network policy hosts without an IPv4 address (not resolvable now): they allow nothing"
+        );
+    }
     if nets.contains(&Net::ANY) {
         nets = BTreeSet::from([Net::ANY]);
+    }
+    if nets.is_empty() {
+        return Ok(Wanted::Off);
     }
     Ok(Wanted::To(nets))
 }
@@ -637,8 +650,17 @@ mod tests {
         );
         let any = wanted(Some(&policy(&["198.51.100.1", "*"]))).unwrap();
         assert_eq!(any, Wanted::To(BTreeSet::from([Net::ANY])));
-        let err = wanted(Some(&policy(&["no-such-host.invalid"]))).unwrap_err();
-        assert!(err.contains("no-such-host.invalid"), "{err}");
+        // A name that does not resolve allows nothing; the rest applies.
+        assert_eq!(
+            wanted(Some(&policy(&["no-such-host.invalid"]))),
+            Ok(Wanted::Off)
+        );
+        assert_eq!(
+            wanted(Some(&policy(&["no-such-host.invalid", "198.51.100.1"]))),
+            Ok(Wanted::To(BTreeSet::from([
+                Net::parse("198.51.100.1").unwrap()
+            ])))
+        );
         assert!(
             wanted(Some(&policy(&[])))
                 .unwrap_err()
