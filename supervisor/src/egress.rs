@@ -355,6 +355,22 @@ impl Egress {
             Err(err) => return Err(err).context("start slirp4netns"),
         };
         drop((ready_write, exit_read, netns));
+        // Its stderr is read to the end on a thread of its own (a full pipe
+        // would stall slirp4netns); the last line says why a start failed.
+        let last_line = Arc::new(Mutex::new(String::new()));
+        if let Some(stderr) = child.stderr.take() {
+            let last_line = last_line.clone();
+            let _ = std::thread::Builder::new()
+                .name("slirp4netns-stderr".into())
+                .spawn(move || {
+                    use std::io::BufRead;
+                    for line in io::BufReader::new(stderr).lines().map_while(Result::ok) {
+                        if !line.trim().is_empty() {
+                            *last_line.lock().unwrap_or_else(|p| p.into_inner()) = line;
+                        }
+                    }
+                });
+        }
         let ready = wait_readable(&ready_read, READY_WITHIN)
             .and_then(|()| {
                 let mut byte = [0u8; 1];
@@ -363,12 +379,15 @@ impl Egress {
             .is_ok_and(|n| n == 1);
         if !ready {
             let _ = child.kill();
-            let mut err = String::new();
-            if let Some(mut stderr) = child.stderr.take() {
-                let _ = stderr.read_to_string(&mut err);
-            }
             let _ = child.wait();
-            let last = err.lines().last().unwrap_or("no output").to_owned();
+            // The reader thread has seen everything once the child is gone.
+            std::thread::sleep(Duration::from_millis(50));
+            let last = last_line.lock().unwrap_or_else(|p| p.into_inner()).clone();
+            let last = if last.is_empty() {
+                "no output".into()
+            } else {
+                quote(&last)
+            };
             bail!("slirp4netns did not configure the sandbox's network: {last}");
         }
         Ok(Slirp {
