@@ -211,13 +211,6 @@ impl Sandboxes {
         }
         if !resolved.unenforced.is_empty() {
             let names: Vec<&str> = resolved.unenforced.iter().map(|r| r.name()).collect();
-            for resource in &resolved.unenforced {
-                self.limits_unenforced
-                    .get_or_create(&LimitLabels {
-                        resource: resource.name(),
-                    })
-                    .inc();
-            }
             let status = sandbox.status.get_or_insert_with(SandboxStatus::default);
             status.conditions.push(SandboxCondition {
                 r#type: LIMITS_NOT_ENFORCED.into(),
@@ -234,8 +227,20 @@ impl Sandboxes {
         let (token, token_hash) = auth::new_sandbox_token();
         let this = self.clone();
         let started = tokio::spawn(async move {
-            this.insert_and_start(sandbox, &token, &token_hash, policy.as_ref())
-                .await
+            let created = this
+                .insert_and_start(sandbox, &token, &token_hash, policy.as_ref())
+                .await;
+            // Counted once the sandbox exists (also if its caller left).
+            if created.is_ok() {
+                for resource in &resolved.unenforced {
+                    this.limits_unenforced
+                        .get_or_create(&LimitLabels {
+                            resource: resource.name(),
+                        })
+                        .inc();
+                }
+            }
+            created
         });
         started.await.unwrap_or_else(|err| {
             tracing::error!(%err, "sandbox creation task failed");
