@@ -59,7 +59,9 @@ func (r *Raw) DeleteSandbox(ctx context.Context, req *openshellv1.DeleteSandboxR
 }
 
 // WatchSandbox calls /openshell.v1.OpenShell/WatchSandbox.
-// Status events for one sandbox; the first event is a full snapshot.
+// Status events and log lines for one sandbox; without a resume cursor the
+// first event is a full snapshot. Every event carries a cursor (ours: the
+// snapshot's too) to resume after (PROTOCOL.md section 9).
 // The stream carries one request, sent before this returns.
 func (r *Raw) WatchSandbox(ctx context.Context, req *openshellv1.WatchSandboxRequest, opts ...CallOption) (*RawStream[*openshellv1.WatchSandboxRequest, *openshellv1.SandboxStreamEvent], error) {
 	s, err := openRawStream[*openshellv1.WatchSandboxRequest, *openshellv1.SandboxStreamEvent](ctx, r.c, "/openshell.v1.OpenShell/WatchSandbox", func() *openshellv1.SandboxStreamEvent { return new(openshellv1.SandboxStreamEvent) }, opts)
@@ -72,6 +74,22 @@ func (r *Raw) WatchSandbox(ctx context.Context, req *openshellv1.WatchSandboxReq
 	}
 	s.CloseSend()
 	return s, nil
+}
+
+// GetSandboxLogs calls /openshell.v1.OpenShell/GetSandboxLogs.
+// The sandbox's recorded log lines (gateway and supervisor), oldest first.
+func (r *Raw) GetSandboxLogs(ctx context.Context, req *openshellv1.GetSandboxLogsRequest, opts ...CallOption) (*openshellv1.GetSandboxLogsResponse, error) {
+	resp := new(openshellv1.GetSandboxLogsResponse)
+	if err := r.unary(ctx, "/openshell.v1.OpenShell/GetSandboxLogs", req, resp, opts); err != nil {
+		return nil, err
+	}
+	return resp, nil
+}
+
+// PushSandboxLogs calls /openshell.v1.OpenShell/PushSandboxLogs.
+// Supervisor side: log lines of the caller's own sandbox (sandbox token).
+func (r *Raw) PushSandboxLogs(ctx context.Context, opts ...CallOption) (*RawStream[*openshellv1.PushSandboxLogsRequest, *openshellv1.PushSandboxLogsResponse], error) {
+	return openRawStream[*openshellv1.PushSandboxLogsRequest, *openshellv1.PushSandboxLogsResponse](ctx, r.c, "/openshell.v1.OpenShell/PushSandboxLogs", func() *openshellv1.PushSandboxLogsResponse { return new(openshellv1.PushSandboxLogsResponse) }, opts)
 }
 
 // ExecSandbox calls /openshell.v1.OpenShell/ExecSandbox.

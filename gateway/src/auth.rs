@@ -83,7 +83,10 @@ pub fn access_for(path: &str) -> Access {
     };
     match method.name {
         "Health" => Access::Public,
-        "ConnectSupervisor" | "RelayStream" | "GetSandboxProviderEnvironment" => Access::Sandbox,
+        "ConnectSupervisor"
+        | "RelayStream"
+        | "GetSandboxProviderEnvironment"
+        | "PushSandboxLogs" => Access::Sandbox,
         "GetSandboxConfig" => Access::Dual,
         "ConnectHost" => Access::Host,
         "ForwardTcp" => Access::UserOrSshSession,

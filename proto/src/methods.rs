@@ -53,6 +53,22 @@ pub static METHODS: &[MethodInfo] = &[
         owner_routed_field: None,
     },
     MethodInfo {
+        path: "/openshell.v1.OpenShell/GetSandboxLogs",
+        name: "GetSandboxLogs",
+        kind: StreamingKind::Unary,
+        request: "openshell.v1.GetSandboxLogsRequest",
+        response: "openshell.v1.GetSandboxLogsResponse",
+        owner_routed_field: None,
+    },
+    MethodInfo {
+        path: "/openshell.v1.OpenShell/PushSandboxLogs",
+        name: "PushSandboxLogs",
+        kind: StreamingKind::ClientStreaming,
+        request: "openshell.v1.PushSandboxLogsRequest",
+        response: "openshell.v1.PushSandboxLogsResponse",
+        owner_routed_field: None,
+    },
+    MethodInfo {
         path: "/openshell.v1.OpenShell/ExecSandbox",
         name: "ExecSandbox",
         kind: StreamingKind::ServerStreaming,

@@ -539,7 +539,7 @@ impl SandboxWatch {
                         tracing::debug!(warning = %w.message, "sandbox watch warning");
                         None
                     }
-                    None => None,
+                    Some(pb::sandbox_stream_event::Payload::Log(_)) | None => None,
                 }
             })
             .boxed();

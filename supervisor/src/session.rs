@@ -246,6 +246,9 @@ async fn serve_relay(
             };
             exec::run(request, &exec, claimed.out, claimed.inbound, cancel).await;
         }
+        Some(relay_open::Target::Sftp(_)) => {
+            relay::report_failure(&ctx, &channel_id, "sftp relays are not served yet".into()).await;
+        }
         // The public protocol: no target means SSH.
         Some(relay_open::Target::Ssh(target)) => {
             crate::ssh::run(

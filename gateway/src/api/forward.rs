@@ -17,8 +17,8 @@
 use bytes::Bytes;
 use futures::StreamExt;
 use openshell_proto::{
-    RelayFrame, SshRelayTarget, TcpForwardEof, TcpForwardFrame, TcpRelayTarget, relay_frame,
-    relay_open, tcp_forward_frame, tcp_forward_init,
+    RelayFrame, SftpRelayTarget, SshRelayTarget, TcpForwardEof, TcpForwardFrame, TcpRelayTarget,
+    relay_frame, relay_open, tcp_forward_frame, tcp_forward_init,
 };
 use openshell_sdk::wire::Outbound;
 use tokio::sync::mpsc;
@@ -209,6 +209,9 @@ impl Streams {
             // environment is the sandbox's, set below.
             Some(tcp_forward_init::Target::Ssh(_)) => {
                 relay_open::Target::Ssh(SshRelayTarget::default())
+            }
+            Some(tcp_forward_init::Target::Sftp(_)) => {
+                relay_open::Target::Sftp(SftpRelayTarget::default())
             }
             None => return Err(Status::invalid_argument("forward init needs a target")),
         };

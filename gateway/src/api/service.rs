@@ -322,6 +322,20 @@ impl OpenShell for GatewayService {
         Ok(Response::new(Box::pin(stream)))
     }
 
+    async fn get_sandbox_logs(
+        &self,
+        _request: Request<GetSandboxLogsRequest>,
+    ) -> Result<Response<GetSandboxLogsResponse>, Status> {
+        Err(Status::unimplemented("GetSandboxLogs"))
+    }
+
+    async fn push_sandbox_logs(
+        &self,
+        _request: Request<Streaming<PushSandboxLogsRequest>>,
+    ) -> Result<Response<PushSandboxLogsResponse>, Status> {
+        Err(Status::unimplemented("PushSandboxLogs"))
+    }
+
     type ExecSandboxStream = BoxStream<ExecSandboxEvent>;
 
     /// Served by the raw relay route (`raw_routes`), which takes the path

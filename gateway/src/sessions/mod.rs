@@ -259,6 +259,7 @@ pub fn relay_kind(target: &relay_open::Target) -> &'static str {
         relay_open::Target::Exec(_) => "exec",
         relay_open::Target::Ssh(_) => "ssh",
         relay_open::Target::Tcp(_) => "tcp",
+        relay_open::Target::Sftp(_) => "sftp",
     }
 }
 

@@ -1529,11 +1529,26 @@ type WatchSandboxRequest struct {
 	// Sandbox name.
 	Sandbox      string `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
 	FollowStatus bool   `protobuf:"varint,2,opt,name=follow_status,json=followStatus,proto3" json:"follow_status,omitempty"`
+	// Stream the sandbox's log lines as they are recorded.
+	FollowLogs bool `protobuf:"varint,3,opt,name=follow_logs,json=followLogs,proto3" json:"follow_logs,omitempty"`
+	// Without a resume cursor: replay this many recorded lines first (0 means
+	// 200); only with follow_logs.
+	LogTailLines uint32 `protobuf:"varint,5,opt,name=log_tail_lines,json=logTailLines,proto3" json:"log_tail_lines,omitempty"`
 	// End the stream once the sandbox reaches READY, COMPLETED, STOPPED or ERROR.
-	StopOnTerminal bool                           `protobuf:"varint,7,opt,name=stop_on_terminal,json=stopOnTerminal,proto3" json:"stop_on_terminal,omitempty"`
+	StopOnTerminal bool `protobuf:"varint,7,opt,name=stop_on_terminal,json=stopOnTerminal,proto3" json:"stop_on_terminal,omitempty"`
+	// "gateway", "sandbox"; empty means both.
+	LogSources []string `protobuf:"bytes,9,rep,name=log_sources,json=logSources,proto3" json:"log_sources,omitempty"`
+	// TRACE, DEBUG, INFO, WARN or ERROR (any case); empty means all.
+	LogMinLevel    string                         `protobuf:"bytes,10,opt,name=log_min_level,json=logMinLevel,proto3" json:"log_min_level,omitempty"`
 	WorkspaceScope *datamodelv1.WorkspaceSelector `protobuf:"bytes,11,opt,name=workspace_scope,json=workspaceScope,proto3" json:"workspace_scope,omitempty"`
-	unknownFields  protoimpl.UnknownFields
-	sizeCache      protoimpl.SizeCache
+	// A cursor of an earlier event of this stream: deliver exactly the events
+	// after it (no snapshot first). Trimmed, foreign or ahead cursors end the
+	// stream with OUT_OF_RANGE; unparsable ones are INVALID_ARGUMENT.
+	ResumeAfterCursor string `protobuf:"bytes,12,opt,name=resume_after_cursor,json=resumeAfterCursor,proto3" json:"resume_after_cursor,omitempty"`
+	// Only log lines recorded at or after this time.
+	SinceTime     *timestamppb.Timestamp `protobuf:"bytes,108,opt,name=since_time,json=sinceTime,proto3" json:"since_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
 }
 
 func (x *WatchSandboxRequest) Reset() {
@@ -1580,6 +1595,20 @@ func (x *WatchSandboxRequest) GetFollowStatus() bool {
 	return false
 }
 
+func (x *WatchSandboxRequest) GetFollowLogs() bool {
+	if x != nil {
+		return x.FollowLogs
+	}
+	return false
+}
+
+func (x *WatchSandboxRequest) GetLogTailLines() uint32 {
+	if x != nil {
+		return x.LogTailLines
+	}
+	return 0
+}
+
 func (x *WatchSandboxRequest) GetStopOnTerminal() bool {
 	if x != nil {
 		return x.StopOnTerminal
@@ -1587,9 +1616,37 @@ func (x *WatchSandboxRequest) GetStopOnTerminal() bool {
 	return false
 }
 
+func (x *WatchSandboxRequest) GetLogSources() []string {
+	if x != nil {
+		return x.LogSources
+	}
+	return nil
+}
+
+func (x *WatchSandboxRequest) GetLogMinLevel() string {
+	if x != nil {
+		return x.LogMinLevel
+	}
+	return ""
+}
+
 func (x *WatchSandboxRequest) GetWorkspaceScope() *datamodelv1.WorkspaceSelector {
 	if x != nil {
 		return x.WorkspaceScope
+	}
+	return nil
+}
+
+func (x *WatchSandboxRequest) GetResumeAfterCursor() string {
+	if x != nil {
+		return x.ResumeAfterCursor
+	}
+	return ""
+}
+
+func (x *WatchSandboxRequest) GetSinceTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.SinceTime
 	}
 	return nil
 }
@@ -1643,9 +1700,11 @@ type SandboxStreamEvent struct {
 	// Types that are valid to be assigned to Payload:
 	//
 	//	*SandboxStreamEvent_Sandbox
+	//	*SandboxStreamEvent_Log
 	//	*SandboxStreamEvent_Warning
-	Payload       isSandboxStreamEvent_Payload `protobuf_oneof:"payload"`
-	Cursor        string                       `protobuf:"bytes,6,opt,name=cursor,proto3" json:"cursor,omitempty"`
+	Payload isSandboxStreamEvent_Payload `protobuf_oneof:"payload"`
+	// Opaque; byte-wise ordered. Empty only for warnings.
+	Cursor        string `protobuf:"bytes,6,opt,name=cursor,proto3" json:"cursor,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -1696,6 +1755,15 @@ func (x *SandboxStreamEvent) GetSandbox() *Sandbox {
 	return nil
 }
 
+func (x *SandboxStreamEvent) GetLog() *SandboxLogLine {
+	if x != nil {
+		if x, ok := x.Payload.(*SandboxStreamEvent_Log); ok {
+			return x.Log
+		}
+	}
+	return nil
+}
+
 func (x *SandboxStreamEvent) GetWarning() *SandboxStreamWarning {
 	if x != nil {
 		if x, ok := x.Payload.(*SandboxStreamEvent_Warning); ok {
@@ -1720,13 +1788,347 @@ type SandboxStreamEvent_Sandbox struct {
 	Sandbox *Sandbox `protobuf:"bytes,1,opt,name=sandbox,proto3,oneof"`
 }
 
+type SandboxStreamEvent_Log struct {
+	Log *SandboxLogLine `protobuf:"bytes,2,opt,name=log,proto3,oneof"`
+}
+
 type SandboxStreamEvent_Warning struct {
 	Warning *SandboxStreamWarning `protobuf:"bytes,4,opt,name=warning,proto3,oneof"`
 }
 
 func (*SandboxStreamEvent_Sandbox) isSandboxStreamEvent_Payload() {}
 
+func (*SandboxStreamEvent_Log) isSandboxStreamEvent_Payload() {}
+
 func (*SandboxStreamEvent_Warning) isSandboxStreamEvent_Payload() {}
+
+type SandboxLogLine struct {
+	state     protoimpl.MessageState `protogen:"open.v1"`
+	SandboxId string                 `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	// TRACE, DEBUG, INFO, WARN or ERROR.
+	Level string `protobuf:"bytes,3,opt,name=level,proto3" json:"level,omitempty"`
+	// What wrote it (for example "supervisor::exec").
+	Target  string `protobuf:"bytes,4,opt,name=target,proto3" json:"target,omitempty"`
+	Message string `protobuf:"bytes,5,opt,name=message,proto3" json:"message,omitempty"`
+	// "gateway" or "sandbox"; empty means gateway.
+	Source        string                 `protobuf:"bytes,6,opt,name=source,proto3" json:"source,omitempty"`
+	Fields        map[string]string      `protobuf:"bytes,7,rep,name=fields,proto3" json:"fields,omitempty" protobuf_key:"bytes,1,opt,name=key" protobuf_val:"bytes,2,opt,name=value"`
+	EventTime     *timestamppb.Timestamp `protobuf:"bytes,102,opt,name=event_time,json=eventTime,proto3" json:"event_time,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SandboxLogLine) Reset() {
+	*x = SandboxLogLine{}
+	mi := &file_openshell_openshell_proto_msgTypes[20]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SandboxLogLine) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SandboxLogLine) ProtoMessage() {}
+
+func (x *SandboxLogLine) ProtoReflect() protoreflect.Message {
+	mi := &file_openshell_openshell_proto_msgTypes[20]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SandboxLogLine.ProtoReflect.Descriptor instead.
+func (*SandboxLogLine) Descriptor() ([]byte, []int) {
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{20}
+}
+
+func (x *SandboxLogLine) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *SandboxLogLine) GetLevel() string {
+	if x != nil {
+		return x.Level
+	}
+	return ""
+}
+
+func (x *SandboxLogLine) GetTarget() string {
+	if x != nil {
+		return x.Target
+	}
+	return ""
+}
+
+func (x *SandboxLogLine) GetMessage() string {
+	if x != nil {
+		return x.Message
+	}
+	return ""
+}
+
+func (x *SandboxLogLine) GetSource() string {
+	if x != nil {
+		return x.Source
+	}
+	return ""
+}
+
+func (x *SandboxLogLine) GetFields() map[string]string {
+	if x != nil {
+		return x.Fields
+	}
+	return nil
+}
+
+func (x *SandboxLogLine) GetEventTime() *timestamppb.Timestamp {
+	if x != nil {
+		return x.EventTime
+	}
+	return nil
+}
+
+type GetSandboxLogsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Sandbox name.
+	Sandbox string `protobuf:"bytes,1,opt,name=sandbox,proto3" json:"sandbox,omitempty"`
+	// The newest this many matching lines; 0 means 2000.
+	Lines uint32 `protobuf:"varint,2,opt,name=lines,proto3" json:"lines,omitempty"`
+	// Only lines recorded at or after this time (ms since the epoch); 0: all.
+	SinceMs int64 `protobuf:"varint,3,opt,name=since_ms,json=sinceMs,proto3" json:"since_ms,omitempty"`
+	// "gateway", "sandbox"; empty means both.
+	Sources []string `protobuf:"bytes,4,rep,name=sources,proto3" json:"sources,omitempty"`
+	// TRACE, DEBUG, INFO, WARN or ERROR (any case); empty means all.
+	MinLevel string `protobuf:"bytes,5,opt,name=min_level,json=minLevel,proto3" json:"min_level,omitempty"`
+	// Ours.
+	WorkspaceScope *datamodelv1.WorkspaceSelector `protobuf:"bytes,20,opt,name=workspace_scope,json=workspaceScope,proto3" json:"workspace_scope,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
+}
+
+func (x *GetSandboxLogsRequest) Reset() {
+	*x = GetSandboxLogsRequest{}
+	mi := &file_openshell_openshell_proto_msgTypes[21]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSandboxLogsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSandboxLogsRequest) ProtoMessage() {}
+
+func (x *GetSandboxLogsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_openshell_openshell_proto_msgTypes[21]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSandboxLogsRequest.ProtoReflect.Descriptor instead.
+func (*GetSandboxLogsRequest) Descriptor() ([]byte, []int) {
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{21}
+}
+
+func (x *GetSandboxLogsRequest) GetSandbox() string {
+	if x != nil {
+		return x.Sandbox
+	}
+	return ""
+}
+
+func (x *GetSandboxLogsRequest) GetLines() uint32 {
+	if x != nil {
+		return x.Lines
+	}
+	return 0
+}
+
+func (x *GetSandboxLogsRequest) GetSinceMs() int64 {
+	if x != nil {
+		return x.SinceMs
+	}
+	return 0
+}
+
+func (x *GetSandboxLogsRequest) GetSources() []string {
+	if x != nil {
+		return x.Sources
+	}
+	return nil
+}
+
+func (x *GetSandboxLogsRequest) GetMinLevel() string {
+	if x != nil {
+		return x.MinLevel
+	}
+	return ""
+}
+
+func (x *GetSandboxLogsRequest) GetWorkspaceScope() *datamodelv1.WorkspaceSelector {
+	if x != nil {
+		return x.WorkspaceScope
+	}
+	return nil
+}
+
+type GetSandboxLogsResponse struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Oldest first.
+	Logs []*SandboxLogLine `protobuf:"bytes,1,rep,name=logs,proto3" json:"logs,omitempty"`
+	// Lines the gateway holds for the sandbox (before filters).
+	BufferTotal   uint32 `protobuf:"varint,2,opt,name=buffer_total,json=bufferTotal,proto3" json:"buffer_total,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *GetSandboxLogsResponse) Reset() {
+	*x = GetSandboxLogsResponse{}
+	mi := &file_openshell_openshell_proto_msgTypes[22]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *GetSandboxLogsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*GetSandboxLogsResponse) ProtoMessage() {}
+
+func (x *GetSandboxLogsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_openshell_openshell_proto_msgTypes[22]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use GetSandboxLogsResponse.ProtoReflect.Descriptor instead.
+func (*GetSandboxLogsResponse) Descriptor() ([]byte, []int) {
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{22}
+}
+
+func (x *GetSandboxLogsResponse) GetLogs() []*SandboxLogLine {
+	if x != nil {
+		return x.Logs
+	}
+	return nil
+}
+
+func (x *GetSandboxLogsResponse) GetBufferTotal() uint32 {
+	if x != nil {
+		return x.BufferTotal
+	}
+	return 0
+}
+
+type PushSandboxLogsRequest struct {
+	state protoimpl.MessageState `protogen:"open.v1"`
+	// Must be the caller's own sandbox.
+	SandboxId     string            `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Logs          []*SandboxLogLine `protobuf:"bytes,2,rep,name=logs,proto3" json:"logs,omitempty"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PushSandboxLogsRequest) Reset() {
+	*x = PushSandboxLogsRequest{}
+	mi := &file_openshell_openshell_proto_msgTypes[23]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PushSandboxLogsRequest) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PushSandboxLogsRequest) ProtoMessage() {}
+
+func (x *PushSandboxLogsRequest) ProtoReflect() protoreflect.Message {
+	mi := &file_openshell_openshell_proto_msgTypes[23]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PushSandboxLogsRequest.ProtoReflect.Descriptor instead.
+func (*PushSandboxLogsRequest) Descriptor() ([]byte, []int) {
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{23}
+}
+
+func (x *PushSandboxLogsRequest) GetSandboxId() string {
+	if x != nil {
+		return x.SandboxId
+	}
+	return ""
+}
+
+func (x *PushSandboxLogsRequest) GetLogs() []*SandboxLogLine {
+	if x != nil {
+		return x.Logs
+	}
+	return nil
+}
+
+type PushSandboxLogsResponse struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *PushSandboxLogsResponse) Reset() {
+	*x = PushSandboxLogsResponse{}
+	mi := &file_openshell_openshell_proto_msgTypes[24]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *PushSandboxLogsResponse) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*PushSandboxLogsResponse) ProtoMessage() {}
+
+func (x *PushSandboxLogsResponse) ProtoReflect() protoreflect.Message {
+	mi := &file_openshell_openshell_proto_msgTypes[24]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use PushSandboxLogsResponse.ProtoReflect.Descriptor instead.
+func (*PushSandboxLogsResponse) Descriptor() ([]byte, []int) {
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{24}
+}
 
 type ExecSandboxRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -1753,7 +2155,7 @@ type ExecSandboxRequest struct {
 
 func (x *ExecSandboxRequest) Reset() {
 	*x = ExecSandboxRequest{}
-	mi := &file_openshell_openshell_proto_msgTypes[20]
+	mi := &file_openshell_openshell_proto_msgTypes[25]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1765,7 +2167,7 @@ func (x *ExecSandboxRequest) String() string {
 func (*ExecSandboxRequest) ProtoMessage() {}
 
 func (x *ExecSandboxRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[20]
+	mi := &file_openshell_openshell_proto_msgTypes[25]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1778,7 +2180,7 @@ func (x *ExecSandboxRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecSandboxRequest.ProtoReflect.Descriptor instead.
 func (*ExecSandboxRequest) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{20}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{25}
 }
 
 func (x *ExecSandboxRequest) GetSandbox() string {
@@ -1874,7 +2276,7 @@ type ExecSandboxStdout struct {
 
 func (x *ExecSandboxStdout) Reset() {
 	*x = ExecSandboxStdout{}
-	mi := &file_openshell_openshell_proto_msgTypes[21]
+	mi := &file_openshell_openshell_proto_msgTypes[26]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1886,7 +2288,7 @@ func (x *ExecSandboxStdout) String() string {
 func (*ExecSandboxStdout) ProtoMessage() {}
 
 func (x *ExecSandboxStdout) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[21]
+	mi := &file_openshell_openshell_proto_msgTypes[26]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1899,7 +2301,7 @@ func (x *ExecSandboxStdout) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecSandboxStdout.ProtoReflect.Descriptor instead.
 func (*ExecSandboxStdout) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{21}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{26}
 }
 
 func (x *ExecSandboxStdout) GetData() []byte {
@@ -1918,7 +2320,7 @@ type ExecSandboxStderr struct {
 
 func (x *ExecSandboxStderr) Reset() {
 	*x = ExecSandboxStderr{}
-	mi := &file_openshell_openshell_proto_msgTypes[22]
+	mi := &file_openshell_openshell_proto_msgTypes[27]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1930,7 +2332,7 @@ func (x *ExecSandboxStderr) String() string {
 func (*ExecSandboxStderr) ProtoMessage() {}
 
 func (x *ExecSandboxStderr) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[22]
+	mi := &file_openshell_openshell_proto_msgTypes[27]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1943,7 +2345,7 @@ func (x *ExecSandboxStderr) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecSandboxStderr.ProtoReflect.Descriptor instead.
 func (*ExecSandboxStderr) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{22}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{27}
 }
 
 func (x *ExecSandboxStderr) GetData() []byte {
@@ -1966,7 +2368,7 @@ type ExecSandboxExit struct {
 
 func (x *ExecSandboxExit) Reset() {
 	*x = ExecSandboxExit{}
-	mi := &file_openshell_openshell_proto_msgTypes[23]
+	mi := &file_openshell_openshell_proto_msgTypes[28]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -1978,7 +2380,7 @@ func (x *ExecSandboxExit) String() string {
 func (*ExecSandboxExit) ProtoMessage() {}
 
 func (x *ExecSandboxExit) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[23]
+	mi := &file_openshell_openshell_proto_msgTypes[28]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -1991,7 +2393,7 @@ func (x *ExecSandboxExit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecSandboxExit.ProtoReflect.Descriptor instead.
 func (*ExecSandboxExit) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{23}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{28}
 }
 
 func (x *ExecSandboxExit) GetExitCode() int32 {
@@ -2022,7 +2424,7 @@ type ExecSandboxEvent struct {
 
 func (x *ExecSandboxEvent) Reset() {
 	*x = ExecSandboxEvent{}
-	mi := &file_openshell_openshell_proto_msgTypes[24]
+	mi := &file_openshell_openshell_proto_msgTypes[29]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2034,7 +2436,7 @@ func (x *ExecSandboxEvent) String() string {
 func (*ExecSandboxEvent) ProtoMessage() {}
 
 func (x *ExecSandboxEvent) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[24]
+	mi := &file_openshell_openshell_proto_msgTypes[29]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2047,7 +2449,7 @@ func (x *ExecSandboxEvent) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecSandboxEvent.ProtoReflect.Descriptor instead.
 func (*ExecSandboxEvent) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{24}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{29}
 }
 
 func (x *ExecSandboxEvent) GetPayload() isExecSandboxEvent_Payload {
@@ -2116,7 +2518,7 @@ type ExecSandboxWindowResize struct {
 
 func (x *ExecSandboxWindowResize) Reset() {
 	*x = ExecSandboxWindowResize{}
-	mi := &file_openshell_openshell_proto_msgTypes[25]
+	mi := &file_openshell_openshell_proto_msgTypes[30]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2128,7 +2530,7 @@ func (x *ExecSandboxWindowResize) String() string {
 func (*ExecSandboxWindowResize) ProtoMessage() {}
 
 func (x *ExecSandboxWindowResize) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[25]
+	mi := &file_openshell_openshell_proto_msgTypes[30]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2141,7 +2543,7 @@ func (x *ExecSandboxWindowResize) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecSandboxWindowResize.ProtoReflect.Descriptor instead.
 func (*ExecSandboxWindowResize) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{25}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{30}
 }
 
 func (x *ExecSandboxWindowResize) GetCols() uint32 {
@@ -2172,7 +2574,7 @@ type ExecSandboxInput struct {
 
 func (x *ExecSandboxInput) Reset() {
 	*x = ExecSandboxInput{}
-	mi := &file_openshell_openshell_proto_msgTypes[26]
+	mi := &file_openshell_openshell_proto_msgTypes[31]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2184,7 +2586,7 @@ func (x *ExecSandboxInput) String() string {
 func (*ExecSandboxInput) ProtoMessage() {}
 
 func (x *ExecSandboxInput) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[26]
+	mi := &file_openshell_openshell_proto_msgTypes[31]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2197,7 +2599,7 @@ func (x *ExecSandboxInput) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ExecSandboxInput.ProtoReflect.Descriptor instead.
 func (*ExecSandboxInput) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{26}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{31}
 }
 
 func (x *ExecSandboxInput) GetPayload() isExecSandboxInput_Payload {
@@ -2268,7 +2670,7 @@ type SshRelayTarget struct {
 
 func (x *SshRelayTarget) Reset() {
 	*x = SshRelayTarget{}
-	mi := &file_openshell_openshell_proto_msgTypes[27]
+	mi := &file_openshell_openshell_proto_msgTypes[32]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2280,7 +2682,7 @@ func (x *SshRelayTarget) String() string {
 func (*SshRelayTarget) ProtoMessage() {}
 
 func (x *SshRelayTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[27]
+	mi := &file_openshell_openshell_proto_msgTypes[32]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2293,7 +2695,7 @@ func (x *SshRelayTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SshRelayTarget.ProtoReflect.Descriptor instead.
 func (*SshRelayTarget) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{27}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{32}
 }
 
 func (x *SshRelayTarget) GetEnvironment() map[string]string {
@@ -2301,6 +2703,43 @@ func (x *SshRelayTarget) GetEnvironment() map[string]string {
 		return x.Environment
 	}
 	return nil
+}
+
+// Ours.
+type SftpRelayTarget struct {
+	state         protoimpl.MessageState `protogen:"open.v1"`
+	unknownFields protoimpl.UnknownFields
+	sizeCache     protoimpl.SizeCache
+}
+
+func (x *SftpRelayTarget) Reset() {
+	*x = SftpRelayTarget{}
+	mi := &file_openshell_openshell_proto_msgTypes[33]
+	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+	ms.StoreMessageInfo(mi)
+}
+
+func (x *SftpRelayTarget) String() string {
+	return protoimpl.X.MessageStringOf(x)
+}
+
+func (*SftpRelayTarget) ProtoMessage() {}
+
+func (x *SftpRelayTarget) ProtoReflect() protoreflect.Message {
+	mi := &file_openshell_openshell_proto_msgTypes[33]
+	if x != nil {
+		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
+		if ms.LoadMessageInfo() == nil {
+			ms.StoreMessageInfo(mi)
+		}
+		return ms
+	}
+	return mi.MessageOf(x)
+}
+
+// Deprecated: Use SftpRelayTarget.ProtoReflect.Descriptor instead.
+func (*SftpRelayTarget) Descriptor() ([]byte, []int) {
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{33}
 }
 
 type TcpRelayTarget struct {
@@ -2315,7 +2754,7 @@ type TcpRelayTarget struct {
 
 func (x *TcpRelayTarget) Reset() {
 	*x = TcpRelayTarget{}
-	mi := &file_openshell_openshell_proto_msgTypes[28]
+	mi := &file_openshell_openshell_proto_msgTypes[34]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2327,7 +2766,7 @@ func (x *TcpRelayTarget) String() string {
 func (*TcpRelayTarget) ProtoMessage() {}
 
 func (x *TcpRelayTarget) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[28]
+	mi := &file_openshell_openshell_proto_msgTypes[34]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2340,7 +2779,7 @@ func (x *TcpRelayTarget) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TcpRelayTarget.ProtoReflect.Descriptor instead.
 func (*TcpRelayTarget) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{28}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{34}
 }
 
 func (x *TcpRelayTarget) GetHost() string {
@@ -2367,6 +2806,7 @@ type TcpForwardInit struct {
 	//
 	//	*TcpForwardInit_Ssh
 	//	*TcpForwardInit_Tcp
+	//	*TcpForwardInit_Sftp
 	Target isTcpForwardInit_Target `protobuf_oneof:"target"`
 	// A CreateSshSession token (secret). When present it must exist, be
 	// unrevoked, unexpired and belong to this sandbox, else UNAUTHENTICATED;
@@ -2378,7 +2818,7 @@ type TcpForwardInit struct {
 
 func (x *TcpForwardInit) Reset() {
 	*x = TcpForwardInit{}
-	mi := &file_openshell_openshell_proto_msgTypes[29]
+	mi := &file_openshell_openshell_proto_msgTypes[35]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2390,7 +2830,7 @@ func (x *TcpForwardInit) String() string {
 func (*TcpForwardInit) ProtoMessage() {}
 
 func (x *TcpForwardInit) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[29]
+	mi := &file_openshell_openshell_proto_msgTypes[35]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2403,7 +2843,7 @@ func (x *TcpForwardInit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TcpForwardInit.ProtoReflect.Descriptor instead.
 func (*TcpForwardInit) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{29}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{35}
 }
 
 func (x *TcpForwardInit) GetSandbox() string {
@@ -2452,6 +2892,15 @@ func (x *TcpForwardInit) GetTcp() *TcpRelayTarget {
 	return nil
 }
 
+func (x *TcpForwardInit) GetSftp() *SftpRelayTarget {
+	if x != nil {
+		if x, ok := x.Target.(*TcpForwardInit_Sftp); ok {
+			return x.Sftp
+		}
+	}
+	return nil
+}
+
 func (x *TcpForwardInit) GetAuthorizationToken() string {
 	if x != nil {
 		return x.AuthorizationToken
@@ -2471,9 +2920,17 @@ type TcpForwardInit_Tcp struct {
 	Tcp *TcpRelayTarget `protobuf:"bytes,6,opt,name=tcp,proto3,oneof"`
 }
 
+type TcpForwardInit_Sftp struct {
+	// Ours: the sandbox's SFTP server (version 3) straight over the stream,
+	// with no SSH in between (file transfer).
+	Sftp *SftpRelayTarget `protobuf:"bytes,20,opt,name=sftp,proto3,oneof"`
+}
+
 func (*TcpForwardInit_Ssh) isTcpForwardInit_Target() {}
 
 func (*TcpForwardInit_Tcp) isTcpForwardInit_Target() {}
+
+func (*TcpForwardInit_Sftp) isTcpForwardInit_Target() {}
 
 type CreateSshSessionRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
@@ -2486,7 +2943,7 @@ type CreateSshSessionRequest struct {
 
 func (x *CreateSshSessionRequest) Reset() {
 	*x = CreateSshSessionRequest{}
-	mi := &file_openshell_openshell_proto_msgTypes[30]
+	mi := &file_openshell_openshell_proto_msgTypes[36]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2498,7 +2955,7 @@ func (x *CreateSshSessionRequest) String() string {
 func (*CreateSshSessionRequest) ProtoMessage() {}
 
 func (x *CreateSshSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[30]
+	mi := &file_openshell_openshell_proto_msgTypes[36]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2511,7 +2968,7 @@ func (x *CreateSshSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSshSessionRequest.ProtoReflect.Descriptor instead.
 func (*CreateSshSessionRequest) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{30}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{36}
 }
 
 func (x *CreateSshSessionRequest) GetSandbox() string {
@@ -2549,7 +3006,7 @@ type CreateSshSessionResponse struct {
 
 func (x *CreateSshSessionResponse) Reset() {
 	*x = CreateSshSessionResponse{}
-	mi := &file_openshell_openshell_proto_msgTypes[31]
+	mi := &file_openshell_openshell_proto_msgTypes[37]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2561,7 +3018,7 @@ func (x *CreateSshSessionResponse) String() string {
 func (*CreateSshSessionResponse) ProtoMessage() {}
 
 func (x *CreateSshSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[31]
+	mi := &file_openshell_openshell_proto_msgTypes[37]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2574,7 +3031,7 @@ func (x *CreateSshSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateSshSessionResponse.ProtoReflect.Descriptor instead.
 func (*CreateSshSessionResponse) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{31}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{37}
 }
 
 func (x *CreateSshSessionResponse) GetSandboxId() string {
@@ -2636,7 +3093,7 @@ type RevokeSshSessionRequest struct {
 
 func (x *RevokeSshSessionRequest) Reset() {
 	*x = RevokeSshSessionRequest{}
-	mi := &file_openshell_openshell_proto_msgTypes[32]
+	mi := &file_openshell_openshell_proto_msgTypes[38]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2648,7 +3105,7 @@ func (x *RevokeSshSessionRequest) String() string {
 func (*RevokeSshSessionRequest) ProtoMessage() {}
 
 func (x *RevokeSshSessionRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[32]
+	mi := &file_openshell_openshell_proto_msgTypes[38]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2661,7 +3118,7 @@ func (x *RevokeSshSessionRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeSshSessionRequest.ProtoReflect.Descriptor instead.
 func (*RevokeSshSessionRequest) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{32}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{38}
 }
 
 func (x *RevokeSshSessionRequest) GetToken() string {
@@ -2682,7 +3139,7 @@ type RevokeSshSessionResponse struct {
 
 func (x *RevokeSshSessionResponse) Reset() {
 	*x = RevokeSshSessionResponse{}
-	mi := &file_openshell_openshell_proto_msgTypes[33]
+	mi := &file_openshell_openshell_proto_msgTypes[39]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2694,7 +3151,7 @@ func (x *RevokeSshSessionResponse) String() string {
 func (*RevokeSshSessionResponse) ProtoMessage() {}
 
 func (x *RevokeSshSessionResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[33]
+	mi := &file_openshell_openshell_proto_msgTypes[39]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2707,7 +3164,7 @@ func (x *RevokeSshSessionResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RevokeSshSessionResponse.ProtoReflect.Descriptor instead.
 func (*RevokeSshSessionResponse) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{33}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{39}
 }
 
 func (x *RevokeSshSessionResponse) GetRevoked() bool {
@@ -2727,7 +3184,7 @@ type TcpForwardEof struct {
 
 func (x *TcpForwardEof) Reset() {
 	*x = TcpForwardEof{}
-	mi := &file_openshell_openshell_proto_msgTypes[34]
+	mi := &file_openshell_openshell_proto_msgTypes[40]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2739,7 +3196,7 @@ func (x *TcpForwardEof) String() string {
 func (*TcpForwardEof) ProtoMessage() {}
 
 func (x *TcpForwardEof) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[34]
+	mi := &file_openshell_openshell_proto_msgTypes[40]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2752,7 +3209,7 @@ func (x *TcpForwardEof) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TcpForwardEof.ProtoReflect.Descriptor instead.
 func (*TcpForwardEof) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{34}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{40}
 }
 
 type TcpForwardFrame struct {
@@ -2769,7 +3226,7 @@ type TcpForwardFrame struct {
 
 func (x *TcpForwardFrame) Reset() {
 	*x = TcpForwardFrame{}
-	mi := &file_openshell_openshell_proto_msgTypes[35]
+	mi := &file_openshell_openshell_proto_msgTypes[41]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2781,7 +3238,7 @@ func (x *TcpForwardFrame) String() string {
 func (*TcpForwardFrame) ProtoMessage() {}
 
 func (x *TcpForwardFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[35]
+	mi := &file_openshell_openshell_proto_msgTypes[41]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2794,7 +3251,7 @@ func (x *TcpForwardFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use TcpForwardFrame.ProtoReflect.Descriptor instead.
 func (*TcpForwardFrame) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{35}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{41}
 }
 
 func (x *TcpForwardFrame) GetPayload() isTcpForwardFrame_Payload {
@@ -2861,7 +3318,7 @@ type SupervisorHeartbeat struct {
 
 func (x *SupervisorHeartbeat) Reset() {
 	*x = SupervisorHeartbeat{}
-	mi := &file_openshell_openshell_proto_msgTypes[36]
+	mi := &file_openshell_openshell_proto_msgTypes[42]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2873,7 +3330,7 @@ func (x *SupervisorHeartbeat) String() string {
 func (*SupervisorHeartbeat) ProtoMessage() {}
 
 func (x *SupervisorHeartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[36]
+	mi := &file_openshell_openshell_proto_msgTypes[42]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2886,7 +3343,7 @@ func (x *SupervisorHeartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SupervisorHeartbeat.ProtoReflect.Descriptor instead.
 func (*SupervisorHeartbeat) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{36}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{42}
 }
 
 type GatewayHeartbeat struct {
@@ -2897,7 +3354,7 @@ type GatewayHeartbeat struct {
 
 func (x *GatewayHeartbeat) Reset() {
 	*x = GatewayHeartbeat{}
-	mi := &file_openshell_openshell_proto_msgTypes[37]
+	mi := &file_openshell_openshell_proto_msgTypes[43]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2909,7 +3366,7 @@ func (x *GatewayHeartbeat) String() string {
 func (*GatewayHeartbeat) ProtoMessage() {}
 
 func (x *GatewayHeartbeat) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[37]
+	mi := &file_openshell_openshell_proto_msgTypes[43]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2922,7 +3379,7 @@ func (x *GatewayHeartbeat) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewayHeartbeat.ProtoReflect.Descriptor instead.
 func (*GatewayHeartbeat) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{37}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{43}
 }
 
 type SupervisorHello struct {
@@ -2947,7 +3404,7 @@ type SupervisorHello struct {
 
 func (x *SupervisorHello) Reset() {
 	*x = SupervisorHello{}
-	mi := &file_openshell_openshell_proto_msgTypes[38]
+	mi := &file_openshell_openshell_proto_msgTypes[44]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -2959,7 +3416,7 @@ func (x *SupervisorHello) String() string {
 func (*SupervisorHello) ProtoMessage() {}
 
 func (x *SupervisorHello) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[38]
+	mi := &file_openshell_openshell_proto_msgTypes[44]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -2972,7 +3429,7 @@ func (x *SupervisorHello) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SupervisorHello.ProtoReflect.Descriptor instead.
 func (*SupervisorHello) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{38}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{44}
 }
 
 func (x *SupervisorHello) GetSandboxId() string {
@@ -3047,7 +3504,7 @@ type SessionAccepted struct {
 
 func (x *SessionAccepted) Reset() {
 	*x = SessionAccepted{}
-	mi := &file_openshell_openshell_proto_msgTypes[39]
+	mi := &file_openshell_openshell_proto_msgTypes[45]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3059,7 +3516,7 @@ func (x *SessionAccepted) String() string {
 func (*SessionAccepted) ProtoMessage() {}
 
 func (x *SessionAccepted) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[39]
+	mi := &file_openshell_openshell_proto_msgTypes[45]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3072,7 +3529,7 @@ func (x *SessionAccepted) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionAccepted.ProtoReflect.Descriptor instead.
 func (*SessionAccepted) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{39}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{45}
 }
 
 func (x *SessionAccepted) GetSessionId() string {
@@ -3112,7 +3569,7 @@ type SessionRejected struct {
 
 func (x *SessionRejected) Reset() {
 	*x = SessionRejected{}
-	mi := &file_openshell_openshell_proto_msgTypes[40]
+	mi := &file_openshell_openshell_proto_msgTypes[46]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3124,7 +3581,7 @@ func (x *SessionRejected) String() string {
 func (*SessionRejected) ProtoMessage() {}
 
 func (x *SessionRejected) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[40]
+	mi := &file_openshell_openshell_proto_msgTypes[46]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3137,7 +3594,7 @@ func (x *SessionRejected) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionRejected.ProtoReflect.Descriptor instead.
 func (*SessionRejected) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{40}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{46}
 }
 
 func (x *SessionRejected) GetReason() string {
@@ -3159,7 +3616,7 @@ type SessionRedirect struct {
 
 func (x *SessionRedirect) Reset() {
 	*x = SessionRedirect{}
-	mi := &file_openshell_openshell_proto_msgTypes[41]
+	mi := &file_openshell_openshell_proto_msgTypes[47]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3171,7 +3628,7 @@ func (x *SessionRedirect) String() string {
 func (*SessionRedirect) ProtoMessage() {}
 
 func (x *SessionRedirect) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[41]
+	mi := &file_openshell_openshell_proto_msgTypes[47]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3184,7 +3641,7 @@ func (x *SessionRedirect) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SessionRedirect.ProtoReflect.Descriptor instead.
 func (*SessionRedirect) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{41}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{47}
 }
 
 func (x *SessionRedirect) GetPeerEndpoint() string {
@@ -3209,6 +3666,7 @@ type RelayOpen struct {
 	//	*RelayOpen_Ssh
 	//	*RelayOpen_Tcp
 	//	*RelayOpen_Exec
+	//	*RelayOpen_Sftp
 	Target        isRelayOpen_Target `protobuf_oneof:"target"`
 	ServiceId     string             `protobuf:"bytes,5,opt,name=service_id,json=serviceId,proto3" json:"service_id,omitempty"`
 	unknownFields protoimpl.UnknownFields
@@ -3217,7 +3675,7 @@ type RelayOpen struct {
 
 func (x *RelayOpen) Reset() {
 	*x = RelayOpen{}
-	mi := &file_openshell_openshell_proto_msgTypes[42]
+	mi := &file_openshell_openshell_proto_msgTypes[48]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3229,7 +3687,7 @@ func (x *RelayOpen) String() string {
 func (*RelayOpen) ProtoMessage() {}
 
 func (x *RelayOpen) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[42]
+	mi := &file_openshell_openshell_proto_msgTypes[48]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3242,7 +3700,7 @@ func (x *RelayOpen) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayOpen.ProtoReflect.Descriptor instead.
 func (*RelayOpen) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{42}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{48}
 }
 
 func (x *RelayOpen) GetChannelId() string {
@@ -3286,6 +3744,15 @@ func (x *RelayOpen) GetExec() *ExecSandboxRequest {
 	return nil
 }
 
+func (x *RelayOpen) GetSftp() *SftpRelayTarget {
+	if x != nil {
+		if x, ok := x.Target.(*RelayOpen_Sftp); ok {
+			return x.Sftp
+		}
+	}
+	return nil
+}
+
 func (x *RelayOpen) GetServiceId() string {
 	if x != nil {
 		return x.ServiceId
@@ -3311,11 +3778,18 @@ type RelayOpen_Exec struct {
 	Exec *ExecSandboxRequest `protobuf:"bytes,20,opt,name=exec,proto3,oneof"`
 }
 
+type RelayOpen_Sftp struct {
+	// Ours: the sandbox's SFTP server, run as an exec of the sandbox.
+	Sftp *SftpRelayTarget `protobuf:"bytes,21,opt,name=sftp,proto3,oneof"`
+}
+
 func (*RelayOpen_Ssh) isRelayOpen_Target() {}
 
 func (*RelayOpen_Tcp) isRelayOpen_Target() {}
 
 func (*RelayOpen_Exec) isRelayOpen_Target() {}
+
+func (*RelayOpen_Sftp) isRelayOpen_Target() {}
 
 type RelayOpenResult struct {
 	state         protoimpl.MessageState `protogen:"open.v1"`
@@ -3328,7 +3802,7 @@ type RelayOpenResult struct {
 
 func (x *RelayOpenResult) Reset() {
 	*x = RelayOpenResult{}
-	mi := &file_openshell_openshell_proto_msgTypes[43]
+	mi := &file_openshell_openshell_proto_msgTypes[49]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3340,7 +3814,7 @@ func (x *RelayOpenResult) String() string {
 func (*RelayOpenResult) ProtoMessage() {}
 
 func (x *RelayOpenResult) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[43]
+	mi := &file_openshell_openshell_proto_msgTypes[49]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3353,7 +3827,7 @@ func (x *RelayOpenResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayOpenResult.ProtoReflect.Descriptor instead.
 func (*RelayOpenResult) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{43}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{49}
 }
 
 func (x *RelayOpenResult) GetChannelId() string {
@@ -3387,7 +3861,7 @@ type RelayClose struct {
 
 func (x *RelayClose) Reset() {
 	*x = RelayClose{}
-	mi := &file_openshell_openshell_proto_msgTypes[44]
+	mi := &file_openshell_openshell_proto_msgTypes[50]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3399,7 +3873,7 @@ func (x *RelayClose) String() string {
 func (*RelayClose) ProtoMessage() {}
 
 func (x *RelayClose) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[44]
+	mi := &file_openshell_openshell_proto_msgTypes[50]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3412,7 +3886,7 @@ func (x *RelayClose) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayClose.ProtoReflect.Descriptor instead.
 func (*RelayClose) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{44}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{50}
 }
 
 func (x *RelayClose) GetChannelId() string {
@@ -3438,7 +3912,7 @@ type RelayInit struct {
 
 func (x *RelayInit) Reset() {
 	*x = RelayInit{}
-	mi := &file_openshell_openshell_proto_msgTypes[45]
+	mi := &file_openshell_openshell_proto_msgTypes[51]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3450,7 +3924,7 @@ func (x *RelayInit) String() string {
 func (*RelayInit) ProtoMessage() {}
 
 func (x *RelayInit) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[45]
+	mi := &file_openshell_openshell_proto_msgTypes[51]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3463,7 +3937,7 @@ func (x *RelayInit) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayInit.ProtoReflect.Descriptor instead.
 func (*RelayInit) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{45}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{51}
 }
 
 func (x *RelayInit) GetChannelId() string {
@@ -3482,7 +3956,7 @@ type RelayEof struct {
 
 func (x *RelayEof) Reset() {
 	*x = RelayEof{}
-	mi := &file_openshell_openshell_proto_msgTypes[46]
+	mi := &file_openshell_openshell_proto_msgTypes[52]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3494,7 +3968,7 @@ func (x *RelayEof) String() string {
 func (*RelayEof) ProtoMessage() {}
 
 func (x *RelayEof) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[46]
+	mi := &file_openshell_openshell_proto_msgTypes[52]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3507,7 +3981,7 @@ func (x *RelayEof) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayEof.ProtoReflect.Descriptor instead.
 func (*RelayEof) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{46}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{52}
 }
 
 type RelayFrame struct {
@@ -3526,7 +4000,7 @@ type RelayFrame struct {
 
 func (x *RelayFrame) Reset() {
 	*x = RelayFrame{}
-	mi := &file_openshell_openshell_proto_msgTypes[47]
+	mi := &file_openshell_openshell_proto_msgTypes[53]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3538,7 +4012,7 @@ func (x *RelayFrame) String() string {
 func (*RelayFrame) ProtoMessage() {}
 
 func (x *RelayFrame) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[47]
+	mi := &file_openshell_openshell_proto_msgTypes[53]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3551,7 +4025,7 @@ func (x *RelayFrame) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use RelayFrame.ProtoReflect.Descriptor instead.
 func (*RelayFrame) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{47}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{53}
 }
 
 func (x *RelayFrame) GetPayload() isRelayFrame_Payload {
@@ -3656,7 +4130,7 @@ type SupervisorMessage struct {
 
 func (x *SupervisorMessage) Reset() {
 	*x = SupervisorMessage{}
-	mi := &file_openshell_openshell_proto_msgTypes[48]
+	mi := &file_openshell_openshell_proto_msgTypes[54]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3668,7 +4142,7 @@ func (x *SupervisorMessage) String() string {
 func (*SupervisorMessage) ProtoMessage() {}
 
 func (x *SupervisorMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[48]
+	mi := &file_openshell_openshell_proto_msgTypes[54]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3681,7 +4155,7 @@ func (x *SupervisorMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use SupervisorMessage.ProtoReflect.Descriptor instead.
 func (*SupervisorMessage) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{48}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{54}
 }
 
 func (x *SupervisorMessage) GetPayload() isSupervisorMessage_Payload {
@@ -3789,7 +4263,7 @@ type GatewayMessage struct {
 
 func (x *GatewayMessage) Reset() {
 	*x = GatewayMessage{}
-	mi := &file_openshell_openshell_proto_msgTypes[49]
+	mi := &file_openshell_openshell_proto_msgTypes[55]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3801,7 +4275,7 @@ func (x *GatewayMessage) String() string {
 func (*GatewayMessage) ProtoMessage() {}
 
 func (x *GatewayMessage) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[49]
+	mi := &file_openshell_openshell_proto_msgTypes[55]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3814,7 +4288,7 @@ func (x *GatewayMessage) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use GatewayMessage.ProtoReflect.Descriptor instead.
 func (*GatewayMessage) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{49}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{55}
 }
 
 func (x *GatewayMessage) GetPayload() isGatewayMessage_Payload {
@@ -3948,7 +4422,7 @@ type ConfigUpdate struct {
 
 func (x *ConfigUpdate) Reset() {
 	*x = ConfigUpdate{}
-	mi := &file_openshell_openshell_proto_msgTypes[50]
+	mi := &file_openshell_openshell_proto_msgTypes[56]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -3960,7 +4434,7 @@ func (x *ConfigUpdate) String() string {
 func (*ConfigUpdate) ProtoMessage() {}
 
 func (x *ConfigUpdate) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[50]
+	mi := &file_openshell_openshell_proto_msgTypes[56]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -3973,7 +4447,7 @@ func (x *ConfigUpdate) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigUpdate.ProtoReflect.Descriptor instead.
 func (*ConfigUpdate) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{50}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{56}
 }
 
 func (x *ConfigUpdate) GetUpdateId() uint64 {
@@ -4011,7 +4485,7 @@ type ConfigUpdateResult struct {
 
 func (x *ConfigUpdateResult) Reset() {
 	*x = ConfigUpdateResult{}
-	mi := &file_openshell_openshell_proto_msgTypes[51]
+	mi := &file_openshell_openshell_proto_msgTypes[57]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4023,7 +4497,7 @@ func (x *ConfigUpdateResult) String() string {
 func (*ConfigUpdateResult) ProtoMessage() {}
 
 func (x *ConfigUpdateResult) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[51]
+	mi := &file_openshell_openshell_proto_msgTypes[57]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4036,7 +4510,7 @@ func (x *ConfigUpdateResult) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ConfigUpdateResult.ProtoReflect.Descriptor instead.
 func (*ConfigUpdateResult) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{51}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{57}
 }
 
 func (x *ConfigUpdateResult) GetUpdateId() uint64 {
@@ -4076,7 +4550,7 @@ type GetSandboxProviderEnvironmentRequest struct {
 
 func (x *GetSandboxProviderEnvironmentRequest) Reset() {
 	*x = GetSandboxProviderEnvironmentRequest{}
-	mi := &file_openshell_openshell_proto_msgTypes[52]
+	mi := &file_openshell_openshell_proto_msgTypes[58]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4088,7 +4562,7 @@ func (x *GetSandboxProviderEnvironmentRequest) String() string {
 func (*GetSandboxProviderEnvironmentRequest) ProtoMessage() {}
 
 func (x *GetSandboxProviderEnvironmentRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[52]
+	mi := &file_openshell_openshell_proto_msgTypes[58]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4101,7 +4575,7 @@ func (x *GetSandboxProviderEnvironmentRequest) ProtoReflect() protoreflect.Messa
 
 // Deprecated: Use GetSandboxProviderEnvironmentRequest.ProtoReflect.Descriptor instead.
 func (*GetSandboxProviderEnvironmentRequest) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{52}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{58}
 }
 
 func (x *GetSandboxProviderEnvironmentRequest) GetSandboxId() string {
@@ -4124,7 +4598,7 @@ type GetSandboxProviderEnvironmentResponse struct {
 
 func (x *GetSandboxProviderEnvironmentResponse) Reset() {
 	*x = GetSandboxProviderEnvironmentResponse{}
-	mi := &file_openshell_openshell_proto_msgTypes[53]
+	mi := &file_openshell_openshell_proto_msgTypes[59]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4136,7 +4610,7 @@ func (x *GetSandboxProviderEnvironmentResponse) String() string {
 func (*GetSandboxProviderEnvironmentResponse) ProtoMessage() {}
 
 func (x *GetSandboxProviderEnvironmentResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[53]
+	mi := &file_openshell_openshell_proto_msgTypes[59]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4149,7 +4623,7 @@ func (x *GetSandboxProviderEnvironmentResponse) ProtoReflect() protoreflect.Mess
 
 // Deprecated: Use GetSandboxProviderEnvironmentResponse.ProtoReflect.Descriptor instead.
 func (*GetSandboxProviderEnvironmentResponse) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{53}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{59}
 }
 
 func (x *GetSandboxProviderEnvironmentResponse) GetEnvironment() map[string]string {
@@ -4197,7 +4671,7 @@ type UpdateConfigRequest struct {
 
 func (x *UpdateConfigRequest) Reset() {
 	*x = UpdateConfigRequest{}
-	mi := &file_openshell_openshell_proto_msgTypes[54]
+	mi := &file_openshell_openshell_proto_msgTypes[60]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4209,7 +4683,7 @@ func (x *UpdateConfigRequest) String() string {
 func (*UpdateConfigRequest) ProtoMessage() {}
 
 func (x *UpdateConfigRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[54]
+	mi := &file_openshell_openshell_proto_msgTypes[60]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4222,7 +4696,7 @@ func (x *UpdateConfigRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateConfigRequest.ProtoReflect.Descriptor instead.
 func (*UpdateConfigRequest) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{54}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{60}
 }
 
 func (x *UpdateConfigRequest) GetSandbox() string {
@@ -4281,7 +4755,7 @@ type UpdateConfigResponse struct {
 
 func (x *UpdateConfigResponse) Reset() {
 	*x = UpdateConfigResponse{}
-	mi := &file_openshell_openshell_proto_msgTypes[55]
+	mi := &file_openshell_openshell_proto_msgTypes[61]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4293,7 +4767,7 @@ func (x *UpdateConfigResponse) String() string {
 func (*UpdateConfigResponse) ProtoMessage() {}
 
 func (x *UpdateConfigResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[55]
+	mi := &file_openshell_openshell_proto_msgTypes[61]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4306,7 +4780,7 @@ func (x *UpdateConfigResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateConfigResponse.ProtoReflect.Descriptor instead.
 func (*UpdateConfigResponse) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{55}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{61}
 }
 
 func (x *UpdateConfigResponse) GetVersion() uint32 {
@@ -4350,7 +4824,7 @@ type Provider struct {
 
 func (x *Provider) Reset() {
 	*x = Provider{}
-	mi := &file_openshell_openshell_proto_msgTypes[56]
+	mi := &file_openshell_openshell_proto_msgTypes[62]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4362,7 +4836,7 @@ func (x *Provider) String() string {
 func (*Provider) ProtoMessage() {}
 
 func (x *Provider) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[56]
+	mi := &file_openshell_openshell_proto_msgTypes[62]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4375,7 +4849,7 @@ func (x *Provider) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use Provider.ProtoReflect.Descriptor instead.
 func (*Provider) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{56}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{62}
 }
 
 func (x *Provider) GetName() string {
@@ -4415,7 +4889,7 @@ type CreateProviderRequest struct {
 
 func (x *CreateProviderRequest) Reset() {
 	*x = CreateProviderRequest{}
-	mi := &file_openshell_openshell_proto_msgTypes[57]
+	mi := &file_openshell_openshell_proto_msgTypes[63]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4427,7 +4901,7 @@ func (x *CreateProviderRequest) String() string {
 func (*CreateProviderRequest) ProtoMessage() {}
 
 func (x *CreateProviderRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[57]
+	mi := &file_openshell_openshell_proto_msgTypes[63]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4440,7 +4914,7 @@ func (x *CreateProviderRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use CreateProviderRequest.ProtoReflect.Descriptor instead.
 func (*CreateProviderRequest) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{57}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{63}
 }
 
 func (x *CreateProviderRequest) GetProvider() *Provider {
@@ -4460,7 +4934,7 @@ type UpdateProviderRequest struct {
 
 func (x *UpdateProviderRequest) Reset() {
 	*x = UpdateProviderRequest{}
-	mi := &file_openshell_openshell_proto_msgTypes[58]
+	mi := &file_openshell_openshell_proto_msgTypes[64]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4472,7 +4946,7 @@ func (x *UpdateProviderRequest) String() string {
 func (*UpdateProviderRequest) ProtoMessage() {}
 
 func (x *UpdateProviderRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[58]
+	mi := &file_openshell_openshell_proto_msgTypes[64]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4485,7 +4959,7 @@ func (x *UpdateProviderRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use UpdateProviderRequest.ProtoReflect.Descriptor instead.
 func (*UpdateProviderRequest) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{58}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{64}
 }
 
 func (x *UpdateProviderRequest) GetProvider() *Provider {
@@ -4504,7 +4978,7 @@ type ProviderResponse struct {
 
 func (x *ProviderResponse) Reset() {
 	*x = ProviderResponse{}
-	mi := &file_openshell_openshell_proto_msgTypes[59]
+	mi := &file_openshell_openshell_proto_msgTypes[65]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4516,7 +4990,7 @@ func (x *ProviderResponse) String() string {
 func (*ProviderResponse) ProtoMessage() {}
 
 func (x *ProviderResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[59]
+	mi := &file_openshell_openshell_proto_msgTypes[65]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4529,7 +5003,7 @@ func (x *ProviderResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use ProviderResponse.ProtoReflect.Descriptor instead.
 func (*ProviderResponse) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{59}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{65}
 }
 
 func (x *ProviderResponse) GetProvider() *Provider {
@@ -4551,7 +5025,7 @@ type AttachProviderRequest struct {
 
 func (x *AttachProviderRequest) Reset() {
 	*x = AttachProviderRequest{}
-	mi := &file_openshell_openshell_proto_msgTypes[60]
+	mi := &file_openshell_openshell_proto_msgTypes[66]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4563,7 +5037,7 @@ func (x *AttachProviderRequest) String() string {
 func (*AttachProviderRequest) ProtoMessage() {}
 
 func (x *AttachProviderRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[60]
+	mi := &file_openshell_openshell_proto_msgTypes[66]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4576,7 +5050,7 @@ func (x *AttachProviderRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachProviderRequest.ProtoReflect.Descriptor instead.
 func (*AttachProviderRequest) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{60}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{66}
 }
 
 func (x *AttachProviderRequest) GetSandbox() string {
@@ -4603,7 +5077,7 @@ type DetachProviderRequest struct {
 
 func (x *DetachProviderRequest) Reset() {
 	*x = DetachProviderRequest{}
-	mi := &file_openshell_openshell_proto_msgTypes[61]
+	mi := &file_openshell_openshell_proto_msgTypes[67]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4615,7 +5089,7 @@ func (x *DetachProviderRequest) String() string {
 func (*DetachProviderRequest) ProtoMessage() {}
 
 func (x *DetachProviderRequest) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[61]
+	mi := &file_openshell_openshell_proto_msgTypes[67]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4628,7 +5102,7 @@ func (x *DetachProviderRequest) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use DetachProviderRequest.ProtoReflect.Descriptor instead.
 func (*DetachProviderRequest) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{61}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{67}
 }
 
 func (x *DetachProviderRequest) GetSandbox() string {
@@ -4656,7 +5130,7 @@ type AttachProviderResponse struct {
 
 func (x *AttachProviderResponse) Reset() {
 	*x = AttachProviderResponse{}
-	mi := &file_openshell_openshell_proto_msgTypes[62]
+	mi := &file_openshell_openshell_proto_msgTypes[68]
 	ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 	ms.StoreMessageInfo(mi)
 }
@@ -4668,7 +5142,7 @@ func (x *AttachProviderResponse) String() string {
 func (*AttachProviderResponse) ProtoMessage() {}
 
 func (x *AttachProviderResponse) ProtoReflect() protoreflect.Message {
-	mi := &file_openshell_openshell_proto_msgTypes[62]
+	mi := &file_openshell_openshell_proto_msgTypes[68]
 	if x != nil {
 		ms := protoimpl.X.MessageStateOf(protoimpl.Pointer(x))
 		if ms.LoadMessageInfo() == nil {
@@ -4681,7 +5155,7 @@ func (x *AttachProviderResponse) ProtoReflect() protoreflect.Message {
 
 // Deprecated: Use AttachProviderResponse.ProtoReflect.Descriptor instead.
 func (*AttachProviderResponse) Descriptor() ([]byte, []int) {
-	return file_openshell_openshell_proto_rawDescGZIP(), []int{62}
+	return file_openshell_openshell_proto_rawDescGZIP(), []int{68}
 }
 
 func (x *AttachProviderResponse) GetProviders() []string {
@@ -4807,19 +5281,58 @@ const file_openshell_openshell_proto_rawDesc = "" +
 	"\x15DeleteSandboxResponse\x127\n" +
 	"\aoutcome\x18\x02 \x01(\x0e2\x1d.openshell.v1.DeletionOutcomeR\aoutcome\x12\x1d\n" +
 	"\n" +
-	"sandbox_id\x18\x03 \x01(\tR\tsandboxIdJ\x04\b\x01\x10\x02\"\xd8\x01\n" +
+	"sandbox_id\x18\x03 \x01(\tR\tsandboxIdJ\x04\b\x01\x10\x02\"\xcf\x03\n" +
 	"\x13WatchSandboxRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\x12#\n" +
-	"\rfollow_status\x18\x02 \x01(\bR\ffollowStatus\x12(\n" +
-	"\x10stop_on_terminal\x18\a \x01(\bR\x0estopOnTerminal\x12R\n" +
-	"\x0fworkspace_scope\x18\v \x01(\v2).openshell.datamodel.v1.WorkspaceSelectorR\x0eworkspaceScopeJ\x04\b\b\x10\t\"0\n" +
+	"\rfollow_status\x18\x02 \x01(\bR\ffollowStatus\x12\x1f\n" +
+	"\vfollow_logs\x18\x03 \x01(\bR\n" +
+	"followLogs\x12$\n" +
+	"\x0elog_tail_lines\x18\x05 \x01(\rR\flogTailLines\x12(\n" +
+	"\x10stop_on_terminal\x18\a \x01(\bR\x0estopOnTerminal\x12\x1f\n" +
+	"\vlog_sources\x18\t \x03(\tR\n" +
+	"logSources\x12\"\n" +
+	"\rlog_min_level\x18\n" +
+	" \x01(\tR\vlogMinLevel\x12R\n" +
+	"\x0fworkspace_scope\x18\v \x01(\v2).openshell.datamodel.v1.WorkspaceSelectorR\x0eworkspaceScope\x12.\n" +
+	"\x13resume_after_cursor\x18\f \x01(\tR\x11resumeAfterCursor\x129\n" +
+	"\n" +
+	"since_time\x18l \x01(\v2\x1a.google.protobuf.TimestampR\tsinceTimeJ\x04\b\b\x10\t\"0\n" +
 	"\x14SandboxStreamWarning\x12\x18\n" +
-	"\amessage\x18\x01 \x01(\tR\amessage\"\xaa\x01\n" +
+	"\amessage\x18\x01 \x01(\tR\amessage\"\xdc\x01\n" +
 	"\x12SandboxStreamEvent\x121\n" +
-	"\asandbox\x18\x01 \x01(\v2\x15.openshell.v1.SandboxH\x00R\asandbox\x12>\n" +
+	"\asandbox\x18\x01 \x01(\v2\x15.openshell.v1.SandboxH\x00R\asandbox\x120\n" +
+	"\x03log\x18\x02 \x01(\v2\x1c.openshell.v1.SandboxLogLineH\x00R\x03log\x12>\n" +
 	"\awarning\x18\x04 \x01(\v2\".openshell.v1.SandboxStreamWarningH\x00R\awarning\x12\x16\n" +
 	"\x06cursor\x18\x06 \x01(\tR\x06cursorB\t\n" +
-	"\apayload\"\xae\x04\n" +
+	"\apayload\"\xcd\x02\n" +
+	"\x0eSandboxLogLine\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x12\x14\n" +
+	"\x05level\x18\x03 \x01(\tR\x05level\x12\x16\n" +
+	"\x06target\x18\x04 \x01(\tR\x06target\x12\x18\n" +
+	"\amessage\x18\x05 \x01(\tR\amessage\x12\x16\n" +
+	"\x06source\x18\x06 \x01(\tR\x06source\x12@\n" +
+	"\x06fields\x18\a \x03(\v2(.openshell.v1.SandboxLogLine.FieldsEntryR\x06fields\x129\n" +
+	"\n" +
+	"event_time\x18f \x01(\v2\x1a.google.protobuf.TimestampR\teventTime\x1a9\n" +
+	"\vFieldsEntry\x12\x10\n" +
+	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01J\x04\b\x02\x10\x03\"\xed\x01\n" +
+	"\x15GetSandboxLogsRequest\x12\x18\n" +
+	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x14\n" +
+	"\x05lines\x18\x02 \x01(\rR\x05lines\x12\x19\n" +
+	"\bsince_ms\x18\x03 \x01(\x03R\asinceMs\x12\x18\n" +
+	"\asources\x18\x04 \x03(\tR\asources\x12\x1b\n" +
+	"\tmin_level\x18\x05 \x01(\tR\bminLevel\x12R\n" +
+	"\x0fworkspace_scope\x18\x14 \x01(\v2).openshell.datamodel.v1.WorkspaceSelectorR\x0eworkspaceScope\"m\n" +
+	"\x16GetSandboxLogsResponse\x120\n" +
+	"\x04logs\x18\x01 \x03(\v2\x1c.openshell.v1.SandboxLogLineR\x04logs\x12!\n" +
+	"\fbuffer_total\x18\x02 \x01(\rR\vbufferTotal\"i\n" +
+	"\x16PushSandboxLogsRequest\x12\x1d\n" +
+	"\n" +
+	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x120\n" +
+	"\x04logs\x18\x02 \x03(\v2\x1c.openshell.v1.SandboxLogLineR\x04logs\"\x19\n" +
+	"\x17PushSandboxLogsResponse\"\xae\x04\n" +
 	"\x12ExecSandboxRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x18\n" +
 	"\acommand\x18\x02 \x03(\tR\acommand\x12\x18\n" +
@@ -4863,17 +5376,19 @@ const file_openshell_openshell_proto_rawDesc = "" +
 	"\venvironment\x18\x14 \x03(\v2-.openshell.v1.SshRelayTarget.EnvironmentEntryR\venvironment\x1a>\n" +
 	"\x10EnvironmentEntry\x12\x10\n" +
 	"\x03key\x18\x01 \x01(\tR\x03key\x12\x14\n" +
-	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"8\n" +
+	"\x05value\x18\x02 \x01(\tR\x05value:\x028\x01\"\x11\n" +
+	"\x0fSftpRelayTarget\"8\n" +
 	"\x0eTcpRelayTarget\x12\x12\n" +
 	"\x04host\x18\x01 \x01(\tR\x04host\x12\x12\n" +
-	"\x04port\x18\x02 \x01(\rR\x04port\"\x86\x02\n" +
+	"\x04port\x18\x02 \x01(\rR\x04port\"\xbb\x02\n" +
 	"\x0eTcpForwardInit\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x1c\n" +
 	"\tworkspace\x18\x03 \x01(\tR\tworkspace\x12\x1d\n" +
 	"\n" +
 	"service_id\x18\x04 \x01(\tR\tserviceId\x120\n" +
 	"\x03ssh\x18\x05 \x01(\v2\x1c.openshell.v1.SshRelayTargetH\x00R\x03ssh\x120\n" +
-	"\x03tcp\x18\x06 \x01(\v2\x1c.openshell.v1.TcpRelayTargetH\x00R\x03tcp\x12/\n" +
+	"\x03tcp\x18\x06 \x01(\v2\x1c.openshell.v1.TcpRelayTargetH\x00R\x03tcp\x123\n" +
+	"\x04sftp\x18\x14 \x01(\v2\x1d.openshell.v1.SftpRelayTargetH\x00R\x04sftp\x12/\n" +
 	"\x13authorization_token\x18\a \x01(\tR\x12authorizationTokenB\b\n" +
 	"\x06target\"\x87\x01\n" +
 	"\x17CreateSshSessionRequest\x12\x18\n" +
@@ -4924,13 +5439,14 @@ const file_openshell_openshell_proto_rawDesc = "" +
 	"\x06reason\x18\x01 \x01(\tR\x06reason\"`\n" +
 	"\x0fSessionRedirect\x12#\n" +
 	"\rpeer_endpoint\x18\x01 \x01(\tR\fpeerEndpoint\x12(\n" +
-	"\x10owner_replica_id\x18\x02 \x01(\tR\x0eownerReplicaId\"\xef\x01\n" +
+	"\x10owner_replica_id\x18\x02 \x01(\tR\x0eownerReplicaId\"\xa4\x02\n" +
 	"\tRelayOpen\x12\x1d\n" +
 	"\n" +
 	"channel_id\x18\x01 \x01(\tR\tchannelId\x120\n" +
 	"\x03ssh\x18\x02 \x01(\v2\x1c.openshell.v1.SshRelayTargetH\x00R\x03ssh\x120\n" +
 	"\x03tcp\x18\x03 \x01(\v2\x1c.openshell.v1.TcpRelayTargetH\x00R\x03tcp\x126\n" +
-	"\x04exec\x18\x14 \x01(\v2 .openshell.v1.ExecSandboxRequestH\x00R\x04exec\x12\x1d\n" +
+	"\x04exec\x18\x14 \x01(\v2 .openshell.v1.ExecSandboxRequestH\x00R\x04exec\x123\n" +
+	"\x04sftp\x18\x15 \x01(\v2\x1d.openshell.v1.SftpRelayTargetH\x00R\x04sftp\x12\x1d\n" +
 	"\n" +
 	"service_id\x18\x05 \x01(\tR\tserviceIdB\b\n" +
 	"\x06target\"`\n" +
@@ -5076,7 +5592,7 @@ const file_openshell_openshell_proto_rawDesc = "" +
 	"\x15POLICY_STATUS_PENDING\x10\x01\x12\x18\n" +
 	"\x14POLICY_STATUS_LOADED\x10\x02\x12\x18\n" +
 	"\x14POLICY_STATUS_FAILED\x10\x03\x12\x1c\n" +
-	"\x18POLICY_STATUS_SUPERSEDED\x10\x042\xa6\x0e\n" +
+	"\x18POLICY_STATUS_SUPERSEDED\x10\x042\xe5\x0f\n" +
 	"\tOpenShell\x12C\n" +
 	"\x06Health\x12\x1b.openshell.v1.HealthRequest\x1a\x1c.openshell.v1.HealthResponse\x12R\n" +
 	"\rCreateSandbox\x12\".openshell.v1.CreateSandboxRequest\x1a\x1d.openshell.v1.SandboxResponse\x12L\n" +
@@ -5084,7 +5600,9 @@ const file_openshell_openshell_proto_rawDesc = "" +
 	"GetSandbox\x12\x1f.openshell.v1.GetSandboxRequest\x1a\x1d.openshell.v1.SandboxResponse\x12X\n" +
 	"\rListSandboxes\x12\".openshell.v1.ListSandboxesRequest\x1a#.openshell.v1.ListSandboxesResponse\x12X\n" +
 	"\rDeleteSandbox\x12\".openshell.v1.DeleteSandboxRequest\x1a#.openshell.v1.DeleteSandboxResponse\x12U\n" +
-	"\fWatchSandbox\x12!.openshell.v1.WatchSandboxRequest\x1a .openshell.v1.SandboxStreamEvent0\x01\x12S\n" +
+	"\fWatchSandbox\x12!.openshell.v1.WatchSandboxRequest\x1a .openshell.v1.SandboxStreamEvent0\x01\x12[\n" +
+	"\x0eGetSandboxLogs\x12#.openshell.v1.GetSandboxLogsRequest\x1a$.openshell.v1.GetSandboxLogsResponse\x12`\n" +
+	"\x0fPushSandboxLogs\x12$.openshell.v1.PushSandboxLogsRequest\x1a%.openshell.v1.PushSandboxLogsResponse(\x01\x12S\n" +
 	"\vExecSandbox\x12 .openshell.v1.ExecSandboxRequest\x1a\x1e.openshell.v1.ExecSandboxEvent\"\x000\x01\x12^\n" +
 	"\x16ExecSandboxInteractive\x12\x1e.openshell.v1.ExecSandboxInput\x1a\x1e.openshell.v1.ExecSandboxEvent\"\x00(\x010\x01\x12P\n" +
 	"\n" +
@@ -5114,7 +5632,7 @@ func file_openshell_openshell_proto_rawDescGZIP() []byte {
 }
 
 var file_openshell_openshell_proto_enumTypes = make([]protoimpl.EnumInfo, 7)
-var file_openshell_openshell_proto_msgTypes = make([]protoimpl.MessageInfo, 73)
+var file_openshell_openshell_proto_msgTypes = make([]protoimpl.MessageInfo, 80)
 var file_openshell_openshell_proto_goTypes = []any{
 	(ServiceStatus)(0),                            // 0: openshell.v1.ServiceStatus
 	(SandboxRestartPolicy)(0),                     // 1: openshell.v1.SandboxRestartPolicy
@@ -5143,194 +5661,214 @@ var file_openshell_openshell_proto_goTypes = []any{
 	(*WatchSandboxRequest)(nil),                   // 24: openshell.v1.WatchSandboxRequest
 	(*SandboxStreamWarning)(nil),                  // 25: openshell.v1.SandboxStreamWarning
 	(*SandboxStreamEvent)(nil),                    // 26: openshell.v1.SandboxStreamEvent
-	(*ExecSandboxRequest)(nil),                    // 27: openshell.v1.ExecSandboxRequest
-	(*ExecSandboxStdout)(nil),                     // 28: openshell.v1.ExecSandboxStdout
-	(*ExecSandboxStderr)(nil),                     // 29: openshell.v1.ExecSandboxStderr
-	(*ExecSandboxExit)(nil),                       // 30: openshell.v1.ExecSandboxExit
-	(*ExecSandboxEvent)(nil),                      // 31: openshell.v1.ExecSandboxEvent
-	(*ExecSandboxWindowResize)(nil),               // 32: openshell.v1.ExecSandboxWindowResize
-	(*ExecSandboxInput)(nil),                      // 33: openshell.v1.ExecSandboxInput
-	(*SshRelayTarget)(nil),                        // 34: openshell.v1.SshRelayTarget
-	(*TcpRelayTarget)(nil),                        // 35: openshell.v1.TcpRelayTarget
-	(*TcpForwardInit)(nil),                        // 36: openshell.v1.TcpForwardInit
-	(*CreateSshSessionRequest)(nil),               // 37: openshell.v1.CreateSshSessionRequest
-	(*CreateSshSessionResponse)(nil),              // 38: openshell.v1.CreateSshSessionResponse
-	(*RevokeSshSessionRequest)(nil),               // 39: openshell.v1.RevokeSshSessionRequest
-	(*RevokeSshSessionResponse)(nil),              // 40: openshell.v1.RevokeSshSessionResponse
-	(*TcpForwardEof)(nil),                         // 41: openshell.v1.TcpForwardEof
-	(*TcpForwardFrame)(nil),                       // 42: openshell.v1.TcpForwardFrame
-	(*SupervisorHeartbeat)(nil),                   // 43: openshell.v1.SupervisorHeartbeat
-	(*GatewayHeartbeat)(nil),                      // 44: openshell.v1.GatewayHeartbeat
-	(*SupervisorHello)(nil),                       // 45: openshell.v1.SupervisorHello
-	(*SessionAccepted)(nil),                       // 46: openshell.v1.SessionAccepted
-	(*SessionRejected)(nil),                       // 47: openshell.v1.SessionRejected
-	(*SessionRedirect)(nil),                       // 48: openshell.v1.SessionRedirect
-	(*RelayOpen)(nil),                             // 49: openshell.v1.RelayOpen
-	(*RelayOpenResult)(nil),                       // 50: openshell.v1.RelayOpenResult
-	(*RelayClose)(nil),                            // 51: openshell.v1.RelayClose
-	(*RelayInit)(nil),                             // 52: openshell.v1.RelayInit
-	(*RelayEof)(nil),                              // 53: openshell.v1.RelayEof
-	(*RelayFrame)(nil),                            // 54: openshell.v1.RelayFrame
-	(*SupervisorMessage)(nil),                     // 55: openshell.v1.SupervisorMessage
-	(*GatewayMessage)(nil),                        // 56: openshell.v1.GatewayMessage
-	(*ConfigUpdate)(nil),                          // 57: openshell.v1.ConfigUpdate
-	(*ConfigUpdateResult)(nil),                    // 58: openshell.v1.ConfigUpdateResult
-	(*GetSandboxProviderEnvironmentRequest)(nil),  // 59: openshell.v1.GetSandboxProviderEnvironmentRequest
-	(*GetSandboxProviderEnvironmentResponse)(nil), // 60: openshell.v1.GetSandboxProviderEnvironmentResponse
-	(*UpdateConfigRequest)(nil),                   // 61: openshell.v1.UpdateConfigRequest
-	(*UpdateConfigResponse)(nil),                  // 62: openshell.v1.UpdateConfigResponse
-	(*Provider)(nil),                              // 63: openshell.v1.Provider
-	(*CreateProviderRequest)(nil),                 // 64: openshell.v1.CreateProviderRequest
-	(*UpdateProviderRequest)(nil),                 // 65: openshell.v1.UpdateProviderRequest
-	(*ProviderResponse)(nil),                      // 66: openshell.v1.ProviderResponse
-	(*AttachProviderRequest)(nil),                 // 67: openshell.v1.AttachProviderRequest
-	(*DetachProviderRequest)(nil),                 // 68: openshell.v1.DetachProviderRequest
-	(*AttachProviderResponse)(nil),                // 69: openshell.v1.AttachProviderResponse
-	nil,                                           // 70: openshell.v1.SandboxSpec.EnvironmentEntry
-	nil,                                           // 71: openshell.v1.SandboxTemplate.LabelsEntry
-	nil,                                           // 72: openshell.v1.SandboxTemplate.EnvironmentEntry
-	nil,                                           // 73: openshell.v1.CreateSandboxRequest.LabelsEntry
-	nil,                                           // 74: openshell.v1.CreateSandboxRequest.AnnotationsEntry
-	nil,                                           // 75: openshell.v1.SandboxResponse.ServiceUrlsEntry
-	nil,                                           // 76: openshell.v1.ExecSandboxRequest.EnvironmentEntry
-	nil,                                           // 77: openshell.v1.SshRelayTarget.EnvironmentEntry
-	nil,                                           // 78: openshell.v1.GetSandboxProviderEnvironmentResponse.EnvironmentEntry
-	nil,                                           // 79: openshell.v1.Provider.EnvironmentEntry
-	(*datamodelv1.ObjectMeta)(nil),                // 80: openshell.datamodel.v1.ObjectMeta
-	(*sandboxv1.SandboxPolicy)(nil),               // 81: openshell.sandbox.v1.SandboxPolicy
-	(*structpb.Struct)(nil),                       // 82: google.protobuf.Struct
-	(*timestamppb.Timestamp)(nil),                 // 83: google.protobuf.Timestamp
-	(*datamodelv1.WorkspaceSelector)(nil),         // 84: openshell.datamodel.v1.WorkspaceSelector
-	(*durationpb.Duration)(nil),                   // 85: google.protobuf.Duration
-	(*sandboxv1.GetSandboxConfigResponse)(nil),    // 86: openshell.sandbox.v1.GetSandboxConfigResponse
-	(*sandboxv1.SettingValue)(nil),                // 87: openshell.sandbox.v1.SettingValue
-	(*sandboxv1.GetSandboxConfigRequest)(nil),     // 88: openshell.sandbox.v1.GetSandboxConfigRequest
+	(*SandboxLogLine)(nil),                        // 27: openshell.v1.SandboxLogLine
+	(*GetSandboxLogsRequest)(nil),                 // 28: openshell.v1.GetSandboxLogsRequest
+	(*GetSandboxLogsResponse)(nil),                // 29: openshell.v1.GetSandboxLogsResponse
+	(*PushSandboxLogsRequest)(nil),                // 30: openshell.v1.PushSandboxLogsRequest
+	(*PushSandboxLogsResponse)(nil),               // 31: openshell.v1.PushSandboxLogsResponse
+	(*ExecSandboxRequest)(nil),                    // 32: openshell.v1.ExecSandboxRequest
+	(*ExecSandboxStdout)(nil),                     // 33: openshell.v1.ExecSandboxStdout
+	(*ExecSandboxStderr)(nil),                     // 34: openshell.v1.ExecSandboxStderr
+	(*ExecSandboxExit)(nil),                       // 35: openshell.v1.ExecSandboxExit
+	(*ExecSandboxEvent)(nil),                      // 36: openshell.v1.ExecSandboxEvent
+	(*ExecSandboxWindowResize)(nil),               // 37: openshell.v1.ExecSandboxWindowResize
+	(*ExecSandboxInput)(nil),                      // 38: openshell.v1.ExecSandboxInput
+	(*SshRelayTarget)(nil),                        // 39: openshell.v1.SshRelayTarget
+	(*SftpRelayTarget)(nil),                       // 40: openshell.v1.SftpRelayTarget
+	(*TcpRelayTarget)(nil),                        // 41: openshell.v1.TcpRelayTarget
+	(*TcpForwardInit)(nil),                        // 42: openshell.v1.TcpForwardInit
+	(*CreateSshSessionRequest)(nil),               // 43: openshell.v1.CreateSshSessionRequest
+	(*CreateSshSessionResponse)(nil),              // 44: openshell.v1.CreateSshSessionResponse
+	(*RevokeSshSessionRequest)(nil),               // 45: openshell.v1.RevokeSshSessionRequest
+	(*RevokeSshSessionResponse)(nil),              // 46: openshell.v1.RevokeSshSessionResponse
+	(*TcpForwardEof)(nil),                         // 47: openshell.v1.TcpForwardEof
+	(*TcpForwardFrame)(nil),                       // 48: openshell.v1.TcpForwardFrame
+	(*SupervisorHeartbeat)(nil),                   // 49: openshell.v1.SupervisorHeartbeat
+	(*GatewayHeartbeat)(nil),                      // 50: openshell.v1.GatewayHeartbeat
+	(*SupervisorHello)(nil),                       // 51: openshell.v1.SupervisorHello
+	(*SessionAccepted)(nil),                       // 52: openshell.v1.SessionAccepted
+	(*SessionRejected)(nil),                       // 53: openshell.v1.SessionRejected
+	(*SessionRedirect)(nil),                       // 54: openshell.v1.SessionRedirect
+	(*RelayOpen)(nil),                             // 55: openshell.v1.RelayOpen
+	(*RelayOpenResult)(nil),                       // 56: openshell.v1.RelayOpenResult
+	(*RelayClose)(nil),                            // 57: openshell.v1.RelayClose
+	(*RelayInit)(nil),                             // 58: openshell.v1.RelayInit
+	(*RelayEof)(nil),                              // 59: openshell.v1.RelayEof
+	(*RelayFrame)(nil),                            // 60: openshell.v1.RelayFrame
+	(*SupervisorMessage)(nil),                     // 61: openshell.v1.SupervisorMessage
+	(*GatewayMessage)(nil),                        // 62: openshell.v1.GatewayMessage
+	(*ConfigUpdate)(nil),                          // 63: openshell.v1.ConfigUpdate
+	(*ConfigUpdateResult)(nil),                    // 64: openshell.v1.ConfigUpdateResult
+	(*GetSandboxProviderEnvironmentRequest)(nil),  // 65: openshell.v1.GetSandboxProviderEnvironmentRequest
+	(*GetSandboxProviderEnvironmentResponse)(nil), // 66: openshell.v1.GetSandboxProviderEnvironmentResponse
+	(*UpdateConfigRequest)(nil),                   // 67: openshell.v1.UpdateConfigRequest
+	(*UpdateConfigResponse)(nil),                  // 68: openshell.v1.UpdateConfigResponse
+	(*Provider)(nil),                              // 69: openshell.v1.Provider
+	(*CreateProviderRequest)(nil),                 // 70: openshell.v1.CreateProviderRequest
+	(*UpdateProviderRequest)(nil),                 // 71: openshell.v1.UpdateProviderRequest
+	(*ProviderResponse)(nil),                      // 72: openshell.v1.ProviderResponse
+	(*AttachProviderRequest)(nil),                 // 73: openshell.v1.AttachProviderRequest
+	(*DetachProviderRequest)(nil),                 // 74: openshell.v1.DetachProviderRequest
+	(*AttachProviderResponse)(nil),                // 75: openshell.v1.AttachProviderResponse
+	nil,                                           // 76: openshell.v1.SandboxSpec.EnvironmentEntry
+	nil,                                           // 77: openshell.v1.SandboxTemplate.LabelsEntry
+	nil,                                           // 78: openshell.v1.SandboxTemplate.EnvironmentEntry
+	nil,                                           // 79: openshell.v1.CreateSandboxRequest.LabelsEntry
+	nil,                                           // 80: openshell.v1.CreateSandboxRequest.AnnotationsEntry
+	nil,                                           // 81: openshell.v1.SandboxResponse.ServiceUrlsEntry
+	nil,                                           // 82: openshell.v1.SandboxLogLine.FieldsEntry
+	nil,                                           // 83: openshell.v1.ExecSandboxRequest.EnvironmentEntry
+	nil,                                           // 84: openshell.v1.SshRelayTarget.EnvironmentEntry
+	nil,                                           // 85: openshell.v1.GetSandboxProviderEnvironmentResponse.EnvironmentEntry
+	nil,                                           // 86: openshell.v1.Provider.EnvironmentEntry
+	(*datamodelv1.ObjectMeta)(nil),                // 87: openshell.datamodel.v1.ObjectMeta
+	(*sandboxv1.SandboxPolicy)(nil),               // 88: openshell.sandbox.v1.SandboxPolicy
+	(*structpb.Struct)(nil),                       // 89: google.protobuf.Struct
+	(*timestamppb.Timestamp)(nil),                 // 90: google.protobuf.Timestamp
+	(*datamodelv1.WorkspaceSelector)(nil),         // 91: openshell.datamodel.v1.WorkspaceSelector
+	(*durationpb.Duration)(nil),                   // 92: google.protobuf.Duration
+	(*sandboxv1.GetSandboxConfigResponse)(nil),    // 93: openshell.sandbox.v1.GetSandboxConfigResponse
+	(*sandboxv1.SettingValue)(nil),                // 94: openshell.sandbox.v1.SettingValue
+	(*sandboxv1.GetSandboxConfigRequest)(nil),     // 95: openshell.sandbox.v1.GetSandboxConfigRequest
 }
 var file_openshell_openshell_proto_depIdxs = []int32{
-	0,  // 0: openshell.v1.HealthResponse.status:type_name -> openshell.v1.ServiceStatus
-	80, // 1: openshell.v1.Sandbox.metadata:type_name -> openshell.datamodel.v1.ObjectMeta
-	10, // 2: openshell.v1.Sandbox.spec:type_name -> openshell.v1.SandboxSpec
-	15, // 3: openshell.v1.Sandbox.status:type_name -> openshell.v1.SandboxStatus
-	70, // 4: openshell.v1.SandboxSpec.environment:type_name -> openshell.v1.SandboxSpec.EnvironmentEntry
-	13, // 5: openshell.v1.SandboxSpec.template:type_name -> openshell.v1.SandboxTemplate
-	81, // 6: openshell.v1.SandboxSpec.policy:type_name -> openshell.sandbox.v1.SandboxPolicy
-	11, // 7: openshell.v1.SandboxSpec.resource_requirements:type_name -> openshell.v1.ResourceRequirements
-	1,  // 8: openshell.v1.SandboxSpec.restart_policy:type_name -> openshell.v1.SandboxRestartPolicy
-	12, // 9: openshell.v1.ResourceRequirements.gpu:type_name -> openshell.v1.GpuResourceRequirements
-	71, // 10: openshell.v1.SandboxTemplate.labels:type_name -> openshell.v1.SandboxTemplate.LabelsEntry
-	72, // 11: openshell.v1.SandboxTemplate.environment:type_name -> openshell.v1.SandboxTemplate.EnvironmentEntry
-	82, // 12: openshell.v1.SandboxTemplate.resources:type_name -> google.protobuf.Struct
-	83, // 13: openshell.v1.SandboxCondition.transition_time:type_name -> google.protobuf.Timestamp
-	14, // 14: openshell.v1.SandboxStatus.conditions:type_name -> openshell.v1.SandboxCondition
-	2,  // 15: openshell.v1.SandboxStatus.phase:type_name -> openshell.v1.SandboxPhase
-	10, // 16: openshell.v1.CreateSandboxRequest.spec:type_name -> openshell.v1.SandboxSpec
-	73, // 17: openshell.v1.CreateSandboxRequest.labels:type_name -> openshell.v1.CreateSandboxRequest.LabelsEntry
-	74, // 18: openshell.v1.CreateSandboxRequest.annotations:type_name -> openshell.v1.CreateSandboxRequest.AnnotationsEntry
-	84, // 19: openshell.v1.CreateSandboxRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
-	17, // 20: openshell.v1.CreateSandboxRequest.service_exposures:type_name -> openshell.v1.SandboxServiceExposure
-	3,  // 21: openshell.v1.SandboxServiceExposure.authorization_mode:type_name -> openshell.v1.ServiceAuthorizationMode
-	9,  // 22: openshell.v1.SandboxResponse.sandbox:type_name -> openshell.v1.Sandbox
-	75, // 23: openshell.v1.SandboxResponse.service_urls:type_name -> openshell.v1.SandboxResponse.ServiceUrlsEntry
-	84, // 24: openshell.v1.GetSandboxRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
-	84, // 25: openshell.v1.ListSandboxesRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
-	9,  // 26: openshell.v1.ListSandboxesResponse.sandboxes:type_name -> openshell.v1.Sandbox
-	84, // 27: openshell.v1.DeleteSandboxRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
-	4,  // 28: openshell.v1.DeleteSandboxResponse.outcome:type_name -> openshell.v1.DeletionOutcome
-	84, // 29: openshell.v1.WatchSandboxRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
-	9,  // 30: openshell.v1.SandboxStreamEvent.sandbox:type_name -> openshell.v1.Sandbox
-	25, // 31: openshell.v1.SandboxStreamEvent.warning:type_name -> openshell.v1.SandboxStreamWarning
-	76, // 32: openshell.v1.ExecSandboxRequest.environment:type_name -> openshell.v1.ExecSandboxRequest.EnvironmentEntry
-	84, // 33: openshell.v1.ExecSandboxRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
-	85, // 34: openshell.v1.ExecSandboxRequest.execution_timeout:type_name -> google.protobuf.Duration
-	28, // 35: openshell.v1.ExecSandboxEvent.stdout:type_name -> openshell.v1.ExecSandboxStdout
-	29, // 36: openshell.v1.ExecSandboxEvent.stderr:type_name -> openshell.v1.ExecSandboxStderr
-	30, // 37: openshell.v1.ExecSandboxEvent.exit:type_name -> openshell.v1.ExecSandboxExit
-	27, // 38: openshell.v1.ExecSandboxInput.start:type_name -> openshell.v1.ExecSandboxRequest
-	32, // 39: openshell.v1.ExecSandboxInput.resize:type_name -> openshell.v1.ExecSandboxWindowResize
-	77, // 40: openshell.v1.SshRelayTarget.environment:type_name -> openshell.v1.SshRelayTarget.EnvironmentEntry
-	34, // 41: openshell.v1.TcpForwardInit.ssh:type_name -> openshell.v1.SshRelayTarget
-	35, // 42: openshell.v1.TcpForwardInit.tcp:type_name -> openshell.v1.TcpRelayTarget
-	84, // 43: openshell.v1.CreateSshSessionRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
-	83, // 44: openshell.v1.CreateSshSessionResponse.expiration_time:type_name -> google.protobuf.Timestamp
-	36, // 45: openshell.v1.TcpForwardFrame.init:type_name -> openshell.v1.TcpForwardInit
-	41, // 46: openshell.v1.TcpForwardFrame.eof:type_name -> openshell.v1.TcpForwardEof
-	85, // 47: openshell.v1.SessionAccepted.heartbeat_interval:type_name -> google.protobuf.Duration
-	57, // 48: openshell.v1.SessionAccepted.bootstrap:type_name -> openshell.v1.ConfigUpdate
-	34, // 49: openshell.v1.RelayOpen.ssh:type_name -> openshell.v1.SshRelayTarget
-	35, // 50: openshell.v1.RelayOpen.tcp:type_name -> openshell.v1.TcpRelayTarget
-	27, // 51: openshell.v1.RelayOpen.exec:type_name -> openshell.v1.ExecSandboxRequest
-	52, // 52: openshell.v1.RelayFrame.init:type_name -> openshell.v1.RelayInit
-	53, // 53: openshell.v1.RelayFrame.eof:type_name -> openshell.v1.RelayEof
-	31, // 54: openshell.v1.RelayFrame.exec_event:type_name -> openshell.v1.ExecSandboxEvent
-	33, // 55: openshell.v1.RelayFrame.exec_input:type_name -> openshell.v1.ExecSandboxInput
-	45, // 56: openshell.v1.SupervisorMessage.hello:type_name -> openshell.v1.SupervisorHello
-	43, // 57: openshell.v1.SupervisorMessage.heartbeat:type_name -> openshell.v1.SupervisorHeartbeat
-	50, // 58: openshell.v1.SupervisorMessage.relay_open_result:type_name -> openshell.v1.RelayOpenResult
-	51, // 59: openshell.v1.SupervisorMessage.relay_close:type_name -> openshell.v1.RelayClose
-	58, // 60: openshell.v1.SupervisorMessage.config_update_result:type_name -> openshell.v1.ConfigUpdateResult
-	46, // 61: openshell.v1.GatewayMessage.session_accepted:type_name -> openshell.v1.SessionAccepted
-	47, // 62: openshell.v1.GatewayMessage.session_rejected:type_name -> openshell.v1.SessionRejected
-	44, // 63: openshell.v1.GatewayMessage.heartbeat:type_name -> openshell.v1.GatewayHeartbeat
-	49, // 64: openshell.v1.GatewayMessage.relay_open:type_name -> openshell.v1.RelayOpen
-	51, // 65: openshell.v1.GatewayMessage.relay_close:type_name -> openshell.v1.RelayClose
-	48, // 66: openshell.v1.GatewayMessage.session_redirect:type_name -> openshell.v1.SessionRedirect
-	57, // 67: openshell.v1.GatewayMessage.config_update:type_name -> openshell.v1.ConfigUpdate
-	86, // 68: openshell.v1.ConfigUpdate.sandbox_config:type_name -> openshell.sandbox.v1.GetSandboxConfigResponse
-	60, // 69: openshell.v1.ConfigUpdate.provider_environment:type_name -> openshell.v1.GetSandboxProviderEnvironmentResponse
-	5,  // 70: openshell.v1.ConfigUpdateResult.outcome:type_name -> openshell.v1.ConfigApplyOutcome
-	6,  // 71: openshell.v1.ConfigUpdateResult.policy_status:type_name -> openshell.v1.PolicyStatus
-	78, // 72: openshell.v1.GetSandboxProviderEnvironmentResponse.environment:type_name -> openshell.v1.GetSandboxProviderEnvironmentResponse.EnvironmentEntry
-	81, // 73: openshell.v1.UpdateConfigRequest.policy:type_name -> openshell.sandbox.v1.SandboxPolicy
-	87, // 74: openshell.v1.UpdateConfigRequest.setting_value:type_name -> openshell.sandbox.v1.SettingValue
-	79, // 75: openshell.v1.Provider.environment:type_name -> openshell.v1.Provider.EnvironmentEntry
-	63, // 76: openshell.v1.CreateProviderRequest.provider:type_name -> openshell.v1.Provider
-	63, // 77: openshell.v1.UpdateProviderRequest.provider:type_name -> openshell.v1.Provider
-	63, // 78: openshell.v1.ProviderResponse.provider:type_name -> openshell.v1.Provider
-	7,  // 79: openshell.v1.OpenShell.Health:input_type -> openshell.v1.HealthRequest
-	16, // 80: openshell.v1.OpenShell.CreateSandbox:input_type -> openshell.v1.CreateSandboxRequest
-	19, // 81: openshell.v1.OpenShell.GetSandbox:input_type -> openshell.v1.GetSandboxRequest
-	20, // 82: openshell.v1.OpenShell.ListSandboxes:input_type -> openshell.v1.ListSandboxesRequest
-	22, // 83: openshell.v1.OpenShell.DeleteSandbox:input_type -> openshell.v1.DeleteSandboxRequest
-	24, // 84: openshell.v1.OpenShell.WatchSandbox:input_type -> openshell.v1.WatchSandboxRequest
-	27, // 85: openshell.v1.OpenShell.ExecSandbox:input_type -> openshell.v1.ExecSandboxRequest
-	33, // 86: openshell.v1.OpenShell.ExecSandboxInteractive:input_type -> openshell.v1.ExecSandboxInput
-	42, // 87: openshell.v1.OpenShell.ForwardTcp:input_type -> openshell.v1.TcpForwardFrame
-	37, // 88: openshell.v1.OpenShell.CreateSshSession:input_type -> openshell.v1.CreateSshSessionRequest
-	39, // 89: openshell.v1.OpenShell.RevokeSshSession:input_type -> openshell.v1.RevokeSshSessionRequest
-	88, // 90: openshell.v1.OpenShell.GetSandboxConfig:input_type -> openshell.sandbox.v1.GetSandboxConfigRequest
-	59, // 91: openshell.v1.OpenShell.GetSandboxProviderEnvironment:input_type -> openshell.v1.GetSandboxProviderEnvironmentRequest
-	61, // 92: openshell.v1.OpenShell.UpdateConfig:input_type -> openshell.v1.UpdateConfigRequest
-	64, // 93: openshell.v1.OpenShell.CreateProvider:input_type -> openshell.v1.CreateProviderRequest
-	65, // 94: openshell.v1.OpenShell.UpdateProvider:input_type -> openshell.v1.UpdateProviderRequest
-	67, // 95: openshell.v1.OpenShell.AttachProvider:input_type -> openshell.v1.AttachProviderRequest
-	68, // 96: openshell.v1.OpenShell.DetachProvider:input_type -> openshell.v1.DetachProviderRequest
-	55, // 97: openshell.v1.OpenShell.ConnectSupervisor:input_type -> openshell.v1.SupervisorMessage
-	54, // 98: openshell.v1.OpenShell.RelayStream:input_type -> openshell.v1.RelayFrame
-	8,  // 99: openshell.v1.OpenShell.Health:output_type -> openshell.v1.HealthResponse
-	18, // 100: openshell.v1.OpenShell.CreateSandbox:output_type -> openshell.v1.SandboxResponse
-	18, // 101: openshell.v1.OpenShell.GetSandbox:output_type -> openshell.v1.SandboxResponse
-	21, // 102: openshell.v1.OpenShell.ListSandboxes:output_type -> openshell.v1.ListSandboxesResponse
-	23, // 103: openshell.v1.OpenShell.DeleteSandbox:output_type -> openshell.v1.DeleteSandboxResponse
-	26, // 104: openshell.v1.OpenShell.WatchSandbox:output_type -> openshell.v1.SandboxStreamEvent
-	31, // 105: openshell.v1.OpenShell.ExecSandbox:output_type -> openshell.v1.ExecSandboxEvent
-	31, // 106: openshell.v1.OpenShell.ExecSandboxInteractive:output_type -> openshell.v1.ExecSandboxEvent
-	42, // 107: openshell.v1.OpenShell.ForwardTcp:output_type -> openshell.v1.TcpForwardFrame
-	38, // 108: openshell.v1.OpenShell.CreateSshSession:output_type -> openshell.v1.CreateSshSessionResponse
-	40, // 109: openshell.v1.OpenShell.RevokeSshSession:output_type -> openshell.v1.RevokeSshSessionResponse
-	86, // 110: openshell.v1.OpenShell.GetSandboxConfig:output_type -> openshell.sandbox.v1.GetSandboxConfigResponse
-	60, // 111: openshell.v1.OpenShell.GetSandboxProviderEnvironment:output_type -> openshell.v1.GetSandboxProviderEnvironmentResponse
-	62, // 112: openshell.v1.OpenShell.UpdateConfig:output_type -> openshell.v1.UpdateConfigResponse
-	66, // 113: openshell.v1.OpenShell.CreateProvider:output_type -> openshell.v1.ProviderResponse
-	66, // 114: openshell.v1.OpenShell.UpdateProvider:output_type -> openshell.v1.ProviderResponse
-	69, // 115: openshell.v1.OpenShell.AttachProvider:output_type -> openshell.v1.AttachProviderResponse
-	69, // 116: openshell.v1.OpenShell.DetachProvider:output_type -> openshell.v1.AttachProviderResponse
-	56, // 117: openshell.v1.OpenShell.ConnectSupervisor:output_type -> openshell.v1.GatewayMessage
-	54, // 118: openshell.v1.OpenShell.RelayStream:output_type -> openshell.v1.RelayFrame
-	99, // [99:119] is the sub-list for method output_type
-	79, // [79:99] is the sub-list for method input_type
-	79, // [79:79] is the sub-list for extension type_name
-	79, // [79:79] is the sub-list for extension extendee
-	0,  // [0:79] is the sub-list for field type_name
+	0,   // 0: openshell.v1.HealthResponse.status:type_name -> openshell.v1.ServiceStatus
+	87,  // 1: openshell.v1.Sandbox.metadata:type_name -> openshell.datamodel.v1.ObjectMeta
+	10,  // 2: openshell.v1.Sandbox.spec:type_name -> openshell.v1.SandboxSpec
+	15,  // 3: openshell.v1.Sandbox.status:type_name -> openshell.v1.SandboxStatus
+	76,  // 4: openshell.v1.SandboxSpec.environment:type_name -> openshell.v1.SandboxSpec.EnvironmentEntry
+	13,  // 5: openshell.v1.SandboxSpec.template:type_name -> openshell.v1.SandboxTemplate
+	88,  // 6: openshell.v1.SandboxSpec.policy:type_name -> openshell.sandbox.v1.SandboxPolicy
+	11,  // 7: openshell.v1.SandboxSpec.resource_requirements:type_name -> openshell.v1.ResourceRequirements
+	1,   // 8: openshell.v1.SandboxSpec.restart_policy:type_name -> openshell.v1.SandboxRestartPolicy
+	12,  // 9: openshell.v1.ResourceRequirements.gpu:type_name -> openshell.v1.GpuResourceRequirements
+	77,  // 10: openshell.v1.SandboxTemplate.labels:type_name -> openshell.v1.SandboxTemplate.LabelsEntry
+	78,  // 11: openshell.v1.SandboxTemplate.environment:type_name -> openshell.v1.SandboxTemplate.EnvironmentEntry
+	89,  // 12: openshell.v1.SandboxTemplate.resources:type_name -> google.protobuf.Struct
+	90,  // 13: openshell.v1.SandboxCondition.transition_time:type_name -> google.protobuf.Timestamp
+	14,  // 14: openshell.v1.SandboxStatus.conditions:type_name -> openshell.v1.SandboxCondition
+	2,   // 15: openshell.v1.SandboxStatus.phase:type_name -> openshell.v1.SandboxPhase
+	10,  // 16: openshell.v1.CreateSandboxRequest.spec:type_name -> openshell.v1.SandboxSpec
+	79,  // 17: openshell.v1.CreateSandboxRequest.labels:type_name -> openshell.v1.CreateSandboxRequest.LabelsEntry
+	80,  // 18: openshell.v1.CreateSandboxRequest.annotations:type_name -> openshell.v1.CreateSandboxRequest.AnnotationsEntry
+	91,  // 19: openshell.v1.CreateSandboxRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
+	17,  // 20: openshell.v1.CreateSandboxRequest.service_exposures:type_name -> openshell.v1.SandboxServiceExposure
+	3,   // 21: openshell.v1.SandboxServiceExposure.authorization_mode:type_name -> openshell.v1.ServiceAuthorizationMode
+	9,   // 22: openshell.v1.SandboxResponse.sandbox:type_name -> openshell.v1.Sandbox
+	81,  // 23: openshell.v1.SandboxResponse.service_urls:type_name -> openshell.v1.SandboxResponse.ServiceUrlsEntry
+	91,  // 24: openshell.v1.GetSandboxRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
+	91,  // 25: openshell.v1.ListSandboxesRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
+	9,   // 26: openshell.v1.ListSandboxesResponse.sandboxes:type_name -> openshell.v1.Sandbox
+	91,  // 27: openshell.v1.DeleteSandboxRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
+	4,   // 28: openshell.v1.DeleteSandboxResponse.outcome:type_name -> openshell.v1.DeletionOutcome
+	91,  // 29: openshell.v1.WatchSandboxRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
+	90,  // 30: openshell.v1.WatchSandboxRequest.since_time:type_name -> google.protobuf.Timestamp
+	9,   // 31: openshell.v1.SandboxStreamEvent.sandbox:type_name -> openshell.v1.Sandbox
+	27,  // 32: openshell.v1.SandboxStreamEvent.log:type_name -> openshell.v1.SandboxLogLine
+	25,  // 33: openshell.v1.SandboxStreamEvent.warning:type_name -> openshell.v1.SandboxStreamWarning
+	82,  // 34: openshell.v1.SandboxLogLine.fields:type_name -> openshell.v1.SandboxLogLine.FieldsEntry
+	90,  // 35: openshell.v1.SandboxLogLine.event_time:type_name -> google.protobuf.Timestamp
+	91,  // 36: openshell.v1.GetSandboxLogsRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
+	27,  // 37: openshell.v1.GetSandboxLogsResponse.logs:type_name -> openshell.v1.SandboxLogLine
+	27,  // 38: openshell.v1.PushSandboxLogsRequest.logs:type_name -> openshell.v1.SandboxLogLine
+	83,  // 39: openshell.v1.ExecSandboxRequest.environment:type_name -> openshell.v1.ExecSandboxRequest.EnvironmentEntry
+	91,  // 40: openshell.v1.ExecSandboxRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
+	92,  // 41: openshell.v1.ExecSandboxRequest.execution_timeout:type_name -> google.protobuf.Duration
+	33,  // 42: openshell.v1.ExecSandboxEvent.stdout:type_name -> openshell.v1.ExecSandboxStdout
+	34,  // 43: openshell.v1.ExecSandboxEvent.stderr:type_name -> openshell.v1.ExecSandboxStderr
+	35,  // 44: openshell.v1.ExecSandboxEvent.exit:type_name -> openshell.v1.ExecSandboxExit
+	32,  // 45: openshell.v1.ExecSandboxInput.start:type_name -> openshell.v1.ExecSandboxRequest
+	37,  // 46: openshell.v1.ExecSandboxInput.resize:type_name -> openshell.v1.ExecSandboxWindowResize
+	84,  // 47: openshell.v1.SshRelayTarget.environment:type_name -> openshell.v1.SshRelayTarget.EnvironmentEntry
+	39,  // 48: openshell.v1.TcpForwardInit.ssh:type_name -> openshell.v1.SshRelayTarget
+	41,  // 49: openshell.v1.TcpForwardInit.tcp:type_name -> openshell.v1.TcpRelayTarget
+	40,  // 50: openshell.v1.TcpForwardInit.sftp:type_name -> openshell.v1.SftpRelayTarget
+	91,  // 51: openshell.v1.CreateSshSessionRequest.workspace_scope:type_name -> openshell.datamodel.v1.WorkspaceSelector
+	90,  // 52: openshell.v1.CreateSshSessionResponse.expiration_time:type_name -> google.protobuf.Timestamp
+	42,  // 53: openshell.v1.TcpForwardFrame.init:type_name -> openshell.v1.TcpForwardInit
+	47,  // 54: openshell.v1.TcpForwardFrame.eof:type_name -> openshell.v1.TcpForwardEof
+	92,  // 55: openshell.v1.SessionAccepted.heartbeat_interval:type_name -> google.protobuf.Duration
+	63,  // 56: openshell.v1.SessionAccepted.bootstrap:type_name -> openshell.v1.ConfigUpdate
+	39,  // 57: openshell.v1.RelayOpen.ssh:type_name -> openshell.v1.SshRelayTarget
+	41,  // 58: openshell.v1.RelayOpen.tcp:type_name -> openshell.v1.TcpRelayTarget
+	32,  // 59: openshell.v1.RelayOpen.exec:type_name -> openshell.v1.ExecSandboxRequest
+	40,  // 60: openshell.v1.RelayOpen.sftp:type_name -> openshell.v1.SftpRelayTarget
+	58,  // 61: openshell.v1.RelayFrame.init:type_name -> openshell.v1.RelayInit
+	59,  // 62: openshell.v1.RelayFrame.eof:type_name -> openshell.v1.RelayEof
+	36,  // 63: openshell.v1.RelayFrame.exec_event:type_name -> openshell.v1.ExecSandboxEvent
+	38,  // 64: openshell.v1.RelayFrame.exec_input:type_name -> openshell.v1.ExecSandboxInput
+	51,  // 65: openshell.v1.SupervisorMessage.hello:type_name -> openshell.v1.SupervisorHello
+	49,  // 66: openshell.v1.SupervisorMessage.heartbeat:type_name -> openshell.v1.SupervisorHeartbeat
+	56,  // 67: openshell.v1.SupervisorMessage.relay_open_result:type_name -> openshell.v1.RelayOpenResult
+	57,  // 68: openshell.v1.SupervisorMessage.relay_close:type_name -> openshell.v1.RelayClose
+	64,  // 69: openshell.v1.SupervisorMessage.config_update_result:type_name -> openshell.v1.ConfigUpdateResult
+	52,  // 70: openshell.v1.GatewayMessage.session_accepted:type_name -> openshell.v1.SessionAccepted
+	53,  // 71: openshell.v1.GatewayMessage.session_rejected:type_name -> openshell.v1.SessionRejected
+	50,  // 72: openshell.v1.GatewayMessage.heartbeat:type_name -> openshell.v1.GatewayHeartbeat
+	55,  // 73: openshell.v1.GatewayMessage.relay_open:type_name -> openshell.v1.RelayOpen
+	57,  // 74: openshell.v1.GatewayMessage.relay_close:type_name -> openshell.v1.RelayClose
+	54,  // 75: openshell.v1.GatewayMessage.session_redirect:type_name -> openshell.v1.SessionRedirect
+	63,  // 76: openshell.v1.GatewayMessage.config_update:type_name -> openshell.v1.ConfigUpdate
+	93,  // 77: openshell.v1.ConfigUpdate.sandbox_config:type_name -> openshell.sandbox.v1.GetSandboxConfigResponse
+	66,  // 78: openshell.v1.ConfigUpdate.provider_environment:type_name -> openshell.v1.GetSandboxProviderEnvironmentResponse
+	5,   // 79: openshell.v1.ConfigUpdateResult.outcome:type_name -> openshell.v1.ConfigApplyOutcome
+	6,   // 80: openshell.v1.ConfigUpdateResult.policy_status:type_name -> openshell.v1.PolicyStatus
+	85,  // 81: openshell.v1.GetSandboxProviderEnvironmentResponse.environment:type_name -> openshell.v1.GetSandboxProviderEnvironmentResponse.EnvironmentEntry
+	88,  // 82: openshell.v1.UpdateConfigRequest.policy:type_name -> openshell.sandbox.v1.SandboxPolicy
+	94,  // 83: openshell.v1.UpdateConfigRequest.setting_value:type_name -> openshell.sandbox.v1.SettingValue
+	86,  // 84: openshell.v1.Provider.environment:type_name -> openshell.v1.Provider.EnvironmentEntry
+	69,  // 85: openshell.v1.CreateProviderRequest.provider:type_name -> openshell.v1.Provider
+	69,  // 86: openshell.v1.UpdateProviderRequest.provider:type_name -> openshell.v1.Provider
+	69,  // 87: openshell.v1.ProviderResponse.provider:type_name -> openshell.v1.Provider
+	7,   // 88: openshell.v1.OpenShell.Health:input_type -> openshell.v1.HealthRequest
+	16,  // 89: openshell.v1.OpenShell.CreateSandbox:input_type -> openshell.v1.CreateSandboxRequest
+	19,  // 90: openshell.v1.OpenShell.GetSandbox:input_type -> openshell.v1.GetSandboxRequest
+	20,  // 91: openshell.v1.OpenShell.ListSandboxes:input_type -> openshell.v1.ListSandboxesRequest
+	22,  // 92: openshell.v1.OpenShell.DeleteSandbox:input_type -> openshell.v1.DeleteSandboxRequest
+	24,  // 93: openshell.v1.OpenShell.WatchSandbox:input_type -> openshell.v1.WatchSandboxRequest
+	28,  // 94: openshell.v1.OpenShell.GetSandboxLogs:input_type -> openshell.v1.GetSandboxLogsRequest
+	30,  // 95: openshell.v1.OpenShell.PushSandboxLogs:input_type -> openshell.v1.PushSandboxLogsRequest
+	32,  // 96: openshell.v1.OpenShell.ExecSandbox:input_type -> openshell.v1.ExecSandboxRequest
+	38,  // 97: openshell.v1.OpenShell.ExecSandboxInteractive:input_type -> openshell.v1.ExecSandboxInput
+	48,  // 98: openshell.v1.OpenShell.ForwardTcp:input_type -> openshell.v1.TcpForwardFrame
+	43,  // 99: openshell.v1.OpenShell.CreateSshSession:input_type -> openshell.v1.CreateSshSessionRequest
+	45,  // 100: openshell.v1.OpenShell.RevokeSshSession:input_type -> openshell.v1.RevokeSshSessionRequest
+	95,  // 101: openshell.v1.OpenShell.GetSandboxConfig:input_type -> openshell.sandbox.v1.GetSandboxConfigRequest
+	65,  // 102: openshell.v1.OpenShell.GetSandboxProviderEnvironment:input_type -> openshell.v1.GetSandboxProviderEnvironmentRequest
+	67,  // 103: openshell.v1.OpenShell.UpdateConfig:input_type -> openshell.v1.UpdateConfigRequest
+	70,  // 104: openshell.v1.OpenShell.CreateProvider:input_type -> openshell.v1.CreateProviderRequest
+	71,  // 105: openshell.v1.OpenShell.UpdateProvider:input_type -> openshell.v1.UpdateProviderRequest
+	73,  // 106: openshell.v1.OpenShell.AttachProvider:input_type -> openshell.v1.AttachProviderRequest
+	74,  // 107: openshell.v1.OpenShell.DetachProvider:input_type -> openshell.v1.DetachProviderRequest
+	61,  // 108: openshell.v1.OpenShell.ConnectSupervisor:input_type -> openshell.v1.SupervisorMessage
+	60,  // 109: openshell.v1.OpenShell.RelayStream:input_type -> openshell.v1.RelayFrame
+	8,   // 110: openshell.v1.OpenShell.Health:output_type -> openshell.v1.HealthResponse
+	18,  // 111: openshell.v1.OpenShell.CreateSandbox:output_type -> openshell.v1.SandboxResponse
+	18,  // 112: openshell.v1.OpenShell.GetSandbox:output_type -> openshell.v1.SandboxResponse
+	21,  // 113: openshell.v1.OpenShell.ListSandboxes:output_type -> openshell.v1.ListSandboxesResponse
+	23,  // 114: openshell.v1.OpenShell.DeleteSandbox:output_type -> openshell.v1.DeleteSandboxResponse
+	26,  // 115: openshell.v1.OpenShell.WatchSandbox:output_type -> openshell.v1.SandboxStreamEvent
+	29,  // 116: openshell.v1.OpenShell.GetSandboxLogs:output_type -> openshell.v1.GetSandboxLogsResponse
+	31,  // 117: openshell.v1.OpenShell.PushSandboxLogs:output_type -> openshell.v1.PushSandboxLogsResponse
+	36,  // 118: openshell.v1.OpenShell.ExecSandbox:output_type -> openshell.v1.ExecSandboxEvent
+	36,  // 119: openshell.v1.OpenShell.ExecSandboxInteractive:output_type -> openshell.v1.ExecSandboxEvent
+	48,  // 120: openshell.v1.OpenShell.ForwardTcp:output_type -> openshell.v1.TcpForwardFrame
+	44,  // 121: openshell.v1.OpenShell.CreateSshSession:output_type -> openshell.v1.CreateSshSessionResponse
+	46,  // 122: openshell.v1.OpenShell.RevokeSshSession:output_type -> openshell.v1.RevokeSshSessionResponse
+	93,  // 123: openshell.v1.OpenShell.GetSandboxConfig:output_type -> openshell.sandbox.v1.GetSandboxConfigResponse
+	66,  // 124: openshell.v1.OpenShell.GetSandboxProviderEnvironment:output_type -> openshell.v1.GetSandboxProviderEnvironmentResponse
+	68,  // 125: openshell.v1.OpenShell.UpdateConfig:output_type -> openshell.v1.UpdateConfigResponse
+	72,  // 126: openshell.v1.OpenShell.CreateProvider:output_type -> openshell.v1.ProviderResponse
+	72,  // 127: openshell.v1.OpenShell.UpdateProvider:output_type -> openshell.v1.ProviderResponse
+	75,  // 128: openshell.v1.OpenShell.AttachProvider:output_type -> openshell.v1.AttachProviderResponse
+	75,  // 129: openshell.v1.OpenShell.DetachProvider:output_type -> openshell.v1.AttachProviderResponse
+	62,  // 130: openshell.v1.OpenShell.ConnectSupervisor:output_type -> openshell.v1.GatewayMessage
+	60,  // 131: openshell.v1.OpenShell.RelayStream:output_type -> openshell.v1.RelayFrame
+	110, // [110:132] is the sub-list for method output_type
+	88,  // [88:110] is the sub-list for method input_type
+	88,  // [88:88] is the sub-list for extension type_name
+	88,  // [88:88] is the sub-list for extension extendee
+	0,   // [0:88] is the sub-list for field type_name
 }
 
 func init() { file_openshell_openshell_proto_init() }
@@ -5342,47 +5880,50 @@ func file_openshell_openshell_proto_init() {
 	file_openshell_openshell_proto_msgTypes[8].OneofWrappers = []any{}
 	file_openshell_openshell_proto_msgTypes[19].OneofWrappers = []any{
 		(*SandboxStreamEvent_Sandbox)(nil),
+		(*SandboxStreamEvent_Log)(nil),
 		(*SandboxStreamEvent_Warning)(nil),
 	}
-	file_openshell_openshell_proto_msgTypes[24].OneofWrappers = []any{
+	file_openshell_openshell_proto_msgTypes[29].OneofWrappers = []any{
 		(*ExecSandboxEvent_Stdout)(nil),
 		(*ExecSandboxEvent_Stderr)(nil),
 		(*ExecSandboxEvent_Exit)(nil),
 	}
-	file_openshell_openshell_proto_msgTypes[26].OneofWrappers = []any{
+	file_openshell_openshell_proto_msgTypes[31].OneofWrappers = []any{
 		(*ExecSandboxInput_Start)(nil),
 		(*ExecSandboxInput_Stdin)(nil),
 		(*ExecSandboxInput_Resize)(nil),
 	}
-	file_openshell_openshell_proto_msgTypes[29].OneofWrappers = []any{
+	file_openshell_openshell_proto_msgTypes[35].OneofWrappers = []any{
 		(*TcpForwardInit_Ssh)(nil),
 		(*TcpForwardInit_Tcp)(nil),
+		(*TcpForwardInit_Sftp)(nil),
 	}
-	file_openshell_openshell_proto_msgTypes[35].OneofWrappers = []any{
+	file_openshell_openshell_proto_msgTypes[41].OneofWrappers = []any{
 		(*TcpForwardFrame_Init)(nil),
 		(*TcpForwardFrame_Data)(nil),
 		(*TcpForwardFrame_Eof)(nil),
 	}
-	file_openshell_openshell_proto_msgTypes[42].OneofWrappers = []any{
+	file_openshell_openshell_proto_msgTypes[48].OneofWrappers = []any{
 		(*RelayOpen_Ssh)(nil),
 		(*RelayOpen_Tcp)(nil),
 		(*RelayOpen_Exec)(nil),
+		(*RelayOpen_Sftp)(nil),
 	}
-	file_openshell_openshell_proto_msgTypes[47].OneofWrappers = []any{
+	file_openshell_openshell_proto_msgTypes[53].OneofWrappers = []any{
 		(*RelayFrame_Init)(nil),
 		(*RelayFrame_Data)(nil),
 		(*RelayFrame_Eof)(nil),
 		(*RelayFrame_ExecEvent)(nil),
 		(*RelayFrame_ExecInput)(nil),
 	}
-	file_openshell_openshell_proto_msgTypes[48].OneofWrappers = []any{
+	file_openshell_openshell_proto_msgTypes[54].OneofWrappers = []any{
 		(*SupervisorMessage_Hello)(nil),
 		(*SupervisorMessage_Heartbeat)(nil),
 		(*SupervisorMessage_RelayOpenResult)(nil),
 		(*SupervisorMessage_RelayClose)(nil),
 		(*SupervisorMessage_ConfigUpdateResult)(nil),
 	}
-	file_openshell_openshell_proto_msgTypes[49].OneofWrappers = []any{
+	file_openshell_openshell_proto_msgTypes[55].OneofWrappers = []any{
 		(*GatewayMessage_SessionAccepted)(nil),
 		(*GatewayMessage_SessionRejected)(nil),
 		(*GatewayMessage_Heartbeat)(nil),
@@ -5397,7 +5938,7 @@ func file_openshell_openshell_proto_init() {
 			GoPackagePath: reflect.TypeOf(x{}).PkgPath(),
 			RawDescriptor: unsafe.Slice(unsafe.StringData(file_openshell_openshell_proto_rawDesc), len(file_openshell_openshell_proto_rawDesc)),
 			NumEnums:      7,
-			NumMessages:   73,
+			NumMessages:   80,
 			NumExtensions: 0,
 			NumServices:   1,
 		},

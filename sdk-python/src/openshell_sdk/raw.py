@@ -68,6 +68,18 @@ METHODS: tuple[MethodInfo, ...] = (
         owner_routed_field=None,
     ),
     MethodInfo(
+        name="GetSandboxLogs",
+        path="/openshell.v1.OpenShell/GetSandboxLogs",
+        kind="unary",
+        owner_routed_field=None,
+    ),
+    MethodInfo(
+        name="PushSandboxLogs",
+        path="/openshell.v1.OpenShell/PushSandboxLogs",
+        kind="client_streaming",
+        owner_routed_field=None,
+    ),
+    MethodInfo(
         name="ExecSandbox",
         path="/openshell.v1.OpenShell/ExecSandbox",
         kind="server_streaming",
@@ -358,7 +370,9 @@ class AsyncRaw(RawStubBase):
     ) -> ServerStream[pb.SandboxStreamEvent]:
         """``WatchSandbox`` (server streaming).
 
-        Status events for one sandbox; the first event is a full snapshot.
+        Status events and log lines for one sandbox; without a resume cursor the
+        first event is a full snapshot. Every event carries a cursor (ours: the
+        snapshot's too) to resume after (PROTOCOL.md section 9).
 
         The call starts on first iteration.
         """
@@ -366,6 +380,66 @@ class AsyncRaw(RawStubBase):
             "/openshell.v1.OpenShell/WatchSandbox",
             request,
             pb.SandboxStreamEvent,
+            metadata,
+            timeout,
+        )
+
+    async def get_sandbox_logs(
+        self,
+        request: pb.GetSandboxLogsRequest,
+        *,
+        metadata: MetadataLike = (),
+        timeout: float | None = None,
+    ) -> pb.GetSandboxLogsResponse:
+        """``GetSandboxLogs`` (unary).
+
+        The sandbox's recorded log lines (gateway and supervisor), oldest first.
+        """
+        response = await self._unary(
+            "/openshell.v1.OpenShell/GetSandboxLogs",
+            request,
+            pb.GetSandboxLogsResponse,
+            metadata,
+            timeout,
+        )
+        return response.message
+
+    async def get_sandbox_logs_with_metadata(
+        self,
+        request: pb.GetSandboxLogsRequest,
+        *,
+        metadata: MetadataLike = (),
+        timeout: float | None = None,
+    ) -> RawResponse[pb.GetSandboxLogsResponse]:
+        """``GetSandboxLogs`` (unary).
+
+        The sandbox's recorded log lines (gateway and supervisor), oldest first.
+
+        Returns the message with the response metadata.
+        """
+        return await self._unary(
+            "/openshell.v1.OpenShell/GetSandboxLogs",
+            request,
+            pb.GetSandboxLogsResponse,
+            metadata,
+            timeout,
+        )
+
+    def push_sandbox_logs(
+        self,
+        *,
+        metadata: MetadataLike = (),
+        timeout: float | None = None,
+    ) -> BidiStream[pb.PushSandboxLogsRequest, pb.PushSandboxLogsResponse]:
+        """``PushSandboxLogs`` (client streaming).
+
+        Supervisor side: log lines of the caller's own sandbox (sandbox token).
+
+        The call starts with the first ``send`` (or ``recv``).
+        """
+        return self._bidi_stream(
+            "/openshell.v1.OpenShell/PushSandboxLogs",
+            pb.PushSandboxLogsResponse,
             metadata,
             timeout,
         )

@@ -162,13 +162,59 @@ class SyncRaw:
     ) -> SyncServerStream[pb.SandboxStreamEvent]:
         """``WatchSandbox`` (server streaming).
 
-        Status events for one sandbox; the first event is a full snapshot.
+        Status events and log lines for one sandbox; without a resume cursor the
+        first event is a full snapshot. Every event carries a cursor (ours: the
+        snapshot's too) to resume after (PROTOCOL.md section 9).
 
         The call starts on first iteration.
         """
         return SyncServerStream(
             self._raw.watch_sandbox(request, metadata=metadata, timeout=timeout)
         )
+
+    def get_sandbox_logs(
+        self,
+        request: pb.GetSandboxLogsRequest,
+        *,
+        metadata: MetadataLike = (),
+        timeout: float | None = None,
+    ) -> pb.GetSandboxLogsResponse:
+        """``GetSandboxLogs`` (unary).
+
+        The sandbox's recorded log lines (gateway and supervisor), oldest first.
+        """
+        return run(self._raw.get_sandbox_logs(request, metadata=metadata, timeout=timeout))
+
+    def get_sandbox_logs_with_metadata(
+        self,
+        request: pb.GetSandboxLogsRequest,
+        *,
+        metadata: MetadataLike = (),
+        timeout: float | None = None,
+    ) -> RawResponse[pb.GetSandboxLogsResponse]:
+        """``GetSandboxLogs`` (unary).
+
+        The sandbox's recorded log lines (gateway and supervisor), oldest first.
+
+        Returns the message with the response metadata.
+        """
+        return run(
+            self._raw.get_sandbox_logs_with_metadata(request, metadata=metadata, timeout=timeout)
+        )
+
+    def push_sandbox_logs(
+        self,
+        *,
+        metadata: MetadataLike = (),
+        timeout: float | None = None,
+    ) -> SyncBidiStream[pb.PushSandboxLogsRequest, pb.PushSandboxLogsResponse]:
+        """``PushSandboxLogs`` (client streaming).
+
+        Supervisor side: log lines of the caller's own sandbox (sandbox token).
+
+        The call starts with the first ``send`` (or ``recv``).
+        """
+        return SyncBidiStream(self._raw.push_sandbox_logs(metadata=metadata, timeout=timeout))
 
     def exec_sandbox(
         self,

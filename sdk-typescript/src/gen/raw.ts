@@ -67,7 +67,9 @@ export abstract class GeneratedRaw extends TypedRawBase {
   }
 
   /**
-   * Status events for one sandbox; the first event is a full snapshot.
+   * Status events and log lines for one sandbox; without a resume cursor the
+   * first event is a full snapshot. Every event carries a cursor (ours: the
+   * snapshot's too) to resume after (PROTOCOL.md section 9).
    * Any replica answers it.
    * Server streaming `/openshell.v1.OpenShell/WatchSandbox`: sends the request, then iterate the replies.
    */
@@ -76,6 +78,29 @@ export abstract class GeneratedRaw extends TypedRawBase {
     options: RawCallOptions = {},
   ): Promise<TypedStream<typeof openshell_pb.WatchSandboxRequestSchema, typeof openshell_pb.SandboxStreamEventSchema>> {
     return this.typedStream("/openshell.v1.OpenShell/WatchSandbox", openshell_pb.WatchSandboxRequestSchema, openshell_pb.SandboxStreamEventSchema, request, options);
+  }
+
+  /**
+   * The sandbox's recorded log lines (gateway and supervisor), oldest first.
+   * Any replica answers it.
+   * Unary `/openshell.v1.OpenShell/GetSandboxLogs`.
+   */
+  getSandboxLogs(
+    request: MessageInitShape<typeof openshell_pb.GetSandboxLogsRequestSchema> = {},
+    options: RawCallOptions = {},
+  ): Promise<openshell_pb.GetSandboxLogsResponse> {
+    return this.typedUnary("/openshell.v1.OpenShell/GetSandboxLogs", openshell_pb.GetSandboxLogsRequestSchema, openshell_pb.GetSandboxLogsResponseSchema, request, options);
+  }
+
+  /**
+   * Supervisor side: log lines of the caller's own sandbox (sandbox token).
+   * Any replica answers it.
+   * Client streaming `/openshell.v1.OpenShell/PushSandboxLogs`: `send` requests, `closeSend`, iterate the replies.
+   */
+  pushSandboxLogs(
+    options: RawCallOptions = {},
+  ): Promise<TypedStream<typeof openshell_pb.PushSandboxLogsRequestSchema, typeof openshell_pb.PushSandboxLogsResponseSchema>> {
+    return this.typedStream("/openshell.v1.OpenShell/PushSandboxLogs", openshell_pb.PushSandboxLogsRequestSchema, openshell_pb.PushSandboxLogsResponseSchema, undefined, options);
   }
 
   /**

@@ -332,16 +332,28 @@ class DeleteSandboxResponse(_message.Message):
     def __init__(self, outcome: _Optional[_Union[DeletionOutcome, str]] = ..., sandbox_id: _Optional[str] = ...) -> None: ...
 
 class WatchSandboxRequest(_message.Message):
-    __slots__ = ("sandbox", "follow_status", "stop_on_terminal", "workspace_scope")
+    __slots__ = ("sandbox", "follow_status", "follow_logs", "log_tail_lines", "stop_on_terminal", "log_sources", "log_min_level", "workspace_scope", "resume_after_cursor", "since_time")
     SANDBOX_FIELD_NUMBER: _ClassVar[int]
     FOLLOW_STATUS_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_LOGS_FIELD_NUMBER: _ClassVar[int]
+    LOG_TAIL_LINES_FIELD_NUMBER: _ClassVar[int]
     STOP_ON_TERMINAL_FIELD_NUMBER: _ClassVar[int]
+    LOG_SOURCES_FIELD_NUMBER: _ClassVar[int]
+    LOG_MIN_LEVEL_FIELD_NUMBER: _ClassVar[int]
     WORKSPACE_SCOPE_FIELD_NUMBER: _ClassVar[int]
+    RESUME_AFTER_CURSOR_FIELD_NUMBER: _ClassVar[int]
+    SINCE_TIME_FIELD_NUMBER: _ClassVar[int]
     sandbox: str
     follow_status: bool
+    follow_logs: bool
+    log_tail_lines: int
     stop_on_terminal: bool
+    log_sources: _containers.RepeatedScalarFieldContainer[str]
+    log_min_level: str
     workspace_scope: _datamodel_pb2.WorkspaceSelector
-    def __init__(self, sandbox: _Optional[str] = ..., follow_status: _Optional[bool] = ..., stop_on_terminal: _Optional[bool] = ..., workspace_scope: _Optional[_Union[_datamodel_pb2.WorkspaceSelector, _Mapping]] = ...) -> None: ...
+    resume_after_cursor: str
+    since_time: _timestamp_pb2.Timestamp
+    def __init__(self, sandbox: _Optional[str] = ..., follow_status: _Optional[bool] = ..., follow_logs: _Optional[bool] = ..., log_tail_lines: _Optional[int] = ..., stop_on_terminal: _Optional[bool] = ..., log_sources: _Optional[_Iterable[str]] = ..., log_min_level: _Optional[str] = ..., workspace_scope: _Optional[_Union[_datamodel_pb2.WorkspaceSelector, _Mapping]] = ..., resume_after_cursor: _Optional[str] = ..., since_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
 
 class SandboxStreamWarning(_message.Message):
     __slots__ = ("message",)
@@ -350,14 +362,77 @@ class SandboxStreamWarning(_message.Message):
     def __init__(self, message: _Optional[str] = ...) -> None: ...
 
 class SandboxStreamEvent(_message.Message):
-    __slots__ = ("sandbox", "warning", "cursor")
+    __slots__ = ("sandbox", "log", "warning", "cursor")
     SANDBOX_FIELD_NUMBER: _ClassVar[int]
+    LOG_FIELD_NUMBER: _ClassVar[int]
     WARNING_FIELD_NUMBER: _ClassVar[int]
     CURSOR_FIELD_NUMBER: _ClassVar[int]
     sandbox: Sandbox
+    log: SandboxLogLine
     warning: SandboxStreamWarning
     cursor: str
-    def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ..., warning: _Optional[_Union[SandboxStreamWarning, _Mapping]] = ..., cursor: _Optional[str] = ...) -> None: ...
+    def __init__(self, sandbox: _Optional[_Union[Sandbox, _Mapping]] = ..., log: _Optional[_Union[SandboxLogLine, _Mapping]] = ..., warning: _Optional[_Union[SandboxStreamWarning, _Mapping]] = ..., cursor: _Optional[str] = ...) -> None: ...
+
+class SandboxLogLine(_message.Message):
+    __slots__ = ("sandbox_id", "level", "target", "message", "source", "fields", "event_time")
+    class FieldsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    LEVEL_FIELD_NUMBER: _ClassVar[int]
+    TARGET_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
+    EVENT_TIME_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    level: str
+    target: str
+    message: str
+    source: str
+    fields: _containers.ScalarMap[str, str]
+    event_time: _timestamp_pb2.Timestamp
+    def __init__(self, sandbox_id: _Optional[str] = ..., level: _Optional[str] = ..., target: _Optional[str] = ..., message: _Optional[str] = ..., source: _Optional[str] = ..., fields: _Optional[_Mapping[str, str]] = ..., event_time: _Optional[_Union[datetime.datetime, _timestamp_pb2.Timestamp, _Mapping]] = ...) -> None: ...
+
+class GetSandboxLogsRequest(_message.Message):
+    __slots__ = ("sandbox", "lines", "since_ms", "sources", "min_level", "workspace_scope")
+    SANDBOX_FIELD_NUMBER: _ClassVar[int]
+    LINES_FIELD_NUMBER: _ClassVar[int]
+    SINCE_MS_FIELD_NUMBER: _ClassVar[int]
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
+    MIN_LEVEL_FIELD_NUMBER: _ClassVar[int]
+    WORKSPACE_SCOPE_FIELD_NUMBER: _ClassVar[int]
+    sandbox: str
+    lines: int
+    since_ms: int
+    sources: _containers.RepeatedScalarFieldContainer[str]
+    min_level: str
+    workspace_scope: _datamodel_pb2.WorkspaceSelector
+    def __init__(self, sandbox: _Optional[str] = ..., lines: _Optional[int] = ..., since_ms: _Optional[int] = ..., sources: _Optional[_Iterable[str]] = ..., min_level: _Optional[str] = ..., workspace_scope: _Optional[_Union[_datamodel_pb2.WorkspaceSelector, _Mapping]] = ...) -> None: ...
+
+class GetSandboxLogsResponse(_message.Message):
+    __slots__ = ("logs", "buffer_total")
+    LOGS_FIELD_NUMBER: _ClassVar[int]
+    BUFFER_TOTAL_FIELD_NUMBER: _ClassVar[int]
+    logs: _containers.RepeatedCompositeFieldContainer[SandboxLogLine]
+    buffer_total: int
+    def __init__(self, logs: _Optional[_Iterable[_Union[SandboxLogLine, _Mapping]]] = ..., buffer_total: _Optional[int] = ...) -> None: ...
+
+class PushSandboxLogsRequest(_message.Message):
+    __slots__ = ("sandbox_id", "logs")
+    SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
+    LOGS_FIELD_NUMBER: _ClassVar[int]
+    sandbox_id: str
+    logs: _containers.RepeatedCompositeFieldContainer[SandboxLogLine]
+    def __init__(self, sandbox_id: _Optional[str] = ..., logs: _Optional[_Iterable[_Union[SandboxLogLine, _Mapping]]] = ...) -> None: ...
+
+class PushSandboxLogsResponse(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
 
 class ExecSandboxRequest(_message.Message):
     __slots__ = ("sandbox", "command", "workdir", "environment", "stdin", "tty", "cols", "rows", "no_login_shell", "request_id", "workspace_scope", "execution_timeout")
@@ -455,6 +530,10 @@ class SshRelayTarget(_message.Message):
     environment: _containers.ScalarMap[str, str]
     def __init__(self, environment: _Optional[_Mapping[str, str]] = ...) -> None: ...
 
+class SftpRelayTarget(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
 class TcpRelayTarget(_message.Message):
     __slots__ = ("host", "port")
     HOST_FIELD_NUMBER: _ClassVar[int]
@@ -464,20 +543,22 @@ class TcpRelayTarget(_message.Message):
     def __init__(self, host: _Optional[str] = ..., port: _Optional[int] = ...) -> None: ...
 
 class TcpForwardInit(_message.Message):
-    __slots__ = ("sandbox", "workspace", "service_id", "ssh", "tcp", "authorization_token")
+    __slots__ = ("sandbox", "workspace", "service_id", "ssh", "tcp", "sftp", "authorization_token")
     SANDBOX_FIELD_NUMBER: _ClassVar[int]
     WORKSPACE_FIELD_NUMBER: _ClassVar[int]
     SERVICE_ID_FIELD_NUMBER: _ClassVar[int]
     SSH_FIELD_NUMBER: _ClassVar[int]
     TCP_FIELD_NUMBER: _ClassVar[int]
+    SFTP_FIELD_NUMBER: _ClassVar[int]
     AUTHORIZATION_TOKEN_FIELD_NUMBER: _ClassVar[int]
     sandbox: str
     workspace: str
     service_id: str
     ssh: SshRelayTarget
     tcp: TcpRelayTarget
+    sftp: SftpRelayTarget
     authorization_token: str
-    def __init__(self, sandbox: _Optional[str] = ..., workspace: _Optional[str] = ..., service_id: _Optional[str] = ..., ssh: _Optional[_Union[SshRelayTarget, _Mapping]] = ..., tcp: _Optional[_Union[TcpRelayTarget, _Mapping]] = ..., authorization_token: _Optional[str] = ...) -> None: ...
+    def __init__(self, sandbox: _Optional[str] = ..., workspace: _Optional[str] = ..., service_id: _Optional[str] = ..., ssh: _Optional[_Union[SshRelayTarget, _Mapping]] = ..., tcp: _Optional[_Union[TcpRelayTarget, _Mapping]] = ..., sftp: _Optional[_Union[SftpRelayTarget, _Mapping]] = ..., authorization_token: _Optional[str] = ...) -> None: ...
 
 class CreateSshSessionRequest(_message.Message):
     __slots__ = ("sandbox", "workspace_scope")
@@ -586,18 +667,20 @@ class SessionRedirect(_message.Message):
     def __init__(self, peer_endpoint: _Optional[str] = ..., owner_replica_id: _Optional[str] = ...) -> None: ...
 
 class RelayOpen(_message.Message):
-    __slots__ = ("channel_id", "ssh", "tcp", "exec", "service_id")
+    __slots__ = ("channel_id", "ssh", "tcp", "exec", "sftp", "service_id")
     CHANNEL_ID_FIELD_NUMBER: _ClassVar[int]
     SSH_FIELD_NUMBER: _ClassVar[int]
     TCP_FIELD_NUMBER: _ClassVar[int]
     EXEC_FIELD_NUMBER: _ClassVar[int]
+    SFTP_FIELD_NUMBER: _ClassVar[int]
     SERVICE_ID_FIELD_NUMBER: _ClassVar[int]
     channel_id: str
     ssh: SshRelayTarget
     tcp: TcpRelayTarget
     exec: ExecSandboxRequest
+    sftp: SftpRelayTarget
     service_id: str
-    def __init__(self, channel_id: _Optional[str] = ..., ssh: _Optional[_Union[SshRelayTarget, _Mapping]] = ..., tcp: _Optional[_Union[TcpRelayTarget, _Mapping]] = ..., exec: _Optional[_Union[ExecSandboxRequest, _Mapping]] = ..., service_id: _Optional[str] = ...) -> None: ...
+    def __init__(self, channel_id: _Optional[str] = ..., ssh: _Optional[_Union[SshRelayTarget, _Mapping]] = ..., tcp: _Optional[_Union[TcpRelayTarget, _Mapping]] = ..., exec: _Optional[_Union[ExecSandboxRequest, _Mapping]] = ..., sftp: _Optional[_Union[SftpRelayTarget, _Mapping]] = ..., service_id: _Optional[str] = ...) -> None: ...
 
 class RelayOpenResult(_message.Message):
     __slots__ = ("channel_id", "success", "error")
