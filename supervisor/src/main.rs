@@ -38,6 +38,7 @@ mod relay;
 mod sandbox_processes;
 mod session;
 mod sftp;
+mod sftp_relay;
 mod ssh;
 mod transport;
 

@@ -11,8 +11,8 @@
 //! [`config_apply`](crate::config_apply).
 //!
 //! This module serves the relays the gateway announces on that session:
-//! TCP (`forward`), exec (`exec`) and SSH (`ssh`, also a relay without a
-//! target, as in the public protocol). It serves one sandbox; the caller
+//! TCP (`forward`), exec (`exec`), SFTP (`sftp_relay`) and SSH (`ssh`, also
+//! a relay without a target, as in the public protocol). It serves one sandbox; the caller
 //! provides the session: a `ConfigSession` of its own on the sandbox's
 //! connection (per-sandbox mode) or a sandbox session inside a host's
 //! session (host mode, see the `host` module).
@@ -41,6 +41,7 @@ use tracing::{Instrument, debug, info_span, warn};
 use crate::exec::{self, ExecSettings};
 use crate::forward;
 use crate::relay::{self, RelayContext};
+use crate::sftp_relay;
 use crate::ssh::HostKey;
 use crate::transport::{self, BearerToken};
 
@@ -247,7 +248,7 @@ async fn serve_relay(
             exec::run(request, &exec, claimed.out, claimed.inbound, cancel).await;
         }
         Some(relay_open::Target::Sftp(_)) => {
-            relay::report_failure(&ctx, &channel_id, "sftp relays are not served yet".into()).await;
+            sftp_relay::run(&ctx, &channel_id, exec, cancel).await;
         }
         // The public protocol: no target means SSH.
         Some(relay_open::Target::Ssh(target)) => {

@@ -7,9 +7,23 @@
 //! the sandbox's uid, in its working directory, so it sees exactly what a
 //! shell in the sandbox sees and nothing more. It speaks SFTP version 3
 //! (what OpenSSH's `sftp` and `scp` use) on stdin and stdout, one request
-//! at a time, with plain file system calls.
+//! at a time, with plain file system calls. Requests may be pipelined: they
+//! queue in the pipe and are answered in order.
+//!
+//! What the SDK's file transfer relies on (the `sftp` relay target, see
+//! `sftp_relay`):
+//! - packets up to [`MAX_PACKET`], so 256 KiB writes fit;
+//! - RENAME replaces an existing target atomically (rename(2)), unlike
+//!   OpenSSH's server, which refuses one;
+//! - a file this session created under an upload temp name
+//!   ([`is_upload_temp`]) and did not rename or remove is deleted when the
+//!   session ends (the client is gone or its stream broke), so a failed
+//!   upload leaves nothing half-written;
+//! - errors carry a code and a stable message: NO_SUCH_FILE,
+//!   PERMISSION_DENIED, and FAILURE with "no space left ..." (ENOSPC,
+//!   EDQUOT), "is a directory" (EISDIR) or "not a directory" (ENOTDIR).
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::fs::{self, File, OpenOptions};
 use std::io;
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
@@ -28,6 +42,22 @@ use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 const MAX_READ: u32 = 256 * 1024;
 /// Directory entries per READDIR answer.
 const DIR_BATCH: usize = 128;
+/// Largest packet taken from the client: a 256 KiB write and its header.
+pub const MAX_PACKET: u32 = 256 * 1024 + 4096;
+/// What names an upload temp file: `.<name>.openshell-part-<random>`.
+pub const UPLOAD_TEMP_MARK: &str = ".openshell-part-";
+
+/// Whether `path`'s file name is an upload temp name.
+pub fn is_upload_temp(path: &Path) -> bool {
+    path.file_name()
+        .and_then(|name| name.to_str())
+        .is_some_and(|name| {
+            name.starts_with('.')
+                && name
+                    .find(UPLOAD_TEMP_MARK)
+                    .is_some_and(|at| at > 1 && at + UPLOAD_TEMP_MARK.len() < name.len())
+        })
+}
 
 /// Serves SFTP on stdin and stdout until the client goes away; the exit
 /// code.
@@ -45,14 +75,22 @@ pub fn serve_stdio() -> u8 {
     let cwd = std::env::current_dir().unwrap_or_else(|_| PathBuf::from("/"));
     runtime.block_on(async move {
         let (done_tx, done_rx) = tokio::sync::oneshot::channel();
+        let (cleaned_tx, cleaned_rx) = tokio::sync::oneshot::channel();
         let stdio = Stdio {
             input: tokio::io::stdin(),
             output: tokio::io::stdout(),
             _done: done_tx,
         };
-        russh_sftp::server::run(stdio, Server::new(cwd)).await;
-        // The server task drops the stream when the client is gone.
+        let mut server = Server::new(cwd);
+        server.cleaned = Some(cleaned_tx);
+        let config = russh_sftp::server::Config {
+            max_client_packet_len: MAX_PACKET,
+        };
+        russh_sftp::server::run_with_config(stdio, server, config).await;
+        // The server task drops the stream and the handler (which removes
+        // its leftover temp files first) when the client is gone.
         let _ = done_rx.await;
+        let _ = cleaned_rx.await;
     });
     0
 }
@@ -102,6 +140,27 @@ pub struct Server {
     cwd: PathBuf,
     handles: HashMap<String, Open>,
     next_handle: u64,
+    /// Upload temp files this session created and nobody renamed yet.
+    temp_files: HashSet<PathBuf>,
+    /// Dropped once the temp files are gone (after `Drop::drop`).
+    cleaned: Option<tokio::sync::oneshot::Sender<()>>,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.handles.clear();
+        for path in self.temp_files.drain() {
+            match fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(err) if err.kind() == io::ErrorKind::NotFound => {}
+                Err(err) => eprintln!(
+                    "sftp-server: removing {}: {}",
+                    path.display(),
+                    crate::os_error::describe(&err)
+                ),
+            }
+        }
+    }
 }
 
 impl Server {
@@ -110,6 +169,8 @@ impl Server {
             cwd,
             handles: HashMap::new(),
             next_handle: 0,
+            temp_files: HashSet::new(),
+            cleaned: None,
         }
     }
 
@@ -146,12 +207,30 @@ fn ok(id: u32) -> Status {
 }
 
 fn failed(err: io::Error) -> StatusReply {
-    let code = match err.kind() {
-        io::ErrorKind::NotFound => StatusCode::NoSuchFile,
-        io::ErrorKind::PermissionDenied => StatusCode::PermissionDenied,
-        _ => StatusCode::Failure,
-    };
-    code.with_message(crate::os_error::describe(&err))
+    let (code, message) = error_status(&err);
+    code.with_message(message)
+}
+
+/// An error's status code and message; the messages a client may match
+/// on are stable (see the module doc).
+fn error_status(err: &io::Error) -> (StatusCode, String) {
+    match err.raw_os_error() {
+        Some(libc::ENOSPC) => (StatusCode::Failure, "no space left on device".into()),
+        Some(libc::EDQUOT) => (
+            StatusCode::Failure,
+            "no space left: disk quota exceeded".into(),
+        ),
+        Some(libc::EISDIR) => (StatusCode::Failure, "is a directory".into()),
+        Some(libc::ENOTDIR) => (StatusCode::Failure, "not a directory".into()),
+        _ => {
+            let code = match err.kind() {
+                io::ErrorKind::NotFound => StatusCode::NoSuchFile,
+                io::ErrorKind::PermissionDenied => StatusCode::PermissionDenied,
+                _ => StatusCode::Failure,
+            };
+            (code, crate::os_error::describe(err))
+        }
+    }
 }
 
 /// Attributes as SFTP v3 carries them; `permissions` keeps the file type.
@@ -281,7 +360,11 @@ impl russh_sftp::server::Handler for Server {
             options.truncate(true);
         }
         options.mode(attrs.permissions.map_or(0o666, |mode| mode & 0o7777));
-        let file = options.open(self.path(&filename)).map_err(failed)?;
+        let path = self.path(&filename);
+        let file = options.open(&path).map_err(failed)?;
+        if pflags.contains(OpenFlags::CREATE) && is_upload_temp(&path) {
+            self.temp_files.insert(normalize(&path));
+        }
         Ok(Handle {
             id,
             handle: self.keep(Open::File(file)),
@@ -382,7 +465,9 @@ impl russh_sftp::server::Handler for Server {
     }
 
     async fn remove(&mut self, id: u32, filename: String) -> Result<Status, Self::Error> {
-        fs::remove_file(self.path(&filename)).map_err(failed)?;
+        let path = self.path(&filename);
+        fs::remove_file(&path).map_err(failed)?;
+        self.temp_files.remove(&normalize(&path));
         Ok(ok(id))
     }
 
@@ -412,7 +497,10 @@ impl russh_sftp::server::Handler for Server {
         oldpath: String,
         newpath: String,
     ) -> Result<Status, Self::Error> {
-        fs::rename(self.path(&oldpath), self.path(&newpath)).map_err(failed)?;
+        // rename(2): an existing target is replaced atomically.
+        let from = self.path(&oldpath);
+        fs::rename(&from, self.path(&newpath)).map_err(failed)?;
+        self.temp_files.remove(&normalize(&from));
         Ok(ok(id))
     }
 
@@ -441,6 +529,59 @@ impl russh_sftp::server::Handler for Server {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn upload_temp_names() {
+        assert!(is_upload_temp(Path::new("/w/.data.bin.openshell-part-1a2b")));
+        assert!(is_upload_temp(Path::new(".x.openshell-part-z")));
+        assert!(!is_upload_temp(Path::new("/w/data.bin.openshell-part-1a2b")));
+        assert!(!is_upload_temp(Path::new("/w/.data.bin.openshell-part-")));
+        assert!(!is_upload_temp(Path::new("/w/.openshell-part-abc")));
+        assert!(!is_upload_temp(Path::new("/w/.data.bin")));
+    }
+
+    #[test]
+    fn errors_map_to_codes_and_stable_messages() {
+        let status = |errno| error_status(&io::Error::from_raw_os_error(errno));
+        assert_eq!(status(libc::ENOENT).0, StatusCode::NoSuchFile);
+        assert_eq!(status(libc::EACCES).0, StatusCode::PermissionDenied);
+        assert_eq!(
+            status(libc::ENOSPC),
+            (StatusCode::Failure, "no space left on device".into())
+        );
+        assert!(status(libc::EDQUOT).1.starts_with("no space left"));
+        assert_eq!(status(libc::EISDIR).1, "is a directory");
+        assert_eq!(status(libc::ENOTDIR).1, "not a directory");
+    }
+
+    /// A session that ends leaves no temp file it created, and keeps what
+    /// it renamed into place.
+    #[tokio::test]
+    async fn leftover_temp_files_are_removed_at_the_end() {
+        use russh_sftp::server::Handler as _;
+        let dir = tempfile::tempdir().unwrap();
+        let mut server = Server::new(dir.path().to_path_buf());
+        let create = OpenFlags::CREATE | OpenFlags::WRITE | OpenFlags::TRUNCATE;
+        for name in [".a.openshell-part-1", ".b.openshell-part-2", "plain"] {
+            server
+                .open(1, name.into(), create, FileAttributes::empty())
+                .await
+                .unwrap();
+        }
+        fs::write(dir.path().join("b"), b"old").unwrap();
+        server
+            .rename(2, ".b.openshell-part-2".into(), "b".into())
+            .await
+            .unwrap();
+        drop(server);
+        let mut left: Vec<String> = fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["b", "plain"]);
+        assert!(fs::read(dir.path().join("b")).unwrap().is_empty());
+    }
 
     #[test]
     fn paths_normalize_without_the_file_system() {
