@@ -32,7 +32,7 @@ use tokio::io::{AsyncRead, AsyncReadExt, AsyncWriteExt};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tracing::{debug, warn};
+use tracing::{debug, info, warn};
 
 use crate::relay;
 use crate::sandbox_processes;
@@ -221,7 +221,12 @@ pub async fn run_program<S>(
     let oom_before = settings.cgroup.as_ref().map(|cgroup| cgroup.oom_kills());
     let ending = match start(program, &request, settings) {
         Ok((running, io)) => {
-            debug!(argv0, tty = request.tty, "exec started");
+            info!(
+                sandbox_id = settings.sandbox_id,
+                argv0,
+                tty = request.tty,
+                "exec started"
+            );
             let oom = settings.cgroup.as_deref().zip(oom_before);
             supervise(
                 running,
@@ -235,7 +240,10 @@ pub async fn run_program<S>(
             .await
         }
         Err(failure) => {
-            debug!(argv0, "exec could not start");
+            info!(
+                sandbox_id = settings.sandbox_id,
+                argv0, "exec could not start"
+            );
             let frames = [
                 event_frame(stderr_event(failure.message.into_bytes())),
                 exit_frame(failure.exit_code),
@@ -257,7 +265,12 @@ pub async fn run_program<S>(
     };
     match ending {
         Ending::Exited(code) => {
-            debug!(argv0, exit_code = code, "exec finished");
+            info!(
+                sandbox_id = settings.sandbox_id,
+                argv0,
+                exit_code = code,
+                "exec finished"
+            );
             drop(out);
             relay::drain(inbound, cancel).await;
         }

@@ -33,6 +33,7 @@ mod give_up;
 mod host;
 mod isolation;
 mod limits;
+mod log_push;
 mod os_error;
 mod relay;
 mod sandbox_processes;
@@ -190,14 +191,18 @@ fn main() -> ExitCode {
     }
 }
 
-/// Logs to stderr; `RUST_LOG` filters (default `info`).
+/// Logs to stderr (`RUST_LOG` filters, default `info`) and copies INFO
+/// and above to the gateway's record of the sandbox (`log_push`).
 fn init_logging() {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")),
-        )
+    use tracing_subscriber::filter::LevelFilter;
+    use tracing_subscriber::prelude::*;
+    let stderr = tracing_subscriber::fmt::layer()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
+        .with_filter(EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("info")));
+    tracing_subscriber::registry()
+        .with(stderr)
+        .with(log_push::Capture::install().with_filter(LevelFilter::INFO))
         .init();
 }
 
@@ -279,6 +284,11 @@ async fn run(cli: Cli, secret: String, prepared: Prepared) -> anyhow::Result<()>
         workdir = %workdir.display(),
         "supervisor starting"
     );
+    tokio::spawn(log_push::run(
+        probe_channel.clone(),
+        token.clone(),
+        Some(cli.sandbox_id.clone()),
+    ));
     let (connected, connected_rx) = watch::channel(false);
     let give_up = give_up::GiveUp {
         channel: probe_channel,

@@ -17,7 +17,6 @@ use crate::auth::Principal;
 use crate::cluster::Cluster;
 use crate::config::delivery::ConfigDelivery;
 use crate::config::model::{self, ConfigModel};
-use crate::sandboxes::watch::Change;
 use crate::sandboxes::{Sandboxes, id_of, store_status};
 use crate::sessions::routing::{OWNER_TTL, RelayRouter};
 use crate::sessions::{
@@ -217,9 +216,7 @@ impl GatewayService {
             .config
             .set_attachment(sandbox, provider, attach)
             .await?;
-        self.sandboxes
-            .hub
-            .publish(Change::Updated(Box::new(record)));
+        self.sandboxes.hub.wake(crate::sandboxes::id_of(&record));
         self.delivery.publish(scope);
         Ok(Response::new(response))
     }
@@ -324,16 +321,37 @@ impl OpenShell for GatewayService {
 
     async fn get_sandbox_logs(
         &self,
-        _request: Request<GetSandboxLogsRequest>,
+        request: Request<GetSandboxLogsRequest>,
     ) -> Result<Response<GetSandboxLogsResponse>, Status> {
-        Err(Status::unimplemented("GetSandboxLogs"))
+        Ok(Response::new(
+            self.sandboxes.get_logs(request.into_inner()).await?,
+        ))
     }
 
+    /// Each message names its sandbox; a sandbox token pushes for its own,
+    /// a host token for the sandboxes assigned to it (checked once per
+    /// sandbox per stream).
     async fn push_sandbox_logs(
         &self,
-        _request: Request<Streaming<PushSandboxLogsRequest>>,
+        request: Request<Streaming<PushSandboxLogsRequest>>,
     ) -> Result<Response<PushSandboxLogsResponse>, Status> {
-        Err(Status::unimplemented("PushSandboxLogs"))
+        let principal = supervisor_principal(&request)?;
+        let mut messages = request.into_inner();
+        let mut allowed = std::collections::HashSet::new();
+        while let Some(message) = messages.message().await? {
+            if message.sandbox_id.is_empty() {
+                return Err(Status::invalid_argument("sandbox_id is required"));
+            }
+            if !allowed.contains(&message.sandbox_id) {
+                self.check_supervisor_for(&principal, &message.sandbox_id, "logs")
+                    .await?;
+                allowed.insert(message.sandbox_id.clone());
+            }
+            self.sandboxes
+                .push_logs(&message.sandbox_id, message.logs)
+                .await?;
+        }
+        Ok(Response::new(PushSandboxLogsResponse {}))
     }
 
     type ExecSandboxStream = BoxStream<ExecSandboxEvent>;

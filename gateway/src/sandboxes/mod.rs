@@ -2,8 +2,9 @@
 //! changes driven by supervisor sessions and the driver.
 //!
 //! Folder: this module (lifecycle: create, delete, recover, phases),
-//! `driver` (the process driver: directories, supervisors, isolation) and
-//! `watch` (the in-process hub WatchSandbox streams follow). May import
+//! `driver` (the process driver: directories, supervisors, isolation),
+//! `limits` (resource limits), `logs` (sandbox log lines) and `watch`
+//! (WatchSandbox streams over the store's event log). May import
 //! `auth`, `cluster`, `sessions`, `store` and `validate`; never `config`,
 //! `api` or `serve`.
 //!
@@ -15,6 +16,7 @@
 
 pub mod driver;
 pub mod limits;
+pub mod logs;
 mod recovery;
 pub mod watch;
 
@@ -26,13 +28,10 @@ use openshell_proto::datamodel::ObjectMeta;
 use openshell_proto::{
     CreateSandboxRequest, DeleteSandboxRequest, DeleteSandboxResponse, DeletionOutcome,
     GetSandboxRequest, ListSandboxesRequest, ListSandboxesResponse, Sandbox, SandboxCondition,
-    SandboxPhase, SandboxSpec, SandboxStatus, SandboxStreamEvent, SandboxStreamWarning,
-    WatchSandboxRequest, sandbox_stream_event,
+    SandboxPhase, SandboxSpec, SandboxStatus,
 };
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use tokio::sync::{broadcast, mpsc};
-use tokio_stream::wrappers::ReceiverStream;
 use tonic::Status;
 
 use crate::auth;
@@ -40,7 +39,7 @@ use crate::cluster::Cluster;
 use crate::metrics::LimitLabels;
 use crate::sandboxes::driver::{ProcessDriver, SupervisorExit};
 use crate::sandboxes::limits::{LIMITS_NOT_ENFORCED, LimitPolicy, Limits};
-use crate::sandboxes::watch::{Change, WatchHub};
+use crate::sandboxes::watch::WatchHub;
 use crate::sessions::hosts::{HOST_TTL, HostSessions};
 use crate::sessions::routing::OWNER_TTL;
 use crate::sessions::{SessionEnd, SessionHooks, Sessions};
@@ -274,7 +273,15 @@ impl Sandboxes {
             if let Err(err) = self.driver.keep_token_copy(&id, token).await {
                 tracing::warn!(sandbox_id = id, %err, "could not keep the token copy");
             }
-            self.hub.publish(Change::Updated(Box::new(sandbox.clone())));
+            self.note(
+                &id,
+                "INFO",
+                format!(
+                    "sandbox created; assigned to supervisor host {}",
+                    host.as_deref().unwrap_or("?")
+                ),
+            );
+            self.hub.wake(id_of(&sandbox));
             pool.assignment_changed();
             return Ok(sandbox);
         }
@@ -282,7 +289,12 @@ impl Sandboxes {
             .insert(&sandbox, token_hash, &self.host, policy)
             .await
             .map_err(store_status)?;
-        self.hub.publish(Change::Updated(Box::new(sandbox.clone())));
+        self.note(
+            &id,
+            "INFO",
+            "sandbox created; starting its supervisor".into(),
+        );
+        self.hub.wake(id_of(&sandbox));
         let limits = Limits::of_template(sandbox.spec.as_ref().and_then(|s| s.template.as_ref()));
         let pid = match self.driver.start(&id, token, &limits).await {
             Ok(pid) => pid,
@@ -330,7 +342,17 @@ impl Sandboxes {
             .update(id, |s| set_phase(s, phase, reason, message))
             .await
             .map_err(store_status)?;
-        self.hub.publish(Change::Updated(Box::new(sandbox.clone())));
+        let level = if phase == SandboxPhase::Error {
+            "ERROR"
+        } else {
+            "INFO"
+        };
+        self.note(
+            id,
+            level,
+            format!("phase {}: {reason}: {message}", phase.as_str_name()),
+        );
+        self.hub.wake(id_of(&sandbox));
         Ok(sandbox)
     }
 
@@ -468,7 +490,7 @@ impl Sandboxes {
                     .deletion_time = Some(now());
             })
             .await?;
-        self.hub.publish(Change::Updated(Box::new(sandbox)));
+        self.hub.wake(id_of(&sandbox));
         self.finish_delete(id, stored.supervisor_pid).await
     }
 
@@ -482,103 +504,9 @@ impl Sandboxes {
         if let Some(pool) = &self.pool {
             pool.assignment_changed();
         }
-        self.hub.publish(Change::Deleted { id: id.to_owned() });
+        self.hub.wake(id);
         tracing::info!(sandbox_id = id, "sandbox deleted");
         Ok(())
-    }
-
-    pub async fn watch(
-        &self,
-        req: WatchSandboxRequest,
-    ) -> Result<ReceiverStream<Result<SandboxStreamEvent, Status>>, Status> {
-        validate::workspace(req.workspace_scope.as_ref())?;
-        validate::sandbox_name(&req.sandbox)?;
-        // Subscribe before reading the snapshot so no change falls between.
-        let mut changes = self.hub.subscribe();
-        let snapshot = self.by_name(&req.sandbox).await?;
-        let id = id_of(&snapshot).to_owned();
-        let name = req.sandbox.clone();
-        let store = self.store.clone();
-        let (tx, rx) = mpsc::channel(16);
-        let event = |sandbox: Sandbox| SandboxStreamEvent {
-            payload: Some(sandbox_stream_event::Payload::Sandbox(sandbox)),
-            cursor: String::new(),
-        };
-        let mut last_version = snapshot
-            .metadata
-            .as_ref()
-            .map(|m| m.resource_version)
-            .unwrap_or(0);
-        let done = !req.follow_status || (req.stop_on_terminal && is_terminal(phase_of(&snapshot)));
-        tokio::spawn(async move {
-            if tx.send(Ok(event(snapshot))).await.is_err() || done {
-                return;
-            }
-            loop {
-                let change = tokio::select! {
-                    _ = tx.closed() => return,
-                    change = changes.recv() => change,
-                };
-                let sandbox = match change {
-                    Ok(change) if change.id() != id => continue,
-                    Ok(Change::Updated(sandbox)) => *sandbox,
-                    Ok(Change::Deleted { .. }) => {
-                        let _ = tx
-                            .send(Err(Status::not_found(format!(
-                                "sandbox {} was deleted",
-                                validate::quote(&name)
-                            ))))
-                            .await;
-                        return;
-                    }
-                    Err(broadcast::error::RecvError::Lagged(_)) => {
-                        let warning = SandboxStreamEvent {
-                            payload: Some(sandbox_stream_event::Payload::Warning(
-                                SandboxStreamWarning {
-                                    message: "watcher fell behind; resending the current state"
-                                        .into(),
-                                },
-                            )),
-                            cursor: String::new(),
-                        };
-                        if tx.send(Ok(warning)).await.is_err() {
-                            return;
-                        }
-                        match store.get_by_id(&id).await {
-                            Ok(stored) => stored.sandbox,
-                            Err(StoreError::NotFound) => {
-                                let _ = tx
-                                    .send(Err(Status::not_found(format!(
-                                        "sandbox {} was deleted",
-                                        validate::quote(&name)
-                                    ))))
-                                    .await;
-                                return;
-                            }
-                            Err(err) => {
-                                let _ = tx.send(Err(store_status(err))).await;
-                                return;
-                            }
-                        }
-                    }
-                    Err(broadcast::error::RecvError::Closed) => return,
-                };
-                let version = sandbox
-                    .metadata
-                    .as_ref()
-                    .map(|m| m.resource_version)
-                    .unwrap_or(0);
-                if version <= last_version {
-                    continue;
-                }
-                last_version = version;
-                let terminal = req.stop_on_terminal && is_terminal(phase_of(&sandbox));
-                if tx.send(Ok(event(sandbox))).await.is_err() || terminal {
-                    return;
-                }
-            }
-        });
-        Ok(ReceiverStream::new(rx))
     }
 
     /// A supervisor's hello passed; the sandbox must exist and not be going away.
@@ -630,9 +558,10 @@ impl SessionHooks for Sandboxes {
             .await
             .map_err(store_status);
         match result {
-            Ok(sandbox) => self.hub.publish(Change::Updated(Box::new(sandbox))),
+            Ok(sandbox) => self.hub.wake(id_of(&sandbox)),
             Err(status) => tracing::warn!(sandbox_id, %status, "could not mark sandbox ready"),
         }
+        self.note(sandbox_id, "INFO", "supervisor session accepted".into());
     }
 
     async fn ended(&self, end: SessionEnd) {
@@ -677,8 +606,13 @@ impl SessionHooks for Sandboxes {
                 }
             })
             .await;
+        self.note(
+            &sandbox_id,
+            "WARN",
+            "supervisor session lost; waiting for it to reconnect".into(),
+        );
         if let (Ok(sandbox), true) = (updated, marked) {
-            self.hub.publish(Change::Updated(Box::new(sandbox)));
+            self.hub.wake(id_of(&sandbox));
         }
     }
 }

@@ -139,9 +139,9 @@ impl Sandboxes {
         Ok(())
     }
 
-    /// Feeds this replica's watchers with changes any replica wrote, by
-    /// following `sandbox_events`. Local writes are also published directly;
-    /// watchers drop versions they have already seen.
+    /// Wakes this replica's watchers for changes any replica wrote, by
+    /// following `sandbox_events` (local writes wake them directly too;
+    /// watchers read the events themselves).
     pub async fn follow_events(self: Arc<Self>) {
         let mut last = match self.store.last_event_seq().await {
             Ok(seq) => seq,
@@ -161,19 +161,16 @@ impl Sandboxes {
                     continue;
                 }
             };
+            let mut woken = std::collections::HashSet::new();
             for event in events {
                 last = event.seq;
-                if event.deleted {
-                    self.hub.publish(Change::Deleted {
-                        id: event.sandbox_id,
-                    });
-                } else if let Ok(stored) = self.store.get_by_id(&event.sandbox_id).await {
-                    self.hub.publish(Change::Updated(Box::new(stored.sandbox)));
+                if woken.insert(event.sandbox_id.clone()) {
+                    self.hub.wake(&event.sandbox_id);
                 }
             }
             if pruned.elapsed() > Duration::from_secs(60) {
                 pruned = tokio::time::Instant::now();
-                let _ = self.store.prune_events(Duration::from_secs(600)).await;
+                let _ = self.store.prune_events(crate::store::DELETED_TTL).await;
             }
         }
     }
@@ -249,7 +246,7 @@ impl Sandboxes {
             })
             .await;
         match updated {
-            Ok(sandbox) => self.hub.publish(Change::Updated(Box::new(sandbox))),
+            Ok(sandbox) => self.hub.wake(id_of(&sandbox)),
             Err(err) => {
                 tracing::debug!(sandbox_id = id, %err, "could not show the supervisor's trouble")
             }

@@ -129,6 +129,11 @@ pub struct ServeArgs {
     /// the store, a bounded batch per pass.
     #[arg(long, default_value_t = crate::api::ssh_sessions::DEFAULT_PURGE_SECS, value_parser = clap::value_parser!(u64).range(1..))]
     pub ssh_session_purge_secs: u64,
+    /// Log lines kept per sandbox (its supervisor's and the gateway's about
+    /// it), the newest; they live as long as the sandbox. A watcher or
+    /// reader behind what was trimmed is told so (OUT_OF_RANGE).
+    #[arg(long, default_value_t = 5000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub sandbox_log_lines: u32,
     /// Take the address clients dialled (the gateway address of
     /// CreateSshSession) from the edge's `x-openshell-forwarded-authority`
     /// header. For replicas that sit behind the built-in edge, which

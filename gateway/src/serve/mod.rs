@@ -219,9 +219,13 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             driver.without_processes()
         }
     };
+    let event_space = store
+        .event_space()
+        .await
+        .context("reading the event log's sequence space")?;
     let sandboxes = Arc::new(Sandboxes {
         store: store.clone(),
-        hub: WatchHub::new(),
+        hub: WatchHub::new(event_space, i64::from(args.sandbox_log_lines)),
         driver,
         sessions: sessions.clone(),
         cluster: cluster.clone(),

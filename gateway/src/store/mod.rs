@@ -9,8 +9,9 @@
 //! whose own clocks disagree still agree on who is live.
 //!
 //! Sandbox rows keep the whole `Sandbox` message (prost-encoded) beside the
-//! columns we query by. Every sandbox write appends to `sandbox_events`, which
-//! replicas poll to feed their watchers changes made elsewhere. Supervisor
+//! columns we query by. Every sandbox write appends to `sandbox_events`
+//! (`events`: the log behind watch cursors and sandbox logs), which
+//! replicas poll to wake their watchers for changes made elsewhere. Supervisor
 //! credentials are stored only as SHA-256 hashes.
 //!
 //! Every call has a deadline ([`StoreOptions::deadline`], 5 s by default):
@@ -23,13 +24,14 @@
 //! (sqlx pings it before reuse and drops it if broken), so the pool
 //! recovers by itself once the server answers again.
 //!
-//! Folder: this module (the sandbox and event statements, the pool, the
-//! deadline), `schema` (every version's DDL), `hosts`, `members` and
+//! Folder: this module (the sandbox statements, the pool, the deadline),
+//! `events` (the event log and its trimming), `schema` (every version's DDL), `hosts`, `members` and
 //! `ssh_sessions` (their tables' statements), `fault` (the test fault) and
 //! `layout` (the data directory). The lowest layer: imports no other module.
 //! Each function is one statement (or one transaction) with its dialect
 //! differences.
 
+mod events;
 mod fault;
 mod hosts;
 pub mod layout;
@@ -37,6 +39,7 @@ mod members;
 mod schema;
 mod ssh_sessions;
 
+pub use events::{DELETED_TTL, EventKind};
 pub use fault::StoreFault;
 pub use hosts::HostSeat;
 
@@ -155,14 +158,6 @@ pub struct SshSessionState {
     /// Time left until the expiry by the database's clock; `None` for a
     /// session that never expires.
     pub expires_in: Option<Duration>,
-}
-
-/// A change to one sandbox, from `sandbox_events`.
-#[derive(Debug, Clone)]
-pub struct SandboxEvent {
-    pub seq: i64,
-    pub sandbox_id: String,
-    pub deleted: bool,
 }
 
 /// Default connections in the store's pool (`--database-max-connections`;
@@ -404,24 +399,6 @@ impl Store {
         Ok(())
     }
 
-    pub(crate) async fn record_event(
-        &self,
-        tx: &mut sqlx::Transaction<'static, sqlx::Any>,
-        sandbox_id: &str,
-        deleted: bool,
-    ) -> Result<(), StoreError> {
-        let sql = format!(
-            "INSERT INTO sandbox_events (sandbox_id, deleted, created_ms) VALUES ($1, $2, {})",
-            self.dialect.now_ms()
-        );
-        sqlx::query(AssertSqlSafe(sql))
-            .bind(sandbox_id)
-            .bind(i64::from(deleted))
-            .execute(&mut **tx)
-            .await?;
-        Ok(())
-    }
-
     // ------------------------------------------------------------ sandboxes
 
     /// Inserts a new sandbox record and, when given, its create-time policy
@@ -497,7 +474,13 @@ impl Store {
                 .execute(&mut *tx)
                 .await?;
             }
-            self.record_event(&mut tx, &meta.id, false).await?;
+            self.record_event(
+                &mut tx,
+                &meta.id,
+                EventKind::Status,
+                Some(sandbox.encode_to_vec()),
+            )
+            .await?;
             tx.commit().await?;
             Ok(host)
         })
@@ -594,7 +577,13 @@ impl Store {
                 .bind(id)
                 .execute(&mut *tx)
                 .await?;
-            self.record_event(&mut tx, id, false).await?;
+            self.record_event(
+                &mut tx,
+                id,
+                EventKind::Status,
+                Some(sandbox.encode_to_vec()),
+            )
+            .await?;
             tx.commit().await?;
             Ok(sandbox)
         })
@@ -659,60 +648,10 @@ impl Store {
                     .execute(&mut *tx)
                     .await?;
             }
-            self.record_event(&mut tx, id, true).await?;
+            self.record_event(&mut tx, id, EventKind::Deleted, None)
+                .await?;
+            self.forget_events(&mut tx, id).await?;
             tx.commit().await?;
-            Ok(())
-        })
-        .await
-    }
-
-    /// The newest event sequence number (0 when none).
-    pub async fn last_event_seq(&self) -> Result<i64, StoreError> {
-        self.bounded(async {
-            let row = sqlx::query("SELECT COALESCE(MAX(seq), 0) FROM sandbox_events")
-                .fetch_one(&self.pool)
-                .await?;
-            Ok(row.get::<i64, _>(0))
-        })
-        .await
-    }
-
-    pub async fn events_after(
-        &self,
-        seq: i64,
-        limit: i64,
-    ) -> Result<Vec<SandboxEvent>, StoreError> {
-        self.bounded(async {
-            let rows = sqlx::query(
-                "SELECT seq, sandbox_id, deleted FROM sandbox_events WHERE seq > $1 ORDER BY seq LIMIT $2",
-            )
-            .bind(seq)
-            .bind(limit)
-            .fetch_all(&self.pool)
-            .await?;
-            Ok(rows
-                .iter()
-                .map(|r| SandboxEvent {
-                    seq: r.get(0),
-                    sandbox_id: r.get(1),
-                    deleted: r.get::<i64, _>(2) != 0,
-                })
-                .collect())
-        })
-        .await
-    }
-
-    /// Drops events older than `age` (by database time).
-    pub async fn prune_events(&self, age: Duration) -> Result<(), StoreError> {
-        self.bounded(async {
-            let sql = format!(
-                "DELETE FROM sandbox_events WHERE created_ms < {} - $1",
-                self.dialect.now_ms()
-            );
-            sqlx::query(AssertSqlSafe(sql))
-                .bind(age.as_millis() as i64)
-                .execute(&self.pool)
-                .await?;
             Ok(())
         })
         .await

@@ -186,4 +186,30 @@ pub(super) const MIGRATIONS: &[(i64, &str, &str)] = &[
         "CREATE INDEX ssh_sessions_revoked ON ssh_sessions (revoked) WHERE revoked > 0;
     CREATE INDEX ssh_sessions_expiring ON ssh_sessions (expires_ms) WHERE expires_ms > 0",
     ),
+    // The event log behind WatchSandbox cursors and sandbox logs
+    // (events.rs): each row's `kind` ('status', 'log', 'deleted') and
+    // `record` (the prost-encoded `Sandbox` after a status change, or the
+    // `SandboxLogLine`); `event_floors` holds, per sandbox, the newest seq
+    // of each kind trimmed away, so a cursor older than that is known to
+    // have missed something. `config_counters.event_space` names this
+    // store's sequence space in cursors.
+    (
+        6,
+        "ALTER TABLE sandbox_events ADD COLUMN kind TEXT NOT NULL DEFAULT 'status';
+    ALTER TABLE sandbox_events ADD COLUMN record BLOB;
+    CREATE INDEX sandbox_events_by_sandbox ON sandbox_events (sandbox_id, kind, seq);
+    CREATE TABLE event_floors (
+        sandbox_id TEXT PRIMARY KEY,
+        status_floor INTEGER NOT NULL DEFAULT 0,
+        log_floor INTEGER NOT NULL DEFAULT 0
+    )",
+        "ALTER TABLE sandbox_events ADD COLUMN kind TEXT NOT NULL DEFAULT 'status';
+    ALTER TABLE sandbox_events ADD COLUMN record BYTEA;
+    CREATE INDEX sandbox_events_by_sandbox ON sandbox_events (sandbox_id, kind, seq);
+    CREATE TABLE event_floors (
+        sandbox_id TEXT PRIMARY KEY,
+        status_floor BIGINT NOT NULL DEFAULT 0,
+        log_floor BIGINT NOT NULL DEFAULT 0
+    )",
+    ),
 ];

@@ -202,6 +202,11 @@ async fn run(cli: HostCli, secret: String, spawner: Option<Spawner>) -> anyhow::
     std::fs::create_dir_all(&root).with_context(|| format!("--root {}", root.display()))?;
     let client = transport::client_config(&cli.gateway, &secret, cli.ca_file.as_deref())?;
     drop(secret);
+    let log_channel = openshell_sdk::Client::connect_lazy(client.clone())
+        .await
+        .map_err(|err| anyhow::anyhow!("gateway: {err}"))?
+        .channel();
+    tokio::spawn(crate::log_push::run(log_channel, token.clone(), None));
     let instance_id = uuid::Uuid::new_v4().to_string();
     info!(
         host_id = cli.host_id,

@@ -673,7 +673,12 @@ impl ConfigModel {
                 .await
                 .map_err(|e| store_status(e.into()))?;
             self.store
-                .record_event(&mut tx, &id, false)
+                .record_event(
+                    &mut tx,
+                    &id,
+                    crate::store::EventKind::Status,
+                    Some(record.encode_to_vec()),
+                )
                 .await
                 .map_err(store_status)?;
             tx.commit().await.map_err(|e| store_status(e.into()))?;
