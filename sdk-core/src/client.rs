@@ -62,6 +62,12 @@ impl Client {
         &self.inner.config
     }
 
+    /// Drops the cached owner of `sandbox` (the next routed call looks it
+    /// up again).
+    pub(crate) fn forget_owner(&self, sandbox: &str) {
+        self.inner.router.forget(sandbox);
+    }
+
     /// Owner-routing counters of this client (shared by its clones).
     pub fn routing_stats(&self) -> RoutingStats {
         self.inner.router.stats()

@@ -163,19 +163,28 @@ impl Router {
 
     /// Decides how to send one attempt of a call. `method` is `None` for a
     /// raw call to a path outside the generated method table; `unrouted`
-    /// is set for the retry, which goes out without a hint.
+    /// is set for the retry, which goes out without a hint. `owner_of`
+    /// routes a call of a method that is not owner-routed to that
+    /// sandbox's owner.
     pub(crate) async fn route(
         &self,
         lookup: &dyn OwnerLookup,
         method: Option<&'static MethodInfo>,
         first_message: Option<&Bytes>,
         unrouted: bool,
+        owner_of: Option<&str>,
     ) -> RouteDecision {
-        let Some((method, field)) = method.and_then(|m| m.owner_routed_field.map(|f| (m, f)))
-        else {
-            return RouteDecision::default();
+        let sandbox = match owner_of {
+            Some(sandbox) => Some(sandbox.to_owned()),
+            None => {
+                let Some((method, field)) =
+                    method.and_then(|m| m.owner_routed_field.map(|f| (m, f)))
+                else {
+                    return RouteDecision::default();
+                };
+                first_message.and_then(|bytes| sandbox_name(method, field, bytes))
+            }
         };
-        let sandbox = first_message.and_then(|bytes| sandbox_name(method, field, bytes));
         let mut decision = RouteDecision {
             sandbox: sandbox.clone(),
             ..RouteDecision::default()

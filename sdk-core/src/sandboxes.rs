@@ -272,7 +272,7 @@ pub struct ListSandboxes {
 /// The sandbox calls of a [`Client`]; get one with [`Client::sandboxes`].
 #[derive(Debug, Clone)]
 pub struct Sandboxes {
-    client: Client,
+    pub(crate) client: Client,
 }
 
 impl Client {

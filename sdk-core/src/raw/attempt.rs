@@ -144,7 +144,13 @@ async fn start_call(
         let route = client
             .inner
             .router
-            .route(client, ctx.method, first.as_ref(), unrouted)
+            .route(
+                client,
+                ctx.method,
+                first.as_ref(),
+                unrouted,
+                ctx.owner_of.as_deref(),
+            )
             .await;
         record_replica(&route);
         let gate = AttemptGate::new(route.is_hinted());

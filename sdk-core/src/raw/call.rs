@@ -40,7 +40,13 @@ impl Client {
                     let route = self
                         .inner
                         .router
-                        .route(self, ctx.method, Some(&request), unrouted)
+                        .route(
+                            self,
+                            ctx.method,
+                            Some(&request),
+                            unrouted,
+                            ctx.owner_of.as_deref(),
+                        )
                         .await;
                     record_replica(&route);
                     let req = self.build_request(&ctx, token.as_ref(), &route, request.clone())?;
@@ -118,7 +124,20 @@ impl Client {
         first: &impl prost::Message,
         resolved: &Resolved,
     ) -> Result<RawStream, Error> {
-        let ctx = CallContext::curated(path, Metadata::new(), resolved.clone());
+        self.typed_stream_routed(path, first, resolved, None)
+    }
+
+    /// [`typed_stream`](Self::typed_stream) routed to `owner_of`'s owner
+    /// (hint, and the single unrouted retry) when set.
+    pub(crate) fn typed_stream_routed(
+        &self,
+        path: &'static str,
+        first: &impl prost::Message,
+        resolved: &Resolved,
+        owner_of: Option<String>,
+    ) -> Result<RawStream, Error> {
+        let mut ctx = CallContext::curated(path, Metadata::new(), resolved.clone());
+        ctx.owner_of = owner_of;
         Ok(self.open_stream(ctx, Some(Bytes::from(first.encode_to_vec()))))
     }
 

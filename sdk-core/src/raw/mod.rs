@@ -85,6 +85,9 @@ pub(crate) struct CallContext {
     pub(crate) method: Option<&'static MethodInfo>,
     pub(crate) metadata: Metadata,
     pub(crate) resolved: Resolved,
+    /// Route to this sandbox's owner although the method is not
+    /// owner-routed (a watch that follows logs, which its owner writes).
+    pub(crate) owner_of: Option<String>,
 }
 
 impl CallContext {
@@ -102,6 +105,7 @@ impl CallContext {
             method: openshell_proto::method(path),
             metadata,
             resolved,
+            owner_of: None,
         })
     }
 
@@ -113,6 +117,7 @@ impl CallContext {
             method: openshell_proto::method(path),
             metadata,
             resolved,
+            owner_of: None,
         }
     }
 
