@@ -52,6 +52,8 @@ pub enum Command {
     Sandbox(SandboxCommand),
     /// Run a command in a sandbox; its exit code becomes ours
     Exec(ExecArgs),
+    /// Print a sandbox's recorded log lines (gateway and supervisor); -f follows
+    Logs(LogsArgs),
     /// Forward a local TCP port to a port inside a sandbox
     Forward(ForwardArgs),
     /// An ssh ProxyCommand: stdin and stdout over one stream to the sandbox
@@ -158,6 +160,31 @@ pub struct DeleteArgs {
 #[derive(Debug, Args)]
 pub struct WatchArgs {
     pub name: String,
+    /// One JSON object per line
+    #[arg(long)]
+    pub json: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct LogsArgs {
+    pub name: String,
+    /// Keep printing lines as they are recorded (resumes across replica
+    /// restarts) until the sandbox is deleted or Ctrl-C
+    #[arg(long, short = 'f')]
+    pub follow: bool,
+    /// Only the newest N lines (with -f: replayed before following; default
+    /// 2000, or 200 with -f)
+    #[arg(long, value_name = "N")]
+    pub tail: Option<u32>,
+    /// Only lines of the last 30s, 5m, 2h, 1d...
+    #[arg(long, value_name = "AGO", value_parser = crate::commands::parse_since)]
+    pub since: Option<std::time::Duration>,
+    /// Only lines of this source: gateway or sandbox (repeatable)
+    #[arg(long, value_name = "SOURCE")]
+    pub source: Vec<String>,
+    /// Only lines at this level or above: trace, debug, info, warn, error
+    #[arg(long, value_name = "LEVEL")]
+    pub level: Option<String>,
     /// One JSON object per line
     #[arg(long)]
     pub json: bool,

@@ -339,6 +339,58 @@ fn every_command_against_a_three_replica_cluster() {
         .run(30)
         .one_line_error(1, "not_found");
 
+    // logs: what ran in the sandbox, filtered; -f follows new lines.
+    let recorded = wait_until(Duration::from_secs(30), || {
+        let out = c
+            .cli()
+            .args(["logs", "cli-a", "--source", "sandbox", "--json"])
+            .run(30);
+        out.stdout
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .any(|l| l["message"] == "exec finished" && l["source"] == "sandbox")
+    });
+    assert!(recorded, "no exec line in the sandbox's logs");
+    let out = c.cli().args(["logs", "cli-a", "--tail", "1"]).run(30);
+    assert_eq!(out.success().stdout.lines().count(), 1, "{}", out.stdout);
+    c.cli()
+        .args(["logs", "cli-a", "--level", "loud"])
+        .run(30)
+        .one_line_error(1, "invalid_argument");
+    let out = c.cli().args(["logs", "cli-a", "--since", "soon"]).run(30);
+    assert_eq!(out.code, 2, "{out:?}");
+    let mut follow = c.cli().args(["logs", "cli-a", "-f", "--tail", "1"]).spawn();
+    let followed = BufReader::new(follow.stdout.take().unwrap());
+    let (lines_tx, lines_rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in followed.lines().map_while(Result::ok) {
+            if lines_tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    // The replayed line says the follow is under way.
+    lines_rx
+        .recv_timeout(Duration::from_secs(30))
+        .expect("logs -f printed nothing");
+    let out = c
+        .cli()
+        .args(["exec", "cli-a", "--", "sh", "-c", "exit 5"])
+        .run(60);
+    assert_eq!(out.code, 5, "{out:?}");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut seen = false;
+    while let Ok(next) =
+        lines_rx.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now()))
+    {
+        if next.contains("exec finished") && next.contains("exit_code=5") {
+            seen = true;
+            break;
+        }
+    }
+    stop(&mut follow);
+    assert!(seen, "logs -f never printed the new exec");
+
     // watch: a snapshot, then changes, until the sandbox is gone (exit 0).
     let mut watch = c
         .cli()

@@ -11,10 +11,13 @@ mod config;
 mod exec;
 mod forward;
 mod gateway;
+mod logs;
 mod provider;
 mod sandbox;
 mod signals;
 mod ssh;
+
+pub use logs::parse_since;
 
 /// Runs the parsed command line.
 pub async fn run(cli: Cli) -> Result<u8, Failure> {
@@ -41,6 +44,7 @@ async fn run_connected(command: Command, settings: Settings) -> Result<u8, Failu
     match command {
         Command::Sandbox(command) => sandbox::run(command, &settings).await,
         Command::Exec(args) => exec::run(args, &settings).await,
+        Command::Logs(args) => logs::run(args, &settings).await,
         Command::Forward(args) => forward::run(args, &settings).await,
         Command::SshProxy(args) => ssh::proxy(args, &settings).await,
         Command::Ssh(args) => ssh::run(args, &settings).await,

@@ -3,7 +3,9 @@
 use std::time::Duration;
 
 use futures::StreamExt;
-use openshell_sdk::{CallOptions, CreateSandbox, DeletionOutcome, ListSandboxes, Sandbox};
+use openshell_sdk::{
+    CallOptions, CreateSandbox, DeletionOutcome, ListSandboxes, Sandbox, WatchEvent, WatchOptions,
+};
 use serde_json::json;
 
 use super::until_signal;
@@ -163,16 +165,18 @@ async fn delete(args: DeleteArgs, settings: &Settings) -> Result<(), Failure> {
 
 async fn watch(args: WatchArgs, settings: &Settings) -> Result<(), Failure> {
     let client = settings.connect().await?;
+    // Resumes after the last change it printed when a replica goes away.
     let mut events = client
         .sandboxes()
-        .watch(&args.name, CallOptions::new())
-        .await?;
+        .events(&args.name, WatchOptions::new(), CallOptions::new());
     let mut first = true;
     while let Some(event) = events.next().await {
         match event {
-            Ok(sandbox) => {
+            Ok(WatchEvent::Sandbox { sandbox, cursor }) => {
                 if args.json {
-                    println!("{}", sandbox_json(&sandbox));
+                    let mut object = sandbox_json(&sandbox);
+                    object["cursor"] = json!(cursor);
+                    println!("{object}");
                 } else {
                     if first {
                         println!("NAME\tPHASE\tRESOURCE_VERSION");
@@ -186,6 +190,7 @@ async fn watch(args: WatchArgs, settings: &Settings) -> Result<(), Failure> {
                 }
                 first = false;
             }
+            Ok(WatchEvent::Log { .. }) => {}
             // The sandbox is gone: the watch is over, not failed.
             Err(err) if err.code() == "not_found" && !first => {
                 if args.json {
