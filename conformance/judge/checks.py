@@ -49,9 +49,11 @@ Check = Callable[[dict[str, Any], Any, StepContext], "str | None"]
 
 
 def text_equals(field: str) -> Check:
-    """``stdout``/``stderr``: the whole text; ``<field>_bytes`` rules out a cut text."""
+    """``stdout``/``stderr``/``content``: the whole text (``${...}`` substituted);
+    ``<field>_bytes`` rules out a cut text."""
 
     def check(obs: dict[str, Any], want: str, ctx: StepContext) -> str | None:
+        want = ctx.run.subst(want)
         got, size = obs[field], obs[f"{field}_bytes"]
         if got != want or size != len(want.encode()):
             return f"{field} {got[:200]!r} ({size} bytes), expected {want!r}"
@@ -66,6 +68,20 @@ def equals(field: str, what: str) -> Check:
         return None if got == want else f"{what} {got!r}, expected {want!r}"
 
     return check
+
+
+def logs_contain(obs: dict[str, Any], want: str, ctx: StepContext) -> str | None:
+    """``contains_message``: one of the lines read is exactly ``want``."""
+    messages = obs["messages"]
+    if want in messages:
+        return None
+    return f"no line {want!r} among {len(messages)}: {messages[-5:]}"
+
+
+def logs_sources(obs: dict[str, Any], want: list[str], ctx: StepContext) -> str | None:
+    """``sources``: the lines read came from exactly these sources."""
+    got = sorted(set(obs["sources"]))
+    return None if got == sorted(set(want)) else f"sources {got}, expected {sorted(set(want))}"
 
 
 def phase_in(obs: dict[str, Any], want: list[str], ctx: StepContext) -> str | None:

@@ -183,6 +183,33 @@ OPS: dict[str, Op] = {
         },
     ),
     "client_health": Op({"endpoint": STR}),
+    "write_file": Op({**TARGET, "path": STR, "content": STR}),
+    "read_file": Op({**TARGET, "path": STR}, {"content": (STR, checks.text_equals("content"))}),
+    "file_round_trip": Op(
+        {**TARGET, "remote": STR, "size": COUNT},
+        {
+            "same": (BOOL, checks.equals("same", "downloaded bytes equal the uploaded ones:")),
+            "bytes": (COUNT, checks.equals("bytes", "bytes uploaded")),
+        },
+    ),
+    "logs": Op(
+        {**TARGET, "source": STR, "min_level": STR, "tail": COUNT, "wait_for": STR},
+        {
+            "contains_message": (STR, checks.logs_contain),
+            "sources": (STRS, checks.logs_sources),
+        },
+    ),
+    "watch_logs": Op(
+        {**TARGET, "command": STRS},
+        {
+            "finished_exit_code": (
+                INT,
+                checks.equals("finished_exit_code", "exit code of the followed exec line"),
+            ),
+            "cursors_ordered": (BOOL, checks.equals("cursors_ordered", "cursors in order:")),
+        },
+    ),
+    "watch_events": Op({**TARGET, "resume_after": STR}),
     "config_session": Op(
         {
             "sandbox": ALIAS_KIND,

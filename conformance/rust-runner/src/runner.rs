@@ -90,7 +90,7 @@ impl Runner {
         }
     }
 
-    fn subst_str(&mut self, s: &str) -> String {
+    pub fn subst_str(&mut self, s: &str) -> String {
         let mut out = String::new();
         let mut rest = s;
         while let Some(start) = rest.find("${") {
@@ -174,6 +174,12 @@ impl Runner {
             "raw_unary" => self.raw_unary(step).await,
             "raw_stream" => self.raw_stream(step).await,
             "config_session" => self.config_session(step).await,
+            "write_file" => self.write_file(step).await,
+            "read_file" => self.read_file(step).await,
+            "file_round_trip" => self.file_round_trip(step).await,
+            "logs" => self.logs(step).await,
+            "watch_logs" => self.watch_logs(step).await,
+            "watch_events" => self.watch_events(step).await,
             other => Err(anyhow!("this runner does not know op {other:?}").into()),
         }
     }

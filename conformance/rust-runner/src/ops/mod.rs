@@ -4,7 +4,9 @@
 
 mod config;
 mod exec;
+mod files;
 mod forward;
+mod logs;
 mod raw;
 mod replica_control;
 mod sandboxes;
