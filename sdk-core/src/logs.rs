@@ -32,7 +32,7 @@ use crate::client::{CallOptions, DeadlineKind, Resolved};
 use crate::error::Error;
 use crate::paths;
 use crate::raw::decode;
-use crate::sandboxes::{Sandbox, Sandboxes};
+use crate::sandboxes::{Sandbox, SandboxWatch, Sandboxes};
 
 /// Reconnects in a row (without an event between them) before a watch
 /// gives up and returns the last error.
@@ -302,6 +302,24 @@ impl Sandboxes {
         })
     }
 
+    /// Streams snapshots of a sandbox: the current state first, then every
+    /// change, resuming after a broken stream like [`Sandboxes::events`]
+    /// (whose status-only form it is). The stream has no deadline unless
+    /// `options` sets one.
+    pub async fn watch(&self, name: &str, options: CallOptions) -> Result<SandboxWatch, Error> {
+        let events = self.events(name, WatchOptions::new(), options);
+        let snapshots = events
+            .filter_map(|event| async move {
+                match event {
+                    Ok(WatchEvent::Sandbox { sandbox, .. }) => Some(Ok(sandbox)),
+                    Ok(WatchEvent::Log { .. }) => None,
+                    Err(err) => Some(Err(err)),
+                }
+            })
+            .boxed();
+        Ok(SandboxWatch::from_stream(snapshots))
+    }
+
     /// Follows a sandbox: see the module docs. The stream has no deadline
     /// unless `options` sets one (it then bounds the whole watch).
     pub fn events(&self, name: &str, watch: WatchOptions, options: CallOptions) -> EventWatch {
@@ -318,7 +336,9 @@ impl Sandboxes {
             resumes: resumes.clone(),
         };
         EventWatch {
-            inner: futures::stream::unfold(state, WatchState::next).boxed(),
+            inner: futures::stream::unfold(state, WatchState::next)
+                .fuse()
+                .boxed(),
             cursor: None,
             resumes,
         }

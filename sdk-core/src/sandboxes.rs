@@ -456,14 +456,6 @@ impl Sandboxes {
         }
     }
 
-    /// Streams snapshots of a sandbox: the current state first, then every
-    /// change. Warnings from the gateway are logged and skipped. The stream
-    /// has no deadline unless `options` sets one.
-    pub async fn watch(&self, name: &str, options: CallOptions) -> Result<SandboxWatch, Error> {
-        let resolved = Resolved::new(&self.client, &options, DeadlineKind::Stream);
-        self.watch_resolved(name, &resolved)
-    }
-
     fn watch_resolved(&self, name: &str, resolved: &Resolved) -> Result<SandboxWatch, Error> {
         let request = pb::WatchSandboxRequest {
             sandbox: name.to_owned(),
@@ -513,13 +505,18 @@ fn sandbox_of(path: &str, response: pb::SandboxResponse) -> Result<Sandbox, Erro
         .ok_or_else(|| Error::protocol(format!("{path}: answer without a sandbox")))
 }
 
-/// Snapshots of one sandbox, from [`Sandboxes::watch`]. Dropping it cancels
-/// the watch.
+/// Snapshots of one sandbox, from [`Sandboxes::watch`](crate::Sandboxes::watch).
+/// Dropping it cancels the watch.
 pub struct SandboxWatch {
     inner: BoxStream<'static, Result<Sandbox, Error>>,
 }
 
 impl SandboxWatch {
+    /// Over snapshots from elsewhere (the resuming watch of `logs`).
+    pub(crate) fn from_stream(inner: BoxStream<'static, Result<Sandbox, Error>>) -> Self {
+        Self { inner }
+    }
+
     pub(crate) fn from_frames(frames: BoxStream<'static, Result<bytes::Bytes, Error>>) -> Self {
         let inner = frames
             .filter_map(|frame| async move {
