@@ -76,6 +76,7 @@
 //! | [`sandboxes`] | health and sandbox lifecycle |
 //! | [`exec`] | buffered, streaming and interactive exec, the output collector |
 //! | [`forward`] | local TCP listener pumped over `ForwardTcp`; one stream over any reader and writer |
+//! | [`logs`] | sandbox log lines, and watches of status and logs that resume after a break |
 //! | [`config_session`] | [`ConfigSession`]: the supervisor side of the session, with push config, poll fallback, redirects |
 //! | [`host_session`] | [`HostSession`]: a shared supervisor host's session, carrying its sandboxes' sessions; placement redirects, `stay`, sticky redials |
 //! | `testing` | (feature `testing`, on by default) `LocalCluster`: the reference gateway's developer cluster for a user's own tests, with faults |
@@ -97,6 +98,7 @@
 //! | 6 | `raw` | layers 0 to 5 |
 //! | 7 | `sandboxes`, `exec`, `forward`, `config_session`, `ssh` | layers 0 to 6, never each other |
 //! | 8 | `host_session` | layers 0 to 7 (it carries `config_session`s) |
+//! | 8 | `logs` | layers 0 to 7 (logs and resuming watches of `sandboxes`) |
 //! | 9 | `testing` | layers 0 to 8 |
 //!
 //! Where a lower layer needs something of a higher one, it is passed in:
@@ -118,6 +120,7 @@ pub mod error;
 pub mod exec;
 pub mod forward;
 pub mod host_session;
+pub mod logs;
 pub mod metadata;
 pub mod raw;
 pub mod routing;
@@ -144,6 +147,7 @@ pub use host_session::{
     AssignedSandbox, HostApplyFn, HostEvent, HostSession, HostSessionBuilder, HostStats,
     ResourceLimits,
 };
+pub use logs::{EventWatch, LogLine, LogQuery, Logs, WatchEvent, WatchOptions};
 pub use metadata::Metadata;
 pub use raw::{RawReceiver, RawResponse, RawSender, RawStream};
 pub use routing::RoutingStats;
@@ -165,6 +169,7 @@ pub(crate) mod paths {
     pub const LIST_SANDBOXES: &str = "/openshell.v1.OpenShell/ListSandboxes";
     pub const DELETE_SANDBOX: &str = "/openshell.v1.OpenShell/DeleteSandbox";
     pub const WATCH_SANDBOX: &str = "/openshell.v1.OpenShell/WatchSandbox";
+    pub const GET_SANDBOX_LOGS: &str = "/openshell.v1.OpenShell/GetSandboxLogs";
     pub const EXEC_SANDBOX: &str = "/openshell.v1.OpenShell/ExecSandbox";
     pub const EXEC_SANDBOX_INTERACTIVE: &str = "/openshell.v1.OpenShell/ExecSandboxInteractive";
     pub const FORWARD_TCP: &str = "/openshell.v1.OpenShell/ForwardTcp";
