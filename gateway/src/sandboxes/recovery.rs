@@ -143,34 +143,48 @@ impl Sandboxes {
     /// following `sandbox_events` (local writes wake them directly too;
     /// watchers read the events themselves).
     pub async fn follow_events(self: Arc<Self>) {
-        let mut last = match self.store.last_event_seq().await {
-            Ok(seq) => seq,
-            Err(err) => {
-                tracing::error!(%err, "cannot read the event log; cross-replica watch disabled");
-                return;
+        const BATCH: i64 = 500;
+        let mut last = loop {
+            match self.store.last_event_seq().await {
+                Ok(seq) => break seq,
+                Err(err) => {
+                    // Watchers still re-read every second meanwhile.
+                    tracing::warn!(%err, "cannot read the event log yet; retrying");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
             }
         };
         let mut tick = tokio::time::interval(Duration::from_millis(200));
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut pruned = tokio::time::Instant::now();
         loop {
             tick.tick().await;
-            let events = match self.store.events_after(last, 500).await {
-                Ok(events) => events,
-                Err(err) => {
-                    tracing::warn!(%err, "reading sandbox events failed");
-                    continue;
-                }
-            };
             let mut woken = std::collections::HashSet::new();
-            for event in events {
-                last = event.seq;
-                if woken.insert(event.sandbox_id.clone()) {
-                    self.hub.wake(&event.sandbox_id);
+            // Everything new, however much arrived since the last tick.
+            loop {
+                let events = match self.store.events_after(last, BATCH).await {
+                    Ok(events) => events,
+                    Err(err) => {
+                        tracing::warn!(%err, "reading sandbox events failed");
+                        break;
+                    }
+                };
+                let full = events.len() as i64 == BATCH;
+                for event in events {
+                    last = event.seq;
+                    if woken.insert(event.sandbox_id.clone()) {
+                        self.hub.wake(&event.sandbox_id);
+                    }
+                }
+                if !full {
+                    break;
                 }
             }
             if pruned.elapsed() > Duration::from_secs(60) {
                 pruned = tokio::time::Instant::now();
-                let _ = self.store.prune_events(crate::store::DELETED_TTL).await;
+                if let Err(err) = self.store.prune_events(crate::store::DELETED_TTL).await {
+                    tracing::debug!(%err, "pruning the event log failed; next time");
+                }
             }
         }
     }
