@@ -96,6 +96,27 @@ async fn logs_show_what_ran_in_a_sandbox_and_filter() {
     assert_eq!(only.lines[0].source, "sandbox");
     assert!(only.buffer_total as usize >= lines.len());
 
+    // A watch that follows logs is hinted to the owner; a status-only one
+    // is not owner-routed. Fresh clients, so nothing else counts.
+    let fresh = cluster.client().await.unwrap();
+    let mut follow = fresh.sandboxes().events(
+        &sandbox,
+        WatchOptions::new().logs(LogQuery::new().tail(1)),
+        CallOptions::new(),
+    );
+    follow.next().await.unwrap().unwrap();
+    let stats = fresh.routing_stats();
+    assert_eq!((stats.hinted, stats.owner_lookups), (1, 1), "{stats:?}");
+    let fresh = cluster.client().await.unwrap();
+    let mut status = fresh
+        .sandboxes()
+        .events(&sandbox, WatchOptions::new(), CallOptions::new());
+    status.next().await.unwrap().unwrap();
+    assert_eq!(
+        fresh.routing_stats().hinted + fresh.routing_stats().unhinted,
+        0
+    );
+
     let err = sandboxes
         .logs(
             &sandbox,
