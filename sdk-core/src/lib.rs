@@ -34,8 +34,9 @@
 //! - **Curated**: [`Client::health`], [`Client::sandboxes`] ([`Sandboxes`]:
 //!   create, get, list, delete, wait_ready, wait_deleted, watch),
 //!   [`Client::exec`], [`Client::exec_stream`], [`Client::exec_interactive`],
-//!   [`Client::forward`], [`Client::forward_io`]. The data planes of exec
-//!   and forward run in Rust.
+//!   [`Client::forward`], [`Client::forward_io`], [`Client::upload`],
+//!   [`Client::download`] (and their stream forms). The data planes of
+//!   exec, forward and file transfer run in Rust.
 //! - **Raw** ([`raw`]): [`Client::raw_unary`] and [`Client::raw_stream`] call
 //!   any method of the proto by path with encoded request bytes and string
 //!   metadata. This is the boundary the bindings export; protobuf messages
@@ -77,6 +78,7 @@
 //! | [`exec`] | buffered, streaming and interactive exec, the output collector |
 //! | [`forward`] | local TCP listener pumped over `ForwardTcp`; one stream over any reader and writer |
 //! | [`logs`] | sandbox log lines, and watches of status and logs that resume after a break |
+//! | [`files`] | file transfer over the sandbox's SFTP server (a `ForwardTcp` stream to the `sftp` target): upload, download, streams, `read_file`/`write_file` |
 //! | [`config_session`] | [`ConfigSession`]: the supervisor side of the session, with push config, poll fallback, redirects |
 //! | [`host_session`] | [`HostSession`]: a shared supervisor host's session, carrying its sandboxes' sessions; placement redirects, `stay`, sticky redials |
 //! | `testing` | (feature `testing`, on by default) `LocalCluster`: the reference gateway's developer cluster for a user's own tests, with faults |
@@ -98,6 +100,7 @@
 //! | 6 | `raw` | layers 0 to 5 |
 //! | 7 | `sandboxes`, `exec`, `forward`, `config_session`, `ssh` | layers 0 to 6, never each other |
 //! | 8 | `host_session` | layers 0 to 7 (it carries `config_session`s) |
+//! | 8 | `files` | layers 0 to 7 (it rides `forward`'s stream) |
 //! | 8 | `logs` | layers 0 to 7 (logs and resuming watches of `sandboxes`) |
 //! | 9 | `testing` | layers 0 to 8 |
 //!
@@ -118,6 +121,7 @@ pub mod config;
 pub mod config_session;
 pub mod error;
 pub mod exec;
+pub mod files;
 pub mod forward;
 pub mod host_session;
 pub mod logs;
@@ -141,6 +145,9 @@ pub use config_session::{
 pub use error::{Error, Result};
 pub use exec::{
     ExecEvent, ExecInput, ExecOutput, ExecRequest, ExecStream, InteractiveExec, OutputCollector,
+};
+pub use files::{
+    DownloadSource, Progress, ProgressFn, TransferOptions, TransferSummary, UploadSink,
 };
 pub use forward::{ForwardHandle, ForwardStats, ForwardTarget};
 pub use host_session::{

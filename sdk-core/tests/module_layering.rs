@@ -27,6 +27,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("forward", 7),
     ("config_session", 7),
     ("host_session", 8),
+    ("files", 8),
     ("logs", 8),
     ("ssh", 7),
     ("testing", 9),

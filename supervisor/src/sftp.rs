@@ -282,8 +282,27 @@ fn set_attributes(path: &Path, file: Option<&File>, attrs: &FileAttributes) -> i
             .set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(mtime.into()));
         match file {
             Some(file) => file.set_times(times)?,
-            None => File::options().write(true).open(path)?.set_times(times)?,
+            // By path: a directory (or a file without write permission)
+            // cannot be opened for writing, and needs no opening.
+            None => set_times_at(path, atime, mtime)?,
         }
+    }
+    Ok(())
+}
+
+/// utimensat(2) on `path`, following symlinks.
+fn set_times_at(path: &Path, atime: u32, mtime: u32) -> io::Result<()> {
+    use std::os::unix::ffi::OsStrExt;
+    let path = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::from(io::ErrorKind::InvalidInput))?;
+    let time = |secs: u32| libc::timespec {
+        tv_sec: secs.into(),
+        tv_nsec: 0,
+    };
+    let times = [time(atime), time(mtime)];
+    // SAFETY: a NUL-terminated path and two timespecs, as utimensat takes.
+    if unsafe { libc::utimensat(libc::AT_FDCWD, path.as_ptr(), times.as_ptr(), 0) } != 0 {
+        return Err(io::Error::last_os_error());
     }
     Ok(())
 }
@@ -532,9 +551,13 @@ mod tests {
 
     #[test]
     fn upload_temp_names() {
-        assert!(is_upload_temp(Path::new("/w/.data.bin.openshell-part-1a2b")));
+        assert!(is_upload_temp(Path::new(
+            "/w/.data.bin.openshell-part-1a2b"
+        )));
         assert!(is_upload_temp(Path::new(".x.openshell-part-z")));
-        assert!(!is_upload_temp(Path::new("/w/data.bin.openshell-part-1a2b")));
+        assert!(!is_upload_temp(Path::new(
+            "/w/data.bin.openshell-part-1a2b"
+        )));
         assert!(!is_upload_temp(Path::new("/w/.data.bin.openshell-part-")));
         assert!(!is_upload_temp(Path::new("/w/.openshell-part-abc")));
         assert!(!is_upload_temp(Path::new("/w/.data.bin")));

@@ -29,6 +29,7 @@ use openshell_proto::{
 };
 use tokio::sync::{mpsc, oneshot};
 use tokio_stream::wrappers::ReceiverStream;
+use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use crate::exec::{self, ExecSettings, Program};
@@ -93,12 +94,17 @@ pub async fn run(
     let (input_over_tx, input_over_rx) = oneshot::channel::<()>();
     // Fired once the process exited: the input side may let go then.
     let (exited_tx, exited_rx) = oneshot::channel::<()>();
+    // Fired when the relay broke (or was cancelled): output is dropped
+    // from then on instead of waiting on a stream nobody reads.
+    let broken = CancellationToken::new();
+    let broken_out = broken.clone();
 
     // Relay -> stdin. After the end of input the sender is held until the
     // process exited, since the end of the exec's inbound kills it.
     let input = async move {
         let mut cancel = cancel;
         let mut cancelled = false;
+        let mut clean = false;
         loop {
             let frame = tokio::select! {
                 _ = cancel.as_mut() => {
@@ -111,13 +117,23 @@ pub async fn run(
                 Some(Ok(RelayFrame {
                     payload: Some(relay_frame::Payload::Data(data)),
                 })) => {
-                    if stdin_tx.send(Ok(stdin_frame(data))).await.is_err() {
+                    let sent = tokio::select! {
+                        _ = cancel.as_mut() => {
+                            cancelled = true;
+                            break;
+                        }
+                        sent = stdin_tx.send(Ok(stdin_frame(data))) => sent,
+                    };
+                    if sent.is_err() {
                         break;
                     }
                 }
                 Some(Ok(RelayFrame {
                     payload: Some(relay_frame::Payload::Eof(_)),
-                })) => break,
+                })) => {
+                    clean = true;
+                    break;
+                }
                 Some(Ok(_)) => debug!("ignoring an unexpected frame on an sftp relay"),
                 Some(Err(status)) => {
                     debug!(error = %transport::describe_status(&status), "sftp relay stream failed");
@@ -126,12 +142,37 @@ pub async fn run(
                 None => break,
             }
         }
-        let _ = stdin_tx.send(Ok(eof_frame())).await;
+        if !clean {
+            broken.cancel();
+        }
         let _ = input_over_tx.send(());
-        let _ = exited_rx.await;
+        // Stdin is full while the server is stuck on its output: the EOF
+        // goes in once there is room, or is moot once the process is gone.
+        let mut exited_rx = exited_rx;
+        let eof_sent = tokio::select! {
+            _ = stdin_tx.send(Ok(eof_frame())) => true,
+            _ = &mut exited_rx => false,
+        };
+        if eof_sent {
+            // Until the process is gone, a relay that breaks still says so.
+            loop {
+                tokio::select! {
+                    _ = &mut exited_rx => break,
+                    _ = cancel.as_mut(), if !cancelled => {
+                        cancelled = true;
+                        broken.cancel();
+                    }
+                    frame = inbound.next(), if !broken.is_cancelled() => {
+                        if !matches!(frame, Some(Ok(_))) {
+                            broken.cancel();
+                        }
+                    }
+                }
+            }
+        }
         drop(stdin_tx);
         // What the client still sends is read and dropped until it ends.
-        if !cancelled {
+        if !cancelled && !broken.is_cancelled() {
             relay::drain(inbound, std::future::pending()).await;
         }
     };
@@ -147,10 +188,17 @@ pub async fn run(
             };
             match event.payload {
                 Some(exec_sandbox_event::Payload::Stdout(stdout)) => {
-                    if let Some(sender) = &out
-                        && sender.send(data_frame(stdout.data.into())).await.is_err()
-                    {
+                    if broken_out.is_cancelled() {
                         out = None;
+                    }
+                    if let Some(sender) = &out {
+                        let sent = tokio::select! {
+                            sent = sender.send(data_frame(stdout.data.into())) => sent.is_ok(),
+                            _ = broken_out.cancelled() => false,
+                        };
+                        if !sent {
+                            out = None;
+                        }
                     }
                 }
                 Some(exec_sandbox_event::Payload::Stderr(stderr)) => {

@@ -9,8 +9,9 @@
 //! callback.
 //!
 //! Per connection: the first frame is `init{sandbox, tcp{127.0.0.1, port}}`
-//! (or `ssh{}` for the sandbox's SSH server, [`ForwardTarget::Ssh`], and
-//! the SSH session token when there is one), then `data` frames of at most
+//! (or `ssh{}` for the sandbox's SSH server, [`ForwardTarget::Ssh`], or
+//! `sftp{}` for its SFTP server, [`ForwardTarget::Sftp`], and the SSH
+//! session token when there is one), then `data` frames of at most
 //! 64 KiB. Half-close is kept end to end: EOF
 //! on the local socket closes the request stream; an `eof` frame from the
 //! gateway shuts down the local socket's write side; the end of the gateway's
@@ -62,6 +63,9 @@ pub enum ForwardTarget {
     Tcp(u16),
     /// The sandbox's SSH server (the supervisor's embedded one).
     Ssh,
+    /// The sandbox's SFTP server, run as an exec of the sandbox: what the
+    /// file transfer ([`Client::upload`] and friends) speaks over the stream.
+    Sftp,
 }
 
 /// Counters of a forward, as of the moment [`ForwardHandle::stats`] was called.
@@ -110,7 +114,8 @@ impl ForwardHandle {
         &self.sandbox
     }
 
-    /// The port on the sandbox's loopback (0 for [`ForwardTarget::Ssh`]).
+    /// The port on the sandbox's loopback (0 for [`ForwardTarget::Ssh`] and
+    /// [`ForwardTarget::Sftp`]).
     pub fn remote_port(&self) -> u16 {
         self.remote_port
     }
@@ -261,7 +266,7 @@ impl Client {
         }
         let remote_port = match target {
             ForwardTarget::Tcp(port) => port,
-            ForwardTarget::Ssh => 0,
+            ForwardTarget::Ssh | ForwardTarget::Sftp => 0,
         };
         let listener = TcpListener::bind(local_addr)
             .await
@@ -303,6 +308,7 @@ fn init_frame(sandbox: &str, target: ForwardTarget, token: Option<&str>) -> Byte
             port: u32::from(port),
         }),
         ForwardTarget::Ssh => pb::tcp_forward_init::Target::Ssh(pb::SshRelayTarget::default()),
+        ForwardTarget::Sftp => pb::tcp_forward_init::Target::Sftp(pb::SftpRelayTarget::default()),
     };
     let frame = pb::TcpForwardFrame {
         payload: Some(FramePayload::Init(pb::TcpForwardInit {

@@ -194,9 +194,46 @@ fn drop_privileges() -> io::Result<()> {
         check(libc::setgroups(0, std::ptr::null()))?;
         check(libc::setresgid(SANDBOX_ID, SANDBOX_ID, SANDBOX_ID))?;
         check(libc::setresuid(SANDBOX_ID, SANDBOX_ID, SANDBOX_ID))?;
+        check(clear_capabilities())?;
         check(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0))?;
     }
     Ok(())
+}
+
+/// Empties the effective, permitted and inheritable sets. The uid change
+/// alone does not: the sandbox's user namespace was joined with setns,
+/// which grants every capability in it, and the kernel clears them on a
+/// setuid only when the old uid was that namespace's root, which the
+/// host's root is not. A program's execve drops them anyway; the SFTP
+/// server (`--sftp`) runs without one, so it would keep them.
+///
+/// # Safety
+/// A raw capset(2); async-signal-safe.
+unsafe fn clear_capabilities() -> libc::c_int {
+    #[repr(C)]
+    struct Header {
+        version: u32,
+        pid: libc::c_int,
+    }
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct Data {
+        effective: u32,
+        permitted: u32,
+        inheritable: u32,
+    }
+    const VERSION_3: u32 = 0x2008_0522;
+    let header = Header {
+        version: VERSION_3,
+        pid: 0,
+    };
+    let data = [Data {
+        effective: 0,
+        permitted: 0,
+        inheritable: 0,
+    }; 2];
+    // SAFETY: the header and two data structs capset takes for version 3.
+    unsafe { libc::syscall(libc::SYS_capset, &header, data.as_ptr()) as libc::c_int }
 }
 
 extern "C" fn pass_on(signal: libc::c_int) {
