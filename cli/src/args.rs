@@ -89,6 +89,52 @@ pub enum SandboxCommand {
     Delete(DeleteArgs),
     /// Print a sandbox's status changes until it is deleted (or Ctrl-C)
     Watch(WatchArgs),
+    /// Copy a local file or directory into a sandbox (over its SFTP server)
+    Upload(UploadArgs),
+    /// Copy a file or directory out of a sandbox
+    Download(DownloadArgs),
+}
+
+#[derive(Debug, Args)]
+pub struct UploadArgs {
+    /// The sandbox
+    pub name: String,
+    /// Local file or directory
+    pub local: std::path::PathBuf,
+    /// Where in the sandbox: relative to its working directory, or an
+    /// absolute path inside it; an existing directory takes the upload
+    /// inside it
+    #[arg(default_value = ".")]
+    pub remote: String,
+    #[command(flatten)]
+    pub transfer: TransferArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct DownloadArgs {
+    /// The sandbox
+    pub name: String,
+    /// File or directory in the sandbox (relative to its working directory)
+    pub remote: String,
+    /// Local destination; an existing directory takes the download inside it
+    #[arg(default_value = ".")]
+    pub local: std::path::PathBuf,
+    #[command(flatten)]
+    pub transfer: TransferArgs,
+}
+
+#[derive(Debug, Args)]
+pub struct TransferArgs {
+    /// Name of ignore files (".gitignore" syntax) honoured in every
+    /// directory of the tree, for example .gitignore
+    #[arg(long, value_name = "NAME")]
+    pub ignore_file: Option<String>,
+    /// No progress bar and no summary line
+    #[arg(long, short = 'q')]
+    pub quiet: bool,
+    /// Print the summary as JSON
+    #[arg(long)]
+    pub json: bool,
 }
 
 #[derive(Debug, Args)]

@@ -9,6 +9,7 @@ use crate::settings::{self, Settings};
 
 mod config;
 mod exec;
+mod files;
 mod forward;
 mod gateway;
 mod logs;

@@ -21,6 +21,10 @@ pub async fn run(command: SandboxCommand, settings: &Settings) -> Result<u8, Fai
         SandboxCommand::List(args) => until_signal(list(args, settings)).await,
         SandboxCommand::Delete(args) => until_signal(delete(args, settings)).await,
         SandboxCommand::Watch(args) => until_signal(watch(args, settings)).await,
+        SandboxCommand::Upload(args) => until_signal(super::files::upload(args, settings)).await,
+        SandboxCommand::Download(args) => {
+            until_signal(super::files::download(args, settings)).await
+        }
     };
     match result {
         Ok(result) => result.map(|()| 0),

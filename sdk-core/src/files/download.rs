@@ -122,6 +122,18 @@ fn local_temp(dest: &Path) -> PathBuf {
     dest.with_file_name(format!(".{name}{TEMP_MARK}{}", &random[..12]))
 }
 
+/// A local temp file, removed on drop unless it was renamed into place:
+/// a download whose future is dropped (Ctrl-C) leaves nothing either.
+struct LocalTemp(Option<PathBuf>);
+
+impl Drop for LocalTemp {
+    fn drop(&mut self) {
+        if let Some(path) = self.0.take() {
+            let _ = std::fs::remove_file(path);
+        }
+    }
+}
+
 /// Mode and times onto a local file or directory.
 /// Times first: the open needs read permission, which the mode may take.
 fn set_local_attrs(path: &Path, attrs: &Attrs) -> std::io::Result<()> {
@@ -408,6 +420,7 @@ async fn get_file(
             return Err(local_error(&err, "download", dest));
         }
     };
+    let mut guard = LocalTemp(Some(temp.clone()));
     let mut file = tokio::fs::File::from_std(file);
     let mut reader = Reader::new(handle.clone(), attrs.size.unwrap_or(0));
     let mut bytes = 0u64;
@@ -435,11 +448,12 @@ async fn get_file(
     });
     match finished {
         Ok(()) => {
+            guard.0 = None;
             reporter.file_done();
             Ok(bytes)
         }
         Err(err) => {
-            let _ = std::fs::remove_file(&temp);
+            drop(guard);
             Err(match err {
                 Ok(failure) => session.fail(failure, "download", source).await,
                 Err(err) => err,
