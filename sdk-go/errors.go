@@ -24,6 +24,10 @@ var (
 	ErrInvalidConfig      = errors.New("openshell: invalid configuration")
 	ErrOutputLimit        = errors.New("openshell: output limit exceeded")
 	ErrStreamClosed       = errors.New("openshell: stream closed")
+	// ErrOutOfRange matches a resumed watch whose cursor the gateway no
+	// longer holds the events after (it keeps a bounded number): start a
+	// new watch without ResumeAfter, from the current state.
+	ErrOutOfRange = errors.New("openshell: out of range")
 	// ErrCluster matches a failure of a local test cluster (package
 	// openshelltest): it did not start, an order failed, or it did not stop
 	// cleanly. Error.Logs names the directory of its kept logs.
@@ -51,6 +55,7 @@ var sentinels = map[string]error{
 	"invalid_config":      ErrInvalidConfig,
 	"output_limit":        ErrOutputLimit,
 	"stream_closed":       ErrStreamClosed,
+	"out_of_range":        ErrOutOfRange,
 	"cluster":             ErrCluster,
 }
 

@@ -32,6 +32,16 @@
 // `ExecSandboxEvent`s: all stdout, all stderr, then the exit.
 #define OS_OP_EXEC 8
 
+// `GetSandboxLogsRequest` → `GetSandboxLogsResponse`: the sandbox's
+// recorded log lines, oldest first (`lines`, `since_ms`, `sources` and
+// `min_level` filter; 0 and empty: unset).
+#define OS_OP_LOGS 9
+
+// The length of a transfer summary value: seven little-endian `u64`s,
+// in this order: files, directories, symlinks, skipped symlinks, ignored
+// entries, other skipped entries, bytes.
+#define OS_TRANSFER_SUMMARY_LEN 56
+
 // [`openshell_host_session_text`]: the replica holding the current session.
 #define OS_HOST_SERVED_BY 1
 
@@ -58,6 +68,13 @@
 // `ExecSandboxRequest` → `ExecSandboxEvent`s; send `ExecSandboxInput`
 // (`stdin` or `resize`); close-send closes stdin.
 #define OS_STREAM_INTERACTIVE 3
+
+// `WatchSandboxRequest` → `SandboxStreamEvent`s (each with its cursor):
+// the core's resumable watch (`Sandboxes::events`), which reopens the
+// stream after the last cursor when it breaks, and ends with
+// `out_of_range` when the gateway no longer holds what came after it.
+// [`openshell_stream_resumes`] counts the reopenings.
+#define OS_STREAM_EVENTS 4
 
 // [`openshell_local_cluster_text`]: the edge's URL.
 #define OS_CLUSTER_ENDPOINT 1
@@ -268,6 +285,34 @@ typedef struct OsRoutingStats {
   uint64_t owner_lookups;
   uint64_t cache_hits;
 } OsRoutingStats;
+
+// Where a transfer stands; borrowed for the duration of the callback.
+typedef struct OsProgress {
+  // File bytes moved so far.
+  uint64_t bytes_done;
+  // File bytes the transfer moves in all (an upload stream: so far).
+  uint64_t bytes_total;
+  // Files completed.
+  uint64_t files_done;
+  // Files the transfer moves in all.
+  uint64_t files_total;
+  // The file being moved (its destination path).
+  struct OsBytes current;
+} OsProgress;
+
+// A transfer's progress callback: `user_data` is `progress_data`.
+typedef void (*OsProgressCallback)(size_t user_data, const struct OsProgress *progress);
+
+// How a transfer runs, passed by value; zero values mean "not set".
+typedef struct OsTransferOptions {
+  // The name of ignore files (".gitignore" syntax) honoured in every
+  // directory of a tree; empty for none.
+  struct OsBytes ignore_file;
+  // Called with the transfer's progress; may be null.
+  OsProgressCallback progress;
+  // Passed back to `progress`.
+  size_t progress_data;
+} OsTransferOptions;
 
 // The apply callback of a host session: called on a blocking thread of the
 // library, one call at a time per sandbox (calls for different sandboxes
@@ -508,6 +553,81 @@ void openshell_forward_free(struct OsForward *forward);
 // Writes the client's owner-routing counters to `*out`.
 int32_t openshell_client_routing_stats(const struct OsClient *client, struct OsRoutingStats *out);
 
+// Uploads `local_path` (a file, or a directory with everything in it) to
+// `remote` in `sandbox` (relative to the sandbox's working directory, or
+// absolute inside it); into `remote` under the local name when `remote`
+// is an existing directory. The completion's `value` is the transfer
+// summary ([`OS_TRANSFER_SUMMARY_LEN`] bytes). Local paths are bytes (not
+// necessarily UTF-8).
+int32_t openshell_client_upload(const struct OsClient *client,
+                                struct OsBytes sandbox,
+                                struct OsBytes local_path,
+                                struct OsBytes remote,
+                                struct OsTransferOptions transfer,
+                                struct OsCallOptions options,
+                                OsCallback callback,
+                                size_t user_data);
+
+// Downloads `remote` (a file or a directory) from `sandbox` to
+// `local_path`; into `local_path` under the remote name when it is an
+// existing directory. The completion's `value` is the transfer summary.
+int32_t openshell_client_download(const struct OsClient *client,
+                                  struct OsBytes sandbox,
+                                  struct OsBytes remote,
+                                  struct OsBytes local_path,
+                                  struct OsTransferOptions transfer,
+                                  struct OsCallOptions options,
+                                  OsCallback callback,
+                                  size_t user_data);
+
+// Starts an upload of bytes the caller sends to the file `remote`: the
+// completion's `handle` is an `OsStream` (send the bytes with
+// `openshell_stream_send`, then `openshell_stream_finish`) and its `value`
+// the absolute path the file will have. The file appears (mode 0644,
+// replacing any file there) only at the finish; freeing the stream before
+// leaves nothing behind. The stream stays bound to the call's
+// cancellation; `ignore_file` does not apply.
+int32_t openshell_client_upload_stream(const struct OsClient *client,
+                                       struct OsBytes sandbox,
+                                       struct OsBytes remote,
+                                       struct OsTransferOptions transfer,
+                                       struct OsCallOptions options,
+                                       OsCallback callback,
+                                       size_t user_data);
+
+// Starts a download of the file `remote`: the completion's `handle` is an
+// `OsStream` whose `openshell_stream_next` gives the file's bytes in
+// chunks (at most 256 KiB each), then `OS_END`; its `value` is the file's
+// size when the download started (8 bytes, little-endian) followed by its
+// absolute path. `ignore_file` does not apply.
+int32_t openshell_client_download_stream(const struct OsClient *client,
+                                         struct OsBytes sandbox,
+                                         struct OsBytes remote,
+                                         struct OsTransferOptions transfer,
+                                         struct OsCallOptions options,
+                                         OsCallback callback,
+                                         size_t user_data);
+
+// The whole content of the file `remote` (the completion's `value`), at
+// most 64 MiB: a larger file is `failed_precondition`, before anything is
+// read.
+int32_t openshell_client_read_file(const struct OsClient *client,
+                                   struct OsBytes sandbox,
+                                   struct OsBytes remote,
+                                   struct OsCallOptions options,
+                                   OsCallback callback,
+                                   size_t user_data);
+
+// Writes `data` as the file `remote` (mode 0644), replacing any file there
+// atomically. The completion's `value` is the transfer summary.
+int32_t openshell_client_write_file(const struct OsClient *client,
+                                    struct OsBytes sandbox,
+                                    struct OsBytes remote,
+                                    struct OsBytes data,
+                                    struct OsCallOptions options,
+                                    OsCallback callback,
+                                    size_t user_data);
+
 // Builds a host session for host `member_id` (the id its host token was
 // issued for) with the host token in `client.token` (the client's token
 // provider is not used here). No I/O.
@@ -577,7 +697,9 @@ void openshell_config_session_free(struct OsConfigSession *session);
 int32_t openshell_stream_next(const struct OsStream *stream, OsCallback callback, size_t user_data);
 
 // Sends one message: an encoded `ExecSandboxInput` (stdin or resize) on
-// an interactive exec, the request message on a raw stream.
+// an interactive exec, the request message on a raw stream, the next
+// bytes of the file on an upload stream (any length; the core sends them
+// in chunks and waits only when its window is full).
 int32_t openshell_stream_send(const struct OsStream *stream,
                               struct OsBytes message,
                               OsCallback callback,
@@ -585,6 +707,21 @@ int32_t openshell_stream_send(const struct OsStream *stream,
 
 // Ends the sending side (stdin EOF for an interactive exec). Idempotent.
 int32_t openshell_stream_close_send(const struct OsStream *stream);
+
+// How many times an event watch (`OS_STREAM_EVENTS`) opened a new stream
+// after a broken one, as of the last event it returned (0 for other
+// streams and for null).
+uint32_t openshell_stream_resumes(const struct OsStream *stream);
+
+// Ends an upload stream: with `commit`, sends what is buffered, waits for
+// every write and renames the file into place (the completion's `value`
+// is the transfer summary, see `openshell_client_upload`); without, gives
+// it up (the temp file is removed, the target is left as it was; an empty
+// value). Either way later sends fail. On any other stream: an error.
+int32_t openshell_stream_finish(const struct OsStream *stream,
+                                bool commit,
+                                OsCallback callback,
+                                size_t user_data);
 
 // Cancels the stream: the RPC is reset (for exec, the gateway kills the
 // process) and pending and later operations end with `cancelled`.

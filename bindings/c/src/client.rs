@@ -16,7 +16,7 @@ use tokio::sync::oneshot;
 
 use crate::call::{Call, CallCancel, OsCallOptions, OsClient, decode, exec_request};
 use crate::complete::{OsCallback, Outcome, start};
-use crate::stream::{open_stream, raw_stream};
+use crate::stream::{log_line_proto, log_query, open_stream, raw_stream};
 use crate::types::{
     ErrorParts, OS_ERROR, OS_INVALID, OS_OK, OsBytes, OsErrorBox, OsOwnedBytes, guard_sync,
     put_error, runtime,
@@ -39,6 +39,10 @@ pub const OS_OP_WAIT_DELETED: u32 = 7;
 /// `ExecSandboxRequest` → the output, as length-delimited
 /// `ExecSandboxEvent`s: all stdout, all stderr, then the exit.
 pub const OS_OP_EXEC: u32 = 8;
+/// `GetSandboxLogsRequest` → `GetSandboxLogsResponse`: the sandbox's
+/// recorded log lines, oldest first (`lines`, `since_ms`, `sources` and
+/// `min_level` filter; 0 and empty: unset).
+pub const OS_OP_LOGS: u32 = 9;
 
 /// The token provider: called on a runtime thread when the core needs a
 /// token (`force_refresh` after an `UNAUTHENTICATED` answer). It must not
@@ -346,6 +350,19 @@ async fn run_op(client: Client, op: u32, request: Vec<u8>, call: Call) -> Result
                     })),
                 },
             ])
+        }
+        OS_OP_LOGS => {
+            let r: pb::GetSandboxLogsRequest = decode(&request, "GetSandboxLogsRequest")?;
+            let since = (r.since_ms > 0).then(|| {
+                std::time::SystemTime::UNIX_EPOCH + Duration::from_millis(r.since_ms as u64)
+            });
+            let query = log_query(r.lines, since, r.sources, r.min_level);
+            let logs = Call::run(&token, sandboxes.logs(&r.sandbox, &query, options)).await?;
+            pb::GetSandboxLogsResponse {
+                logs: logs.lines.into_iter().map(log_line_proto).collect(),
+                buffer_total: logs.buffer_total,
+            }
+            .encode_to_vec()
         }
         other => {
             return Err(Error::invalid_config(format!("unknown operation {other}")));

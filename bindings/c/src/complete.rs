@@ -43,6 +43,9 @@ pub(crate) enum Outcome {
     Answer(Vec<u8>, String, Vec<u8>),
     /// A new handle (an `OsStream` or `OsForward` as a raw pointer).
     Handle(usize),
+    /// A new handle and a value that describes it (a transfer stream and
+    /// its path).
+    HandleValue(usize, Vec<u8>),
     /// The stream ended.
     End,
 }
@@ -94,6 +97,10 @@ impl Completer {
                 completion.metadata = OsBytes::of(metadata);
             }
             Ok(Outcome::Handle(ptr)) => completion.handle = *ptr as *mut c_void,
+            Ok(Outcome::HandleValue(ptr, bytes)) => {
+                completion.handle = *ptr as *mut c_void;
+                completion.value = OsBytes::of(bytes);
+            }
             Ok(Outcome::End) => completion.status = OS_END,
             Err(parts) => {
                 completion.status = OS_ERROR;

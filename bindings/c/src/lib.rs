@@ -30,7 +30,10 @@
 //! The library owns one multi-thread tokio runtime, started on first use.
 //! An async export (`openshell_client_call`, `_open`, `_raw_unary`,
 //! `_raw_stream`, `_forward`, `openshell_stream_next`, `_send`,
-//! `openshell_local_cluster_start`, `_fault`, `_owner_of`, `_close`) checks its
+//! `openshell_local_cluster_start`, `_fault`, `_owner_of`, `_close`, the file
+//! transfers `openshell_client_upload`, `_download`, `_upload_stream`,
+//! `_download_stream`, `_read_file`, `_write_file` and
+//! `openshell_stream_finish`) checks its
 //! arguments, copies them, spawns the work and returns at once:
 //!
 //! - it returns [`OS_OK`] and later calls `callback(user_data, completion)`
@@ -64,6 +67,15 @@
 //! the replica that served the call, and for `cluster` the directory of the
 //! local cluster's kept logs.
 //!
+//! # File transfer
+//!
+//! `files.rs`: uploads and downloads of local paths run wholly in the core
+//! (streamed, never a whole file in memory); the stream forms are
+//! `OsStream`s (`openshell_stream_send` the bytes of an upload, then
+//! `openshell_stream_finish`; `openshell_stream_next` the chunks of a
+//! download). A transfer's optional progress callback runs on a runtime
+//! thread, throttled by the core, and must not block either.
+//!
 //! # Local clusters
 //!
 //! `openshell_local_cluster_*` (`testing.rs`) start and drive the core's
@@ -80,6 +92,7 @@
 mod call;
 mod client;
 mod complete;
+mod files;
 mod host;
 mod session;
 mod stream;
@@ -89,6 +102,7 @@ mod types;
 pub use call::{OsCallOptions, OsClient};
 pub use client::*;
 pub use complete::*;
+pub use files::*;
 pub use host::*;
 pub use session::*;
 pub use stream::*;
