@@ -20,6 +20,7 @@
 //! does every later call.
 
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -33,10 +34,12 @@ use pyo3::prelude::*;
 use pyo3::types::PyDict;
 
 use crate::errors::{invalid_config, to_py};
+use crate::files::{self, ProgressChannel};
 use crate::handles::{
     EventState, ExecStreamHandle, InteractiveHandle, NativeForward, RawStreamHandle, WatchHandle,
     wire_output,
 };
+use crate::logs;
 use crate::runtime;
 use crate::waker::run;
 
@@ -660,6 +663,183 @@ impl NativeClient {
                 blocking,
             })
         })
+    }
+
+    /// Uploads the local file or directory `local` to `remote`:
+    /// a `WireSummary`. The core reads the files.
+    #[pyo3(signature = (sandbox, local, remote, *, ignore_file = None, progress = None, timeout = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn upload<'py>(
+        &self,
+        py: Python<'py>,
+        sandbox: String,
+        local: PathBuf,
+        remote: String,
+        ignore_file: Option<String>,
+        progress: Option<Py<ProgressChannel>>,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.client(py)?;
+        let (call, _) = self.options(py, timeout)?;
+        let options = files::transfer_options(call, ignore_file, progress.as_ref());
+        let direction = files::Direction::Up { local, remote };
+        files::transfer(
+            py,
+            self.blocking,
+            client,
+            sandbox,
+            direction,
+            options,
+            progress,
+        )
+    }
+
+    /// Downloads the file or directory `remote` to `local`: a `WireSummary`.
+    /// The core writes the files.
+    #[pyo3(signature = (sandbox, remote, local, *, ignore_file = None, progress = None, timeout = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn download<'py>(
+        &self,
+        py: Python<'py>,
+        sandbox: String,
+        remote: String,
+        local: PathBuf,
+        ignore_file: Option<String>,
+        progress: Option<Py<ProgressChannel>>,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.client(py)?;
+        let (call, _) = self.options(py, timeout)?;
+        let options = files::transfer_options(call, ignore_file, progress.as_ref());
+        let direction = files::Direction::Down { remote, local };
+        files::transfer(
+            py,
+            self.blocking,
+            client,
+            sandbox,
+            direction,
+            options,
+            progress,
+        )
+    }
+
+    /// Starts an upload of chunks Python writes: an `UploadSinkHandle`.
+    #[pyo3(signature = (sandbox, remote, *, progress = None, timeout = None))]
+    fn upload_stream<'py>(
+        &self,
+        py: Python<'py>,
+        sandbox: String,
+        remote: String,
+        progress: Option<Py<ProgressChannel>>,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.client(py)?;
+        let (call, _) = self.options(py, timeout)?;
+        let options = files::transfer_options(call, None, progress.as_ref());
+        files::upload_stream(py, self.blocking, client, sandbox, remote, options)
+    }
+
+    /// Starts a download Python reads chunk by chunk: a `DownloadSourceHandle`.
+    #[pyo3(signature = (sandbox, remote, *, progress = None, timeout = None))]
+    fn download_stream<'py>(
+        &self,
+        py: Python<'py>,
+        sandbox: String,
+        remote: String,
+        progress: Option<Py<ProgressChannel>>,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.client(py)?;
+        let (call, _) = self.options(py, timeout)?;
+        let options = files::transfer_options(call, None, progress.as_ref());
+        files::download_stream(py, self.blocking, client, sandbox, remote, options)
+    }
+
+    /// The whole file `remote` as `bytes` (at most 64 MiB).
+    #[pyo3(signature = (sandbox, remote, *, timeout = None))]
+    fn read_file<'py>(
+        &self,
+        py: Python<'py>,
+        sandbox: String,
+        remote: String,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.client(py)?;
+        let (call, _) = self.options(py, timeout)?;
+        files::read_file(py, self.blocking, client, sandbox, remote, call)
+    }
+
+    /// Writes `data` as the file `remote` (mode 0644): a `WireSummary`.
+    #[pyo3(signature = (sandbox, remote, data, *, timeout = None))]
+    fn write_file<'py>(
+        &self,
+        py: Python<'py>,
+        sandbox: String,
+        remote: String,
+        data: Bytes,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.client(py)?;
+        let (call, _) = self.options(py, timeout)?;
+        files::write_file(py, self.blocking, client, sandbox, remote, data, call)
+    }
+
+    /// A sandbox's recorded log lines: `(lines, buffer_total)`.
+    #[pyo3(signature = (name, *, tail = None, since_us = None, sources = Vec::new(), min_level = None, timeout = None))]
+    #[allow(clippy::too_many_arguments)]
+    fn sandbox_logs<'py>(
+        &self,
+        py: Python<'py>,
+        name: String,
+        tail: Option<u32>,
+        since_us: Option<i64>,
+        sources: Vec<String>,
+        min_level: Option<String>,
+        timeout: Option<f64>,
+    ) -> PyResult<Bound<'py, PyAny>> {
+        let client = self.client(py)?;
+        let options = self.unary_options(py, timeout)?;
+        let query = logs::log_query(tail, since_us, sources, min_level);
+        logs::logs(py, self.blocking, client, name, query, options)
+    }
+
+    /// Follows a sandbox (status, logs or both), resuming after breaks: an
+    /// `EventWatchHandle`. Returns at once; the stream opens on the first batch.
+    #[pyo3(signature = (
+        name, *, status = true, logs = false, tail = None, since_us = None, sources = Vec::new(),
+        min_level = None, resume_after = None, stop_on_terminal = false, timeout = None,
+    ))]
+    #[allow(clippy::too_many_arguments)]
+    fn sandbox_events(
+        &self,
+        py: Python<'_>,
+        name: String,
+        status: bool,
+        logs: bool,
+        tail: Option<u32>,
+        since_us: Option<i64>,
+        sources: Vec<String>,
+        min_level: Option<String>,
+        resume_after: Option<String>,
+        stop_on_terminal: bool,
+        timeout: Option<f64>,
+    ) -> PyResult<logs::EventWatchHandle> {
+        let client = self.client(py)?;
+        let (options, cancel) = self.options(py, timeout)?;
+        let args = logs::WatchArgs {
+            status,
+            logs: logs.then(|| logs::log_query(tail, since_us, sources, min_level)),
+            resume_after,
+            stop_on_terminal,
+        };
+        Ok(logs::events(
+            &client,
+            &name,
+            args,
+            options,
+            cancel,
+            self.blocking,
+        ))
     }
 
     /// Owner-routing counters of the core client, when the core has them.

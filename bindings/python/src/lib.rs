@@ -14,7 +14,10 @@
 //!   buffered exec (output collected in Rust), streaming exec (events in
 //!   batches, and `collect()`: the rest collected in Rust under the same
 //!   cap), interactive exec, forward (listener and byte pumps in Rust;
-//!   Python holds a handle with the local address, stats and close);
+//!   Python holds a handle with the local address, stats and close), file
+//!   transfer ([`files`]: paths read and written by the core, chunk streams
+//!   for Python's bytes and file objects, progress reports that Python reads
+//!   on its own thread), sandbox logs and resuming watches ([`logs`]);
 //! - the supervisor side of the session protocol ([`config_session`]): a
 //!   `ConfigSession` whose pushed or polled snapshots Python answers one at a
 //!   time with an explicit acknowledgement; and its host form
@@ -75,8 +78,10 @@
 mod client;
 mod config_session;
 mod errors;
+mod files;
 mod handles;
 mod host_session;
+mod logs;
 mod runtime;
 mod testing;
 mod token;
@@ -113,6 +118,10 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<handles::WatchHandle>()?;
     m.add_class::<handles::NativeForward>()?;
     m.add_class::<handles::RawStreamHandle>()?;
+    m.add_class::<files::ProgressChannel>()?;
+    m.add_class::<files::UploadSinkHandle>()?;
+    m.add_class::<files::DownloadSourceHandle>()?;
+    m.add_class::<logs::EventWatchHandle>()?;
     m.add_class::<config_session::NativeConfigSession>()?;
     m.add_class::<host_session::NativeHostSession>()?;
     m.add_class::<testing::NativeLocalCluster>()?;

@@ -337,6 +337,23 @@ where
     F: Future<Output = Result<T, openshell_sdk::Error>> + Send + 'static,
     T: for<'a> IntoPyObject<'a> + Send + 'static,
 {
+    block_ticking(py, fut, |_py| Ok(()))
+}
+
+/// [`block`], calling `tick` with the GIL on the calling thread every
+/// [`SIGNAL_POLL`] (after the signal handlers) and once more when `fut` has
+/// finished. An error from `tick` drops `fut` (cancelling its call) and is
+/// raised. File transfers hand a blocking caller their progress this way.
+pub fn block_ticking<'py, F, T, K>(
+    py: Python<'py>,
+    fut: F,
+    mut tick: K,
+) -> PyResult<Bound<'py, PyAny>>
+where
+    F: Future<Output = Result<T, openshell_sdk::Error>> + Send + 'static,
+    T: for<'a> IntoPyObject<'a> + Send + 'static,
+    K: FnMut(Python<'_>) -> PyResult<()> + Send,
+{
     if runtime::is_shut_down() {
         return Err(crate::errors::to_py(py, &openshell_sdk::Error::Cancelled));
     }
@@ -348,8 +365,19 @@ where
             loop {
                 tokio::select! {
                     biased;
-                    out = &mut fut => return Ok(out),
-                    _ = ticks.tick() => Python::attach(|py| py.check_signals())?,
+                    out = &mut fut => {
+                        let ticked = Python::attach(&mut tick);
+                        return match (out, ticked) {
+                            // The call's own failure wins over the callback's.
+                            (Err(err), _) => Ok(Err(err)),
+                            (Ok(_), Err(err)) => Err(err),
+                            (Ok(value), Ok(())) => Ok(Ok(value)),
+                        };
+                    }
+                    _ = ticks.tick() => Python::attach(|py| {
+                        py.check_signals()?;
+                        tick(py)
+                    })?,
                 }
             }
         };

@@ -3,8 +3,8 @@
 Two clients with the same operations:
 
 - :class:`AsyncClient` for asyncio code;
-- :class:`Client` for blocking code (it runs the async client on a private
-  background loop, so you never manage one).
+- :class:`Client` for blocking code (it waits on the core on the calling
+  thread with the GIL released, so you never manage a loop).
 
 :class:`ConfigSession` (and its blocking form :class:`SyncConfigSession`) is
 the supervisor side of a sandbox's session: pushed or polled configuration
@@ -26,6 +26,7 @@ from . import _native, errors, proto, types
 from ._async_client import (
     AsyncClient,
     AsyncSandboxes,
+    EventWatch,
     ExecStream,
     Forward,
     InteractiveExec,
@@ -43,6 +44,7 @@ from ._config_session import (
     Rejected,
     SyncConfigSession,
 )
+from ._files import BinarySink, BinarySource, LocalPath, ProgressCallback
 from ._host_session import (
     HostApplyCallback,
     HostSession,
@@ -50,12 +52,14 @@ from ._host_session import (
     SyncHostApplyCallback,
     SyncHostSession,
 )
+from ._logs import Since, Sources
 from ._native import __version__ as _native_version
 from ._proto import datamodel_pb2, openshell_pb2, sandbox_pb2
 from ._raw_runtime import BidiStream, MethodInfo, RawResponse, ServerStream
 from ._sync_client import (
     Client,
     Sandboxes,
+    SyncEventWatch,
     SyncExecStream,
     SyncForward,
     SyncInteractiveExec,
@@ -97,11 +101,18 @@ from .types import (
     ExecStdout,
     ForwardStats,
     Health,
+    LogEvent,
+    LogLine,
+    Logs,
     RoutingStats,
     Sandbox,
+    SandboxEvent,
     SandboxPhase,
     ServiceStatus,
     SshSession,
+    TransferProgress,
+    TransferSummary,
+    WatchEvent,
 )
 
 # Stop the native runtime before the interpreter is torn down (see
@@ -112,7 +123,6 @@ _atexit.register(_native._shutdown_runtime)
 __version__ = _native_version
 
 __all__ = [
-    "METHODS",
     "AbortedError",
     "AlreadyExistsError",
     "ApplyCallback",
@@ -122,6 +132,8 @@ __all__ = [
     "AsyncSandboxes",
     "AuthError",
     "BidiStream",
+    "BinarySink",
+    "BinarySource",
     "CallCancelledError",
     "Client",
     "ClusterError",
@@ -133,6 +145,7 @@ __all__ = [
     "DeadlineExceededError",
     "DeletionOutcome",
     "DeliveryMode",
+    "EventWatch",
     "ExecEvent",
     "ExecExit",
     "ExecResult",
@@ -151,26 +164,36 @@ __all__ = [
     "InternalError",
     "InvalidArgumentError",
     "InvalidConfigError",
+    "LocalPath",
+    "LogEvent",
+    "LogLine",
+    "Logs",
+    "METHODS",
     "MethodInfo",
     "NotFoundError",
     "OpenShellError",
     "OutOfRangeError",
     "OutputLimitError",
     "PermissionDeniedError",
+    "ProgressCallback",
     "ProtocolError",
     "RawResponse",
     "Rejected",
     "ResourceExhaustedError",
     "RoutingStats",
     "Sandbox",
+    "SandboxEvent",
     "SandboxPhase",
     "SandboxWatch",
     "Sandboxes",
     "ServerStream",
     "ServiceStatus",
+    "Since",
+    "Sources",
     "SshSession",
     "StreamClosedError",
     "SyncConfigSession",
+    "SyncEventWatch",
     "SyncExecStream",
     "SyncForward",
     "SyncHostApplyCallback",
@@ -180,8 +203,11 @@ __all__ = [
     "SyncSandboxWatch",
     "TlsError",
     "TokenProvider",
+    "TransferProgress",
+    "TransferSummary",
     "UnauthenticatedError",
     "UnavailableError",
+    "WatchEvent",
     "__version__",
     "datamodel_pb2",
     "errors",

@@ -11,7 +11,10 @@ from datetime import UTC, datetime
 from types import TracebackType
 from typing import Any, TypeAlias
 
-from . import _native
+from . import _files, _logs, _native
+from . import errors as _errors
+from ._files import BinarySink, BinarySource, LocalPath, ProgressCallback
+from ._logs import EventWatch, Since, Sources
 from ._proto.openshell_pb2 import SandboxResponse as _SandboxResponse
 from .raw import AsyncRaw
 from .types import (
@@ -23,15 +26,18 @@ from .types import (
     ExecStdout,
     ForwardStats,
     Health,
+    Logs,
     RoutingStats,
     Sandbox,
     ServiceStatus,
     SshSession,
+    TransferSummary,
 )
 
 __all__ = [
     "AsyncClient",
     "AsyncSandboxes",
+    "EventWatch",
     "ExecStream",
     "Forward",
     "InteractiveExec",
@@ -491,6 +497,76 @@ class AsyncSandboxes:
         """``async for sandbox in client.sandboxes.watch(name)``: snapshots as they change."""
         return SandboxWatch(lambda: self._native.watch(name, timeout=timeout))
 
+    async def logs(
+        self,
+        name: str,
+        *,
+        tail: int | None = None,
+        since: Since | None = None,
+        sources: Sources | None = None,
+        min_level: str | None = None,
+        timeout: float | None = None,
+    ) -> Logs:
+        """The log lines the gateway recorded about the sandbox (its own and its
+        supervisor's), oldest first: every line by default (the newest 2000).
+
+        ``tail``: only the newest that many (of those that match); ``since``: only
+        lines written at or after a ``datetime``, or within a ``timedelta`` back
+        from now; ``sources``: ``"gateway"``, ``"sandbox"`` or both; ``min_level``:
+        ``TRACE``, ``DEBUG``, ``INFO``, ``WARN`` or ``ERROR`` and above (another
+        word is :class:`~openshell_sdk.errors.InvalidArgumentError`)."""
+        return await _logs.logs(
+            self._native,
+            name,
+            tail=tail,
+            since=since,
+            sources=sources,
+            min_level=min_level,
+            timeout=timeout,
+        )
+
+    def events(
+        self,
+        name: str,
+        *,
+        status: bool = True,
+        logs: bool = False,
+        tail: int | None = None,
+        since: Since | None = None,
+        sources: Sources | None = None,
+        min_level: str | None = None,
+        resume_after: str | None = None,
+        stop_on_terminal: bool = False,
+        timeout: float | None = None,
+    ) -> EventWatch:
+        """Follows the sandbox: ``async for event in client.sandboxes.events(name)``.
+
+        ``status`` follows its snapshots (:class:`SandboxEvent`; without a cursor
+        the first is the current state), ``logs`` its log lines
+        (:class:`LogEvent`, filtered by ``since``, ``sources`` and ``min_level``;
+        without a cursor the newest ``tail`` lines, 200 by default, come first).
+        ``resume_after`` (an event's ``cursor``) starts after that event: no
+        snapshot first, exactly the events that came later. ``stop_on_terminal``
+        ends the watch once the sandbox is READY, COMPLETED, STOPPED or in ERROR.
+        The watch resumes by itself after a broken stream; see
+        :class:`EventWatch` for how it ends. ``timeout`` (none by default)
+        bounds the whole watch."""
+        if not (status or logs):
+            raise _errors._invalid_config("a watch follows status, logs or both")
+        handle = self._native.sandbox_events(
+            name,
+            status=status,
+            logs=logs,
+            tail=_logs.tail_lines(tail),
+            since_us=_logs.since_us(since),
+            sources=_logs.sources_list(sources),
+            min_level=min_level,
+            resume_after=resume_after,
+            stop_on_terminal=stop_on_terminal,
+            timeout=timeout,
+        )
+        return EventWatch(handle)
+
 
 class AsyncClient:
     """The OpenShell client for asyncio.
@@ -736,6 +812,95 @@ class AsyncClient:
         revoked token is ``False``, not an error."""
         token = session.token if isinstance(session, SshSession) else session
         return await self._native.revoke_ssh_session(token, timeout=timeout)
+
+    async def upload(
+        self,
+        sandbox: str,
+        local: LocalPath | BinarySource,
+        remote: str,
+        *,
+        ignore_file: str | None = None,
+        progress: ProgressCallback | None = None,
+        timeout: float | None = None,
+    ) -> TransferSummary:
+        """Uploads ``local`` to ``remote`` in the sandbox.
+
+        ``local`` is a path (``str`` or ``os.PathLike``: a file, or a directory
+        with everything in it; the core reads it, in chunks, keeping modes and
+        mtimes; symlinks whose target leaves the tree are skipped), or the data
+        itself: ``bytes`` or a binary file object (``read()`` in chunks of 1 MiB,
+        streamed; the file gets mode 0644). Remote paths are relative to the
+        sandbox's working directory, and absolute ones must lie inside it. When
+        ``remote`` is an existing directory, a path upload goes inside it under
+        its own name (as ``scp`` does). Every file is written under a temp name
+        and renamed into place: a failed or cancelled upload leaves nothing
+        half-written. ``ignore_file`` (for example ``".gitignore"``) names ignore
+        files honoured in every directory. ``progress`` is called with a
+        :class:`TransferProgress` on this thread, at most about ten times a
+        second and once at the end; an exception it raises cancels the upload.
+        Errors name the path: ``not_found``, ``invalid_argument`` (outside the
+        working directory), ``failed_precondition`` (a directory where a file is
+        expected or the reverse), ``permission_denied``, ``resource_exhausted``
+        (no space). ``timeout`` (none by default) bounds the whole transfer.
+        """
+        return await _files.upload(
+            self._native,
+            sandbox,
+            local,
+            remote,
+            ignore_file=ignore_file,
+            progress=progress,
+            timeout=timeout,
+        )
+
+    async def download(
+        self,
+        sandbox: str,
+        remote: str,
+        local: LocalPath | BinarySink,
+        *,
+        ignore_file: str | None = None,
+        progress: ProgressCallback | None = None,
+        timeout: float | None = None,
+    ) -> TransferSummary:
+        """Downloads ``remote`` (a file or a directory) from the sandbox.
+
+        ``local`` is a path (the core writes it: a temp name renamed into place,
+        modes and mtimes kept; an existing directory receives ``remote`` under
+        its own name) or a writable binary file object, which gets the file's
+        bytes chunk by chunk (a remote directory is then
+        :class:`~openshell_sdk.errors.FailedPreconditionError`). ``ignore_file``,
+        ``progress``, ``timeout`` and the errors are as for :meth:`upload`."""
+        return await _files.download(
+            self._native,
+            sandbox,
+            remote,
+            local,
+            ignore_file=ignore_file,
+            progress=progress,
+            timeout=timeout,
+        )
+
+    async def read_file(self, sandbox: str, remote: str, *, timeout: float | None = None) -> bytes:
+        """The whole content of the file ``remote``: at most 64 MiB (larger is
+        :class:`~openshell_sdk.errors.FailedPreconditionError`: use
+        :meth:`download`)."""
+        return await self._native.read_file(sandbox, remote, timeout=timeout)
+
+    async def write_file(
+        self,
+        sandbox: str,
+        remote: str,
+        data: bytes | bytearray | memoryview | str,
+        *,
+        timeout: float | None = None,
+    ) -> TransferSummary:
+        """Writes ``data`` (``str`` as UTF-8) as the file ``remote`` (mode 0644),
+        replacing any file there atomically."""
+        payload = data.encode() if isinstance(data, str) else bytes(data)
+        return TransferSummary(
+            *await self._native.write_file(sandbox, remote, payload, timeout=timeout)
+        )
 
     def routing_stats(self) -> RoutingStats:
         """Owner-routing counters of this client (hinted, unhinted, unrouted

@@ -95,6 +95,45 @@ class RawStreamHandle:
     def trailers(self) -> Metadata | None: ...
     def cancel(self) -> None: ...
 
+# (files, directories, symlinks, skipped_symlinks, ignored, skipped_other, bytes).
+WireSummary = tuple[int, int, int, int, int, int, int]
+# (bytes_done, bytes_total, files_done, files_total, current).
+WireProgress = tuple[int, int, int, int, str]
+# (time in microseconds since the epoch or None, level, source, target, message, fields).
+WireLogLine = tuple[int | None, str, str, str, str, dict[str, str]]
+# (cursor, encoded Sandbox or None, log line or None).
+WireWatchEvent = tuple[str, bytes | None, WireLogLine | None]
+
+class ProgressChannel:
+    """The latest progress report of a transfer; ``deliver`` gets it on a
+    blocking caller's thread."""
+
+    def __init__(self, deliver: Callable[[WireProgress], object]) -> None: ...
+    def next(self) -> Awaitable[WireProgress | None]: ...
+    def take(self) -> WireProgress | None: ...
+    def close(self) -> None: ...
+
+class UploadSinkHandle:
+    @property
+    def target(self) -> str: ...
+    def write(self, data: bytes) -> Awaitable[None]: ...
+    def finish(self) -> Awaitable[WireSummary]: ...
+    def abort(self) -> None: ...
+
+class DownloadSourceHandle:
+    @property
+    def size(self) -> int: ...
+    @property
+    def source(self) -> str: ...
+    def next_chunk(self) -> Awaitable[bytes | None]: ...
+    def close(self) -> None: ...
+
+class EventWatchHandle:
+    def next_batch(self, max_events: int = 256) -> Awaitable[list[WireWatchEvent]]: ...
+    @property
+    def resumes(self) -> int: ...
+    def cancel(self) -> None: ...
+
 class NativeClient:
     def __init__(
         self,
@@ -181,6 +220,72 @@ class NativeClient:
     def raw_stream(
         self, path: str, *, metadata: Metadata = ..., timeout: float | None = None
     ) -> Awaitable[RawStreamHandle]: ...
+    def upload(
+        self,
+        sandbox: str,
+        local: str,
+        remote: str,
+        *,
+        ignore_file: str | None = None,
+        progress: ProgressChannel | None = None,
+        timeout: float | None = None,
+    ) -> Awaitable[WireSummary]: ...
+    def download(
+        self,
+        sandbox: str,
+        remote: str,
+        local: str,
+        *,
+        ignore_file: str | None = None,
+        progress: ProgressChannel | None = None,
+        timeout: float | None = None,
+    ) -> Awaitable[WireSummary]: ...
+    def upload_stream(
+        self,
+        sandbox: str,
+        remote: str,
+        *,
+        progress: ProgressChannel | None = None,
+        timeout: float | None = None,
+    ) -> Awaitable[UploadSinkHandle]: ...
+    def download_stream(
+        self,
+        sandbox: str,
+        remote: str,
+        *,
+        progress: ProgressChannel | None = None,
+        timeout: float | None = None,
+    ) -> Awaitable[DownloadSourceHandle]: ...
+    def read_file(
+        self, sandbox: str, remote: str, *, timeout: float | None = None
+    ) -> Awaitable[bytes]: ...
+    def write_file(
+        self, sandbox: str, remote: str, data: bytes, *, timeout: float | None = None
+    ) -> Awaitable[WireSummary]: ...
+    def sandbox_logs(
+        self,
+        name: str,
+        *,
+        tail: int | None = None,
+        since_us: int | None = None,
+        sources: list[str] = ...,
+        min_level: str | None = None,
+        timeout: float | None = None,
+    ) -> Awaitable[tuple[list[WireLogLine], int]]: ...
+    def sandbox_events(
+        self,
+        name: str,
+        *,
+        status: bool = True,
+        logs: bool = False,
+        tail: int | None = None,
+        since_us: int | None = None,
+        sources: list[str] = ...,
+        min_level: str | None = None,
+        resume_after: str | None = None,
+        stop_on_terminal: bool = False,
+        timeout: float | None = None,
+    ) -> EventWatchHandle: ...
     def routing_stats(self) -> RoutingStatsDict: ...
 
 class ConfigSessionStatsDict(TypedDict):

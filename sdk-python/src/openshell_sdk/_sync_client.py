@@ -25,20 +25,26 @@ from ._async_client import (
     TokenProvider,
 )
 from ._blocking import run
+from ._files import BinarySink, BinarySource, LocalPath, ProgressCallback
+from ._logs import EventWatch, Since, Sources
 from .raw_sync import SyncRaw
 from .types import (
     DeletionOutcome,
     ExecEvent,
     ExecResult,
     Health,
+    Logs,
     RoutingStats,
     Sandbox,
     SshSession,
+    TransferSummary,
+    WatchEvent,
 )
 
 __all__ = [
     "Client",
     "Sandboxes",
+    "SyncEventWatch",
     "SyncExecStream",
     "SyncForward",
     "SyncInteractiveExec",
@@ -183,6 +189,60 @@ class SyncSandboxWatch:
         self.cancel()
 
 
+class SyncEventWatch:
+    """The events of one sandbox: ``for event in watch`` (see :class:`EventWatch`).
+
+    Each step waits on this thread with the GIL released; Ctrl-C raises
+    ``KeyboardInterrupt`` and the watch can be closed. ``with`` closes it.
+    """
+
+    def __init__(self, watch: EventWatch) -> None:
+        self._watch = watch
+
+    def __iter__(self) -> SyncEventWatch:
+        return self
+
+    def __next__(self) -> WatchEvent:
+        event = run(self._watch.next_event())
+        if event is None:
+            raise StopIteration
+        return event
+
+    @property
+    def cursor(self) -> str | None:
+        """The cursor of the last event handed out (see :attr:`EventWatch.cursor`)."""
+        return self._watch.cursor
+
+    @property
+    def resumes(self) -> int:
+        """How many times the watch opened a new stream after a broken one."""
+        return self._watch.resumes
+
+    @property
+    def closed(self) -> bool:
+        return self._watch.closed
+
+    def close(self) -> None:
+        """Ends the watch. Idempotent."""
+        self._watch.close()
+
+    cancel = close
+
+    def __enter__(self) -> SyncEventWatch:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Sync{self._watch!r}"
+
+
 class Sandboxes:
     """Sandbox lifecycle calls; get it as ``client.sandboxes``."""
 
@@ -237,6 +297,59 @@ class Sandboxes:
 
     def watch(self, name: str, *, timeout: float | None = None) -> SyncSandboxWatch:
         return SyncSandboxWatch(self._async.watch(name, timeout=timeout))
+
+    def logs(
+        self,
+        name: str,
+        *,
+        tail: int | None = None,
+        since: Since | None = None,
+        sources: Sources | None = None,
+        min_level: str | None = None,
+        timeout: float | None = None,
+    ) -> Logs:
+        """The sandbox's recorded log lines, oldest first (see :meth:`AsyncSandboxes.logs`)."""
+        return run(
+            self._async.logs(
+                name,
+                tail=tail,
+                since=since,
+                sources=sources,
+                min_level=min_level,
+                timeout=timeout,
+            )
+        )
+
+    def events(
+        self,
+        name: str,
+        *,
+        status: bool = True,
+        logs: bool = False,
+        tail: int | None = None,
+        since: Since | None = None,
+        sources: Sources | None = None,
+        min_level: str | None = None,
+        resume_after: str | None = None,
+        stop_on_terminal: bool = False,
+        timeout: float | None = None,
+    ) -> SyncEventWatch:
+        """Follows the sandbox, resuming after breaks: ``for event in ...``
+        (see :meth:`AsyncSandboxes.events`)."""
+        return SyncEventWatch(
+            self._async.events(
+                name,
+                status=status,
+                logs=logs,
+                tail=tail,
+                since=since,
+                sources=sources,
+                min_level=min_level,
+                resume_after=resume_after,
+                stop_on_terminal=stop_on_terminal,
+                timeout=timeout,
+            )
+        )
 
 
 class Client:
@@ -432,6 +545,68 @@ class Client:
     ) -> bool:
         """Revokes an SSH session (or its token); ``True`` when it was live."""
         return run(self._async.revoke_ssh_session(session, timeout=timeout))
+
+    def upload(
+        self,
+        sandbox: str,
+        local: LocalPath | BinarySource,
+        remote: str,
+        *,
+        ignore_file: str | None = None,
+        progress: ProgressCallback | None = None,
+        timeout: float | None = None,
+    ) -> TransferSummary:
+        """Uploads a path (file or directory), bytes or a binary file object to
+        ``remote`` (see :meth:`AsyncClient.upload`). ``progress`` is called on this
+        thread while the call waits."""
+        return run(
+            self._async.upload(
+                sandbox,
+                local,
+                remote,
+                ignore_file=ignore_file,
+                progress=progress,
+                timeout=timeout,
+            )
+        )
+
+    def download(
+        self,
+        sandbox: str,
+        remote: str,
+        local: LocalPath | BinarySink,
+        *,
+        ignore_file: str | None = None,
+        progress: ProgressCallback | None = None,
+        timeout: float | None = None,
+    ) -> TransferSummary:
+        """Downloads ``remote`` to a path or a writable binary file object (see
+        :meth:`AsyncClient.download`)."""
+        return run(
+            self._async.download(
+                sandbox,
+                remote,
+                local,
+                ignore_file=ignore_file,
+                progress=progress,
+                timeout=timeout,
+            )
+        )
+
+    def read_file(self, sandbox: str, remote: str, *, timeout: float | None = None) -> bytes:
+        """The whole file ``remote`` (at most 64 MiB)."""
+        return run(self._async.read_file(sandbox, remote, timeout=timeout))
+
+    def write_file(
+        self,
+        sandbox: str,
+        remote: str,
+        data: bytes | bytearray | memoryview | str,
+        *,
+        timeout: float | None = None,
+    ) -> TransferSummary:
+        """Writes ``data`` as the file ``remote`` (mode 0644), atomically."""
+        return run(self._async.write_file(sandbox, remote, data, timeout=timeout))
 
     def routing_stats(self) -> RoutingStats:
         return self._async.routing_stats()

@@ -195,7 +195,11 @@ class AbortedError(OpenShellError):
 
 
 class OutOfRangeError(OpenShellError):
-    """``out_of_range``."""
+    """``out_of_range``: for a watch (``client.sandboxes.events``), the gateway no
+    longer holds the events that followed its cursor (it keeps a bounded number of
+    log lines), or the cursor is not one of this gateway's. The watch ends with it
+    rather than skip ahead quietly; watch again without ``resume_after`` to start
+    from the current state."""
 
 
 class DataLossError(OpenShellError):
@@ -275,6 +279,13 @@ _CLASSES: dict[str, type[OpenShellError]] = {
     "io": IoError,
     "cluster": ClusterError,
 }
+
+
+def _invalid_config(message: str) -> InvalidConfigError:
+    """A request the SDK refuses before any I/O."""
+    return InvalidConfigError(
+        message, code="invalid_config", grpc_status=GrpcStatus.INVALID_ARGUMENT
+    )
 
 
 def error_class(code: str) -> type[OpenShellError]:

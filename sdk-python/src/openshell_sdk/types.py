@@ -5,7 +5,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 from ._proto import openshell_pb2 as pb
 
@@ -18,11 +18,18 @@ __all__ = [
     "ExecStdout",
     "ForwardStats",
     "Health",
+    "LogEvent",
+    "LogLine",
+    "Logs",
     "RoutingStats",
     "Sandbox",
+    "SandboxEvent",
     "SandboxPhase",
     "ServiceStatus",
     "SshSession",
+    "TransferProgress",
+    "TransferSummary",
+    "WatchEvent",
 ]
 
 
@@ -212,3 +219,111 @@ class SshSession:
     gateway_port: int
     gateway_scheme: str
     """``http`` or ``https``."""
+
+
+@dataclass(frozen=True)
+class TransferSummary:
+    """What a file transfer did."""
+
+    files: int
+    """Regular files written."""
+    directories: int
+    """Directories created (or found) in a tree."""
+    symlinks: int
+    """Symlinks recreated (their target stays inside the tree)."""
+    skipped_symlinks: int
+    """Symlinks left out: their target leaves the tree."""
+    ignored: int
+    """Entries left out by the ignore files (a directory counts once)."""
+    skipped_other: int
+    """Other entries left out (sockets, devices, fifos)."""
+    bytes: int
+    """File bytes moved."""
+
+
+@dataclass(frozen=True)
+class TransferProgress:
+    """Where a transfer stands, as its ``progress`` callback receives it."""
+
+    bytes_done: int
+    """File bytes moved so far."""
+    bytes_total: int
+    """File bytes the transfer moves in all (for a file object: written so far)."""
+    files_done: int
+    """Files completed (renamed into place)."""
+    files_total: int
+    """Files the transfer moves in all."""
+    current: str
+    """The file being moved (its destination path), or the last one."""
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True)
+class LogLine:
+    """One log line the gateway recorded about a sandbox.
+
+    ``str(line)`` is the core's one-line form, the same in every language:
+    ``2026-12-04T05:01:02.345Z INFO  sandbox exec finished exit_code=0``.
+    """
+
+    time: datetime | None
+    """When it was written (UTC, the writer's clock)."""
+    level: str
+    """``TRACE``, ``DEBUG``, ``INFO``, ``WARN`` or ``ERROR``."""
+    source: str
+    """``"gateway"`` or ``"sandbox"`` (its supervisor)."""
+    target: str
+    """What wrote it (a module path)."""
+    message: str
+    fields: Mapping[str, str]
+    """Structured fields (for example ``exit_code``)."""
+
+    @classmethod
+    def _from_wire(cls, wire: tuple[int | None, str, str, str, str, dict[str, str]]) -> LogLine:
+        time_us, level, source, target, message, fields = wire
+        time = None if time_us is None else _EPOCH + timedelta(microseconds=time_us)
+        return cls(time, level, source, target, message, fields)
+
+    def __str__(self) -> str:
+        if self.time is None:
+            when = "-"
+        else:
+            when = (
+                self.time.strftime("%Y-%m-%dT%H:%M:%S.") + f"{self.time.microsecond // 1000:03d}Z"
+            )
+        text = f"{when} {self.level:<5} {self.source:<7} {self.message}"
+        return text + "".join(f" {key}={self.fields[key]}" for key in sorted(self.fields))
+
+
+@dataclass(frozen=True)
+class Logs:
+    """What ``client.sandboxes.logs`` returns."""
+
+    lines: list[LogLine]
+    """Oldest first."""
+    buffer_total: int
+    """Lines the gateway holds for the sandbox (before the query's filters)."""
+
+
+@dataclass(frozen=True)
+class SandboxEvent:
+    """A watch's status event: the sandbox as it is now (the first event of a
+    watch without a cursor) or as a change made it."""
+
+    sandbox: Sandbox
+    cursor: str
+    """Pass it as ``resume_after`` to get exactly the events that followed."""
+
+
+@dataclass(frozen=True)
+class LogEvent:
+    """A watch's log event: one recorded line."""
+
+    line: LogLine
+    cursor: str
+    """Pass it as ``resume_after`` to get exactly the events that followed."""
+
+
+WatchEvent = SandboxEvent | LogEvent
