@@ -174,7 +174,7 @@ conformance-go: go-native
 test-go: build go-native
 	cd sdk-go && CARGO_TARGET_DIR=$(TARGET_DIR) $(GO) test -race -count=1 -timeout 20m ./...
 
-# `make bench BENCH=config` (or sdk, routing, typescript, go, languages, dataplane, hosts,
+# `make bench BENCH=config` (or sdk, routing, typescript, go, languages, dataplane, hosts, files,
 # scale, isolation, egress, all) runs another benchmark; none of them is part of `make test`.
 # Every one installs iperf3 and socat first (scripts/bench-setup.sh,
 # idempotent). typescript also needs the release addon and dist/bench; go

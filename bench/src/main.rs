@@ -43,8 +43,11 @@
 //!   a host on one runtime thread against two workers (PSS and forward).
 //! - `openshell-bench start` (`start.rs`): a local cluster's start to
 //!   ready and clean stop, 1 and 3 replicas, p50 and max of 10 starts.
-//! - `openshell-bench all`: every one of them but `languages`, `scale`, `start` and
-//!   `hosts`.
+//! - `openshell-bench files` (`files.rs`): `Client::upload` / `download`
+//!   of a 1 GiB file against `scp` through `openshell ssh-proxy`, MB/s and
+//!   the ratios.
+//! - `openshell-bench all`: every one of them but `languages`, `scale`, `start`,
+//!   `hosts` and `files`.
 //!
 //! `OPENSHELL_BENCH_FORWARD_MIB` sets the bytes per forward copy (default
 //! 256 MiB).
@@ -52,6 +55,7 @@
 mod config;
 mod contract;
 mod dataplane;
+mod files;
 mod gateway;
 mod hosts;
 mod iperf;
@@ -82,6 +86,7 @@ async fn main() {
         Some("dataplane") => dataplane::run().await,
         Some("hosts") => hosts::run().await,
         Some("start") => start::run().await,
+        Some("files") => files::run_bench().await,
         Some("all") => {
             gateway::run().await;
             sdk::run().await;
@@ -93,7 +98,7 @@ async fn main() {
         }
         Some(other) => {
             eprintln!(
-                "unknown benchmark {other:?}; try: gateway, sdk, routing, config, isolation, typescript, languages, scale, dataplane, hosts, start, all"
+                "unknown benchmark {other:?}; try: gateway, sdk, routing, config, isolation, typescript, languages, scale, dataplane, hosts, start, files, all"
             );
             std::process::exit(2);
         }
