@@ -11,6 +11,7 @@ import contextlib
 import os
 import re
 import socket
+import tempfile
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -331,6 +332,97 @@ async def raw_stream(r: Runner, step: dict[str, Any]) -> Result:
     return {"received": len([m async for m in stream])}
 
 
+async def write_file(r: Runner, step: dict[str, Any]) -> Result:
+    path, content = r.subst(step["path"]), r.subst(step.get("content", ""))
+    summary = await r.client.write_file(r.target(step), path, content)
+    return {"bytes": summary.bytes}
+
+
+async def read_file(r: Runner, step: dict[str, Any]) -> Result:
+    data = await r.client.read_file(r.target(step), r.subst(step["path"]))
+    return text("content", data)
+
+
+async def file_round_trip(r: Runner, step: dict[str, Any]) -> Result:
+    """Random bytes to a local file, uploaded by path, downloaded by path to
+    another, compared."""
+    name, remote = r.target(step), r.subst(step["remote"])
+    data = os.urandom(step.get("size", 0))
+    with tempfile.TemporaryDirectory() as tmp:
+        sent, back = Path(tmp) / "sent.bin", Path(tmp) / "back.bin"
+        sent.write_bytes(data)
+        summary = await r.client.upload(name, sent, remote)
+        await r.client.download(name, remote, back)
+        return {"bytes": summary.bytes, "same": back.read_bytes() == data}
+
+
+LOGS_WAIT = 15.0
+WATCH_WAIT = 20.0
+# Quiet time after the first event before watch_logs runs its command.
+SETTLE = 1.0
+
+
+async def logs(r: Runner, step: dict[str, Any]) -> Result:
+    name, wait_for = r.target(step), step.get("wait_for")
+    sources = [step["source"]] if "source" in step else None
+    deadline = asyncio.get_running_loop().time() + LOGS_WAIT
+    while True:
+        got = await r.client.sandboxes.logs(
+            name, tail=step.get("tail"), sources=sources, min_level=step.get("min_level")
+        )
+        messages = [line.message for line in got.lines]
+        if wait_for is None or wait_for in messages or asyncio.get_running_loop().time() > deadline:
+            return {"messages": messages, "sources": [line.source for line in got.lines]}
+        await asyncio.sleep(0.2)
+
+
+async def watch_logs(r: Runner, step: dict[str, Any]) -> Result:
+    """Follows the sandbox's supervisor lines, lets earlier steps' lines
+    arrive, runs the command, and reads until its own exec line."""
+    name, command = r.target(step), list(step["command"])
+    watch = r.client.sandboxes.events(name, status=False, logs=True, sources=["sandbox"])
+    events = aiter(watch)
+    try:
+        first = await asyncio.wait_for(anext(events), WATCH_WAIT)
+        last, ordered = first.cursor, True
+        while True:
+            try:
+                event = await asyncio.wait_for(anext(events), SETTLE)
+            except TimeoutError:
+                break
+            ordered &= event.cursor >= last
+            last = event.cursor
+        opened = last
+        await r.client.exec(name, command)
+        deadline = asyncio.get_running_loop().time() + WATCH_WAIT
+        while True:
+            left = deadline - asyncio.get_running_loop().time()
+            if left <= 0:
+                raise StepFailed(f"no exec line within {WATCH_WAIT:.0f} s")
+            event = await asyncio.wait_for(anext(events), left)
+            ordered &= event.cursor >= last
+            last = event.cursor
+            if (
+                isinstance(event, osdk.LogEvent)
+                and event.line.message == "exec finished"
+                and event.line.fields.get("argv0") == command[0]
+                and event.cursor > opened
+            ):
+                code = int(event.line.fields["exit_code"])
+                return {"finished_exit_code": code, "cursors_ordered": ordered}
+    finally:
+        watch.close()
+
+
+async def watch_events(r: Runner, step: dict[str, Any]) -> Result:
+    watch = r.client.sandboxes.events(r.target(step), resume_after=step.get("resume_after"))
+    try:
+        first = await asyncio.wait_for(anext(aiter(watch)), WATCH_WAIT)
+    finally:
+        watch.close()
+    return {"first": "log" if isinstance(first, osdk.LogEvent) else "sandbox"}
+
+
 OPS: dict[str, Callable[[Runner, dict[str, Any]], Awaitable[Result]]] = {
     "create_sandbox": create_sandbox,
     "wait_ready": wait_ready,
@@ -348,4 +440,10 @@ OPS: dict[str, Callable[[Runner, dict[str, Any]], Awaitable[Result]]] = {
     "forward": forward,
     "raw_unary": raw_unary,
     "raw_stream": raw_stream,
+    "write_file": write_file,
+    "read_file": read_file,
+    "file_round_trip": file_round_trip,
+    "logs": logs,
+    "watch_logs": watch_logs,
+    "watch_events": watch_events,
 }
