@@ -247,6 +247,9 @@ impl WatchOptions {
 }
 
 /// One event of a watch.
+// Unboxed on purpose: most events are log lines, but every binding matches
+// on the snapshot by value, and a watch holds one event at a time.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Clone, PartialEq)]
 pub enum WatchEvent {
     /// The sandbox as it is now (the first event without a cursor) or as a
