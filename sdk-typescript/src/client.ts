@@ -2,10 +2,23 @@
 // the gateway (owner routing, auth, deadlines, the exec and forward data
 // planes) runs in the Rust core; this module is the TypeScript face of it.
 import type { AddressInfo } from "node:net";
+import type { Writable } from "node:stream";
 import { call, callSync, invalidArgument, u32 } from "./errors.js";
 import { ExecStream, InteractiveExec } from "./exec.js";
+import {
+  type DownloadStream,
+  download,
+  downloadStream,
+  readFile,
+  type TransferOptions,
+  type TransferSummary,
+  type UploadSource,
+  upload,
+  writeFile,
+} from "./files.js";
 import { GeneratedRaw } from "./gen/raw.js";
 import { KeepAlive } from "./keepalive.js";
+import { type EventsOptions, EventWatch, type Logs, type LogsOptions, logs } from "./logs.js";
 import {
   type NativeClient,
   type NativeExecRequest,
@@ -332,6 +345,27 @@ export class Sandboxes {
   waitDeleted(name: string, options: CallOptions = {}): Promise<void> {
     const n = this.#client._native();
     return withSignal(options.signal, (t) => call(n.waitDeleted(name, options.timeoutMs, t)));
+  }
+
+  /**
+   * The sandbox's recorded log lines, oldest first (the gateway's own and
+   * its supervisor's): `{ tail, since, sources, minLevel }` filter them.
+   */
+  logs(name: string, options: LogsOptions = {}): Promise<Logs> {
+    return logs(this.#client._native(), name, options);
+  }
+
+  /**
+   * Follows a sandbox: status snapshots (`status`, on by default), log lines
+   * (`logs: true`, with the filters of `logs()`), or both, each event with
+   * its cursor. The watch resumes by itself after a broken stream, from its
+   * last cursor; it ends with an `OutOfRangeError` when the gateway trimmed
+   * what followed. Starts on the first iteration; `break`, `cancel()` or the
+   * signal end it.
+   */
+  events(name: string, options: EventsOptions = {}): EventWatch {
+    const n = this.#client._native();
+    return this.#client._track((onClose) => EventWatch._create(n, name, options, onClose));
   }
 
   /** Watches a sandbox; keeps the process alive until cancelled or ended. */
@@ -673,6 +707,59 @@ export class Client implements AsyncDisposable {
       ),
     );
     return this._track((onClose) => Forward._create(handle, options.signal, onClose));
+  }
+
+  /**
+   * Uploads to `remote` in the sandbox (relative to its working directory;
+   * an absolute path must lie inside it). `local` is a path on this machine
+   * (a file, or a directory with everything in it: modes and mtimes kept,
+   * symlinks leaving the tree skipped, `ignoreFile` honoured), which the
+   * core reads itself; or bytes (a `Readable`, an `AsyncIterable` of
+   * chunks, a `Uint8Array`) streamed with backpressure. When `remote` is an
+   * existing directory, a path goes inside it under its own name. The file
+   * appears only once complete; a failure leaves nothing behind.
+   */
+  upload(
+    sandbox: string,
+    local: UploadSource,
+    remote: string,
+    options: TransferOptions = {},
+  ): Promise<TransferSummary> {
+    return upload(this.#native, sandbox, local, remote, options);
+  }
+
+  /**
+   * Downloads the file or directory `remote` to a local path (written by
+   * the core: temp names, renamed into place) or into a `Writable` (a file
+   * only; ended when done).
+   */
+  download(
+    sandbox: string,
+    remote: string,
+    local: string | Writable,
+    options: TransferOptions = {},
+  ): Promise<TransferSummary> {
+    return download(this.#native, sandbox, remote, local, options);
+  }
+
+  /** The file `remote` as an async iterable of Buffers (`toReadable()` for a Readable). */
+  downloadStream(sandbox: string, remote: string, options: TransferOptions = {}): DownloadStream {
+    return downloadStream(this.#native, sandbox, remote, options);
+  }
+
+  /** The whole file `remote` (at most 64 MiB; larger is a FailedPreconditionError). */
+  readFile(sandbox: string, remote: string, options: CallOptions = {}): Promise<Buffer> {
+    return readFile(this.#native, sandbox, remote, options);
+  }
+
+  /** Writes `data` as the file `remote` (mode 0644), replacing any file there atomically. */
+  writeFile(
+    sandbox: string,
+    remote: string,
+    data: string | Uint8Array,
+    options: CallOptions = {},
+  ): Promise<TransferSummary> {
+    return writeFile(this.#native, sandbox, remote, data, options);
   }
 
   /** Owner-routing counters of this client (64-bit, as bigint). */

@@ -74,6 +74,22 @@ export class PermissionDeniedError extends OpenShellError {}
 export class UnavailableError extends OpenShellError {}
 export class InvalidConfigError extends OpenShellError {}
 export class OutputLimitError extends OpenShellError {}
+/**
+ * Something is in the way (`failed_precondition`): for a transfer, a
+ * directory where a file is expected or the reverse, or a file too large
+ * for `readFile`.
+ */
+export class FailedPreconditionError extends OpenShellError {}
+/** Out of a resource (`resource_exhausted`): for a transfer, no space left. */
+export class ResourceExhaustedError extends OpenShellError {}
+/**
+ * `out_of_range`: for a watch (`client.sandboxes.events`), the gateway no
+ * longer holds the events that followed its cursor (it keeps a bounded
+ * number of log lines), or the cursor is not one of its own. The watch ends
+ * with it instead of skipping ahead quietly; watch again without
+ * `resumeAfter` to start from the current state.
+ */
+export class OutOfRangeError extends OpenShellError {}
 
 /**
  * A local test cluster (`@openshell/sdk/testing`) failed to start, to carry
@@ -102,6 +118,9 @@ const classes: Record<string, new (d: ErrorDetails, o?: { cause?: unknown }) => 
   connect: ConnectError,
   invalid_config: InvalidConfigError,
   output_limit: OutputLimitError,
+  failed_precondition: FailedPreconditionError,
+  resource_exhausted: ResourceExhaustedError,
+  out_of_range: OutOfRangeError,
   cluster: ClusterError,
 };
 

@@ -36,23 +36,43 @@ export {
   DeadlineExceededError,
   type ErrorDetails,
   errorClass,
+  FailedPreconditionError,
   GrpcStatus,
   InvalidArgumentError,
   InvalidConfigError,
   NotFoundError,
   OpenShellError,
+  OutOfRangeError,
   OutputLimitError,
   PermissionDeniedError,
+  ResourceExhaustedError,
   UnauthenticatedError,
   UnavailableError,
 } from "./errors.js";
 export { ExecStream, InteractiveExec } from "./exec.js";
+export {
+  DownloadStream,
+  type TransferOptions,
+  type TransferProgress,
+  type TransferSummary,
+  type UploadSource,
+} from "./files.js";
 export {
   type HostApplyCallback,
   HostSession,
   type HostSessionOptions,
   type HostSessionStats,
 } from "./host.js";
+export {
+  type EventsOptions,
+  EventWatch,
+  type LogFilter,
+  type LogLevel,
+  LogLine,
+  type Logs,
+  type LogsOptions,
+  type WatchEvent,
+} from "./logs.js";
 export { method, path, registry } from "./registry.js";
 export type { CallOptions } from "./signal.js";
 export { type RawCallOptions, TypedStream } from "./typed-raw.js";

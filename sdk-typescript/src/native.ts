@@ -139,6 +139,81 @@ export interface NativeRawStream {
   cancel(): void;
 }
 
+export interface NativeProgress {
+  bytesDone: number;
+  bytesTotal: number;
+  filesDone: number;
+  filesTotal: number;
+  current: string;
+}
+
+export interface NativeTransferSummary {
+  files: number;
+  directories: number;
+  symlinks: number;
+  skippedSymlinks: number;
+  ignored: number;
+  skippedOther: number;
+  bytes: number;
+}
+
+/** Called with each report; `null` is the binding's flush (ignore it). Must not throw. */
+export type NativeProgressFn = (report: NativeProgress | null) => void;
+
+export interface NativeUploadSink {
+  readonly target: string;
+  write(data: Buffer): Promise<void>;
+  finish(): Promise<NativeTransferSummary>;
+  abort(): Promise<void>;
+  cancel(): void;
+}
+
+export interface NativeDownloadSource {
+  readonly size: number;
+  readonly source: string;
+  next(): Promise<Buffer | null>;
+  close(): Promise<void>;
+  cancel(): void;
+}
+
+export interface NativeLogQuery {
+  tail?: number;
+  sinceMs?: number;
+  sources?: string[];
+  minLevel?: string;
+}
+
+export interface NativeLogLine {
+  timeMs?: number | null;
+  level: string;
+  source: string;
+  target: string;
+  message: string;
+  fields: Pairs;
+  text: string;
+}
+
+export interface NativeWatchOptions {
+  status?: boolean;
+  logs?: boolean;
+  query?: NativeLogQuery;
+  resumeAfter?: string;
+  stopOnTerminal?: boolean;
+}
+
+export interface NativeWatchEvent {
+  kind: "sandbox" | "log";
+  sandbox?: NativeSandbox | null;
+  line?: NativeLogLine | null;
+  cursor: string;
+}
+
+export interface NativeEventWatch {
+  readonly resumes: number;
+  nextBatch(): Promise<NativeWatchEvent[]>;
+  cancel(): void;
+}
+
 export interface NativeConfigSessionOptions {
   endpoint: string;
   sandboxId: string;
@@ -313,6 +388,58 @@ export interface NativeClient {
     cancel: Cancel,
   ): Promise<NativeRawStream>;
   routingStats(): NativeRoutingStats;
+  upload(
+    sandbox: string,
+    local: string,
+    remote: string,
+    ignoreFile: string | undefined,
+    progress: NativeProgressFn | undefined,
+    timeoutMs: Ms,
+    cancel: Cancel,
+  ): Promise<NativeTransferSummary>;
+  download(
+    sandbox: string,
+    remote: string,
+    local: string,
+    ignoreFile: string | undefined,
+    progress: NativeProgressFn | undefined,
+    timeoutMs: Ms,
+    cancel: Cancel,
+  ): Promise<NativeTransferSummary>;
+  uploadStream(
+    sandbox: string,
+    remote: string,
+    progress: NativeProgressFn | undefined,
+    timeoutMs: Ms,
+    cancel: Cancel,
+  ): Promise<NativeUploadSink>;
+  downloadStream(
+    sandbox: string,
+    remote: string,
+    progress: NativeProgressFn | undefined,
+    timeoutMs: Ms,
+    cancel: Cancel,
+  ): Promise<NativeDownloadSource>;
+  readFile(sandbox: string, remote: string, timeoutMs: Ms, cancel: Cancel): Promise<Buffer>;
+  writeFile(
+    sandbox: string,
+    remote: string,
+    data: Buffer,
+    timeoutMs: Ms,
+    cancel: Cancel,
+  ): Promise<NativeTransferSummary>;
+  sandboxLogs(
+    name: string,
+    query: NativeLogQuery | undefined,
+    timeoutMs: Ms,
+    cancel: Cancel,
+  ): Promise<{ lines: NativeLogLine[]; bufferTotal: number }>;
+  sandboxEvents(
+    name: string,
+    options: NativeWatchOptions,
+    timeoutMs: Ms,
+    cancel: Cancel,
+  ): Promise<NativeEventWatch>;
 }
 
 export interface NativeModule {

@@ -11,5 +11,7 @@ import "./config.js";
 import "./ssh.js";
 import "./host.js";
 import "./testing.js";
+import "./files.js";
+import "./logs.js";
 
 after(stopCluster);

@@ -178,10 +178,10 @@ fn metadata_of(pairs: Option<Vec<Vec<String>>>) -> Result<Metadata> {
 }
 
 /// One call's options and its cancellation.
-struct Call {
-    options: CallOptions,
+pub(crate) struct Call {
+    pub(crate) options: CallOptions,
     /// The call's own token (a child of the client's).
-    token: CancellationToken,
+    pub(crate) token: CancellationToken,
     /// The caller's token (from its `AbortSignal`), if any.
     user: Option<CancellationToken>,
 }
@@ -189,7 +189,7 @@ struct Call {
 impl Call {
     /// Runs `fut` until it ends or the caller cancels; either cancellation
     /// drops `fut`, which cancels the RPC.
-    async fn run<T>(
+    pub(crate) async fn run<T>(
         self,
         fut: impl std::future::Future<Output = std::result::Result<T, openshell_sdk::Error>>,
     ) -> std::result::Result<T, openshell_sdk::Error> {
@@ -207,12 +207,16 @@ impl Call {
 #[napi]
 pub struct NativeClient {
     config: ClientConfig,
-    client: Client,
+    pub(crate) client: Client,
     closed: CancellationToken,
 }
 
 impl NativeClient {
-    fn call(&self, timeout_ms: Option<f64>, cancel: Option<&CancelToken>) -> Result<Call> {
+    pub(crate) fn call(
+        &self,
+        timeout_ms: Option<f64>,
+        cancel: Option<&CancelToken>,
+    ) -> Result<Call> {
         let token = self.closed.child_token();
         let mut options = CallOptions::new().cancel_token(token.clone());
         match timeout_ms {

@@ -12,6 +12,12 @@
 //!   buffered exec (output collected in Rust under the cap), streaming and
 //!   interactive exec (events in batches), forward (listener and byte
 //!   pumps in Rust; JavaScript holds a handle);
+//! - file transfer ([`files`]): uploads and downloads of local paths done
+//!   wholly by the core, the stream forms as handles fed or drained chunk by
+//!   chunk with backpressure, `readFile` / `writeFile`, progress through a
+//!   weak callback;
+//! - sandbox logs and watches that resume after a break ([`logs`]), events
+//!   in batches;
 //! - the raw boundary: a unary call (path, request bytes, metadata) and a
 //!   stream handle, both through the core so owner routing applies;
 //! - the supervisor side, [`config_session::NativeConfigSession`]: the
@@ -53,8 +59,10 @@
 mod client;
 mod config_session;
 mod errors;
+mod files;
 mod handles;
 mod host_session;
+mod logs;
 mod testing;
 mod token;
 mod values;
