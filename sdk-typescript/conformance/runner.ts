@@ -24,6 +24,7 @@ import {
 } from "../src/index.js";
 import { startSandboxServer } from "../test/sandbox-server.js";
 import { configSession } from "./config.js";
+import { FILES_LOGS_OPS } from "./files-logs.js";
 
 type Step = Record<string, unknown> & { op: string };
 type Result = Record<string, unknown>;
@@ -249,6 +250,7 @@ function encode(r: Runner, name: string, body: unknown): Buffer {
 }
 
 const OPS: Record<string, Op> = {
+  ...FILES_LOGS_OPS,
   config_session: (r, step) => configSession(r, step),
   async create_sandbox(r, step, signal) {
     const s = await r.client.sandboxes.create({
