@@ -61,9 +61,10 @@ const LANGUAGES: &[Language] = &[
             ),
             c(
                 "WatchSandbox",
-                "`sandboxes().watch` / `wait_ready` / `wait_deleted`",
-                "pub async fn watch(",
+                "`sandboxes().watch` / `events` / `wait_ready` / `wait_deleted`",
+                "pub fn events(",
             ),
+            c("GetSandboxLogs", "`sandboxes().logs`", "pub async fn logs("),
             c(
                 "ExecSandbox",
                 "`Client::exec` / `exec_stream`",
@@ -76,7 +77,7 @@ const LANGUAGES: &[Language] = &[
             ),
             c(
                 "ForwardTcp",
-                "`Client::forward` / `forward_to`",
+                "`Client::forward` / `forward_to`; files: `upload` / `download` / `read_file` / `write_file`",
                 "pub async fn forward_to(",
             ),
             c(
@@ -135,8 +136,13 @@ const LANGUAGES: &[Language] = &[
             ),
             c(
                 "WatchSandbox",
-                "`client.sandboxes.watch` / `wait_ready` / `wait_deleted`",
-                "def watch(",
+                "`client.sandboxes.watch` / `events` / `wait_ready` / `wait_deleted`",
+                "def events(",
+            ),
+            c(
+                "GetSandboxLogs",
+                "`client.sandboxes.logs`",
+                "async def logs(",
             ),
             c(
                 "ExecSandbox",
@@ -148,7 +154,11 @@ const LANGUAGES: &[Language] = &[
                 "`client.exec_interactive`",
                 "async def exec_interactive(",
             ),
-            c("ForwardTcp", "`client.forward`", "async def forward("),
+            c(
+                "ForwardTcp",
+                "`client.forward`; files: `upload` / `download` / `read_file` / `write_file`",
+                "async def upload(",
+            ),
             c(
                 "CreateSshSession",
                 "`client.create_ssh_session`",
@@ -205,8 +215,13 @@ const LANGUAGES: &[Language] = &[
             ),
             c(
                 "WatchSandbox",
-                "`client.sandboxes.watch` / `waitReady` / `waitDeleted`",
-                "async watch(name: string",
+                "`client.sandboxes.watch` / `events` / `waitReady` / `waitDeleted`",
+                "  events(name: string, options: EventsOptions",
+            ),
+            c(
+                "GetSandboxLogs",
+                "`client.sandboxes.logs`",
+                "  logs(name: string, options: LogsOptions",
             ),
             c(
                 "ExecSandbox",
@@ -218,7 +233,11 @@ const LANGUAGES: &[Language] = &[
                 "`client.execInteractive`",
                 "async execInteractive(",
             ),
-            c("ForwardTcp", "`client.forward`", "async forward("),
+            c(
+                "ForwardTcp",
+                "`client.forward`; files: `upload` / `download` / `readFile` / `writeFile`",
+                "  readFile(sandbox: string, remote: string",
+            ),
             c(
                 "CreateSshSession",
                 "`client.sshSessions.create`",
@@ -279,8 +298,13 @@ const LANGUAGES: &[Language] = &[
             ),
             c(
                 "WatchSandbox",
-                "`Sandboxes().Watch` / `WaitReady` / `WaitDeleted`",
-                "func (s *Sandboxes) Watch(",
+                "`Sandboxes().Watch` / `Events` / `WaitReady` / `WaitDeleted`",
+                "func (s *Sandboxes) Events(",
+            ),
+            c(
+                "GetSandboxLogs",
+                "`Sandboxes().Logs`",
+                "func (s *Sandboxes) Logs(",
             ),
             c(
                 "ExecSandbox",
@@ -294,8 +318,8 @@ const LANGUAGES: &[Language] = &[
             ),
             c(
                 "ForwardTcp",
-                "`client.Forward`",
-                "func (c *Client) Forward(",
+                "`client.Forward`; files: `Upload` / `Download` / `ReadFile` / `WriteFile`",
+                "func (c *Client) Upload(",
             ),
             c(
                 "CreateSshSession",

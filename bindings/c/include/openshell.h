@@ -628,6 +628,16 @@ int32_t openshell_client_write_file(const struct OsClient *client,
                                     OsCallback callback,
                                     size_t user_data);
 
+// Ends an upload stream: with `commit`, sends what is buffered, waits for
+// every write and renames the file into place (the completion's `value`
+// is the transfer summary, see `openshell_client_upload`); without, gives
+// it up (the temp file is removed, the target is left as it was; an empty
+// value). Either way later sends fail. On any other stream: an error.
+int32_t openshell_stream_finish(const struct OsStream *stream,
+                                bool commit,
+                                OsCallback callback,
+                                size_t user_data);
+
 // Builds a host session for host `member_id` (the id its host token was
 // issued for) with the host token in `client.token` (the client's token
 // provider is not used here). No I/O.
@@ -712,16 +722,6 @@ int32_t openshell_stream_close_send(const struct OsStream *stream);
 // after a broken one, as of the last event it returned (0 for other
 // streams and for null).
 uint32_t openshell_stream_resumes(const struct OsStream *stream);
-
-// Ends an upload stream: with `commit`, sends what is buffered, waits for
-// every write and renames the file into place (the completion's `value`
-// is the transfer summary, see `openshell_client_upload`); without, gives
-// it up (the temp file is removed, the target is left as it was; an empty
-// value). Either way later sends fail. On any other stream: an error.
-int32_t openshell_stream_finish(const struct OsStream *stream,
-                                bool commit,
-                                OsCallback callback,
-                                size_t user_data);
 
 // Cancels the stream: the RPC is reset (for exec, the gateway kills the
 // process) and pending and later operations end with `cancelled`.

@@ -15,7 +15,7 @@ use openshell_sdk::{Client, Error, Progress, TransferOptions, TransferSummary};
 
 use crate::call::{Call, OsCallOptions, OsClient};
 use crate::complete::{OsCallback, Outcome, start};
-use crate::stream::{Receiver, Sender, stream_ptr};
+use crate::stream::{OsStream, Receiver, Sender, stream_ptr};
 use crate::types::{OS_INVALID, OsBytes};
 
 /// Where a transfer stands; borrowed for the duration of the callback.
@@ -335,6 +335,45 @@ pub unsafe extern "C" fn openshell_client_write_file(
                 .write_file(&sandbox, &remote, &data, p.call.options.clone());
             let summary = Call::run(&p.call.token, write).await?;
             Ok(Outcome::Value(summary_bytes(&summary)))
+        }
+    })
+}
+
+/// Ends an upload stream: with `commit`, sends what is buffered, waits for
+/// every write and renames the file into place (the completion's `value`
+/// is the transfer summary, see `openshell_client_upload`); without, gives
+/// it up (the temp file is removed, the target is left as it was; an empty
+/// value). Either way later sends fail. On any other stream: an error.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn openshell_stream_finish(
+    stream: *const OsStream,
+    commit: bool,
+    callback: OsCallback,
+    user_data: usize,
+) -> i32 {
+    let Some(s) = (unsafe { stream.as_ref() }) else {
+        return OS_INVALID;
+    };
+    start(callback, user_data, || {
+        let sender = s.sender.clone();
+        let cancel = s.cancel.clone();
+        async move {
+            let finish = async {
+                let Sender::Upload(sink) = &*sender else {
+                    return Err(Error::invalid_config("only an upload stream finishes"));
+                };
+                let Some(sink) = sink.lock().await.take() else {
+                    return Err(Error::invalid_config("the upload already finished"));
+                };
+                if commit {
+                    let summary = sink.finish().await?;
+                    Ok(Outcome::Value(summary_bytes(&summary)))
+                } else {
+                    sink.abort().await;
+                    Ok(Outcome::Value(Vec::new()))
+                }
+            };
+            Call::run(&cancel, finish).await
         }
     })
 }

@@ -58,8 +58,8 @@ pub(crate) enum Sender {
 /// [`openshell_stream_send`]; free with [`openshell_stream_free`].
 pub struct OsStream {
     receiver: Arc<tokio::sync::Mutex<Receiver>>,
-    sender: Arc<Sender>,
-    cancel: CallCancel,
+    pub(crate) sender: Arc<Sender>,
+    pub(crate) cancel: CallCancel,
     /// An event watch's reopenings, as of its last event.
     resumes: Arc<AtomicU32>,
 }
@@ -340,45 +340,6 @@ pub unsafe extern "C" fn openshell_stream_resumes(stream: *const OsStream) -> u3
         Some(s) => s.resumes.load(Ordering::Relaxed),
         None => 0,
     }
-}
-
-/// Ends an upload stream: with `commit`, sends what is buffered, waits for
-/// every write and renames the file into place (the completion's `value`
-/// is the transfer summary, see `openshell_client_upload`); without, gives
-/// it up (the temp file is removed, the target is left as it was; an empty
-/// value). Either way later sends fail. On any other stream: an error.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn openshell_stream_finish(
-    stream: *const OsStream,
-    commit: bool,
-    callback: OsCallback,
-    user_data: usize,
-) -> i32 {
-    let Some(s) = (unsafe { stream.as_ref() }) else {
-        return OS_INVALID;
-    };
-    start(callback, user_data, || {
-        let sender = s.sender.clone();
-        let cancel = s.cancel.clone();
-        async move {
-            let finish = async {
-                let Sender::Upload(sink) = &*sender else {
-                    return Err(Error::invalid_config("only an upload stream finishes"));
-                };
-                let Some(sink) = sink.lock().await.take() else {
-                    return Err(Error::invalid_config("the upload already finished"));
-                };
-                if commit {
-                    let summary = sink.finish().await?;
-                    Ok(Outcome::Value(crate::files::summary_bytes(&summary)))
-                } else {
-                    sink.abort().await;
-                    Ok(Outcome::Value(Vec::new()))
-                }
-            };
-            Call::run(&cancel, finish).await
-        }
-    })
 }
 
 /// Cancels the stream: the RPC is reset (for exec, the gateway kills the
