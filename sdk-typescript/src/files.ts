@@ -141,15 +141,30 @@ class Transfer {
     return this.#controller.signal;
   }
 
-  /** Runs the transfer; a progress callback's throw wins over `cancelled`. */
+  /** Stops following the caller's signal (idempotent). */
+  release(): void {
+    this.#stopAbort();
+  }
+
+  /** `err`, unless a progress callback threw: then what it threw. */
+  failure(err: unknown): unknown {
+    return this.#thrown !== null ? this.#thrown.error : err;
+  }
+
+  /**
+   * Runs the transfer; a progress callback's throw wins over `cancelled`,
+   * and over success too: the last reports reach JavaScript after the core
+   * has finished, so a throw from them rejects a transfer that completed.
+   */
   async run<T>(body: (signal: AbortSignal) => Promise<T>): Promise<T> {
     try {
-      return await body(this.#controller.signal);
-    } catch (err) {
+      const done = await body(this.#controller.signal);
       if (this.#thrown !== null) throw this.#thrown.error;
-      throw err;
+      return done;
+    } catch (err) {
+      throw this.failure(err);
     } finally {
-      this.#stopAbort();
+      this.release();
     }
   }
 }
@@ -164,15 +179,21 @@ async function* pieces(source: Exclude<UploadSource, string>): AsyncGenerator<Bu
     yield* split(source);
     return;
   }
-  if (typeof (source as AsyncIterable<unknown>)[Symbol.asyncIterator] !== "function") {
-    throw invalidArgument(
-      "upload's source must be a path, a Uint8Array, a Readable or an AsyncIterable of bytes",
-    );
-  }
   for await (const chunk of source as AsyncIterable<unknown>) {
     if (typeof chunk === "string") yield* split(Buffer.from(chunk, "utf8"));
     else if (chunk instanceof Uint8Array) yield* split(chunk);
     else throw invalidArgument("upload's source yielded something that is not bytes or a string");
+  }
+}
+
+/** Refuses a source that is neither bytes nor an async iterable, before any I/O. */
+function checkSource(source: unknown): void {
+  if (source instanceof Uint8Array) return;
+  const iterable = source as Partial<AsyncIterable<unknown>> | null | undefined;
+  if (typeof iterable?.[Symbol.asyncIterator] !== "function") {
+    throw invalidArgument(
+      "upload's source must be a path, a Uint8Array, a Readable or an AsyncIterable of bytes",
+    );
   }
 }
 
@@ -186,6 +207,7 @@ async function uploadBytes(
   transfer: Transfer,
   signal: AbortSignal,
 ): Promise<TransferSummary> {
+  checkSource(source);
   const sink: NativeUploadSink = await withSignal(signal, (t) =>
     call(n.uploadStream(sandbox, remote, transfer.report, options.timeoutMs, t)),
   );
@@ -272,7 +294,7 @@ export function download(
     if (typeof (local as Partial<Writable>)?.write !== "function") {
       throw invalidArgument("download's destination must be a path or a Writable");
     }
-    const stream = new DownloadStream(n, sandbox, remote, options, transfer.report, signal);
+    const stream = new DownloadStream(n, sandbox, remote, options, transfer);
     await stream.open();
     // pipeline waits for 'drain' between chunks and ends the Writable.
     await pipeline(stream.toReadable(), local, { signal });
@@ -295,8 +317,7 @@ export function downloadStream(
   remote: string,
   options: TransferOptions,
 ): DownloadStream {
-  const transfer = new Transfer(options);
-  return new DownloadStream(n, sandbox, remote, options, transfer.report, transfer.signal);
+  return new DownloadStream(n, sandbox, remote, options, new Transfer(options));
 }
 
 /** @internal `client.readFile`. */
@@ -331,7 +352,7 @@ export function writeFile(
  */
 export class DownloadStream implements AsyncIterable<Buffer>, AsyncDisposable {
   readonly #open: () => Promise<NativeDownloadSource>;
-  readonly #signal: AbortSignal;
+  readonly #transfer: Transfer;
   #handle: Promise<NativeDownloadSource> | null = null;
   #source: NativeDownloadSource | null = null;
   #used = false;
@@ -344,13 +365,12 @@ export class DownloadStream implements AsyncIterable<Buffer>, AsyncDisposable {
     sandbox: string,
     remote: string,
     options: CallOptions,
-    report: NativeProgressFn | undefined,
-    signal: AbortSignal,
+    transfer: Transfer,
   ) {
-    this.#signal = signal;
+    this.#transfer = transfer;
     this.#open = () =>
-      withSignal(signal, (t) =>
-        call(n.downloadStream(sandbox, remote, report, options.timeoutMs, t)),
+      withSignal(transfer.signal, (t) =>
+        call(n.downloadStream(sandbox, remote, transfer.report, options.timeoutMs, t)),
       );
   }
 
@@ -379,24 +399,33 @@ export class DownloadStream implements AsyncIterable<Buffer>, AsyncDisposable {
   async *[Symbol.asyncIterator](): AsyncGenerator<Buffer, void, undefined> {
     if (this.#used) throw new TypeError("a DownloadStream can be consumed only once");
     this.#used = true;
-    await this.open();
-    const source = this.#source as NativeDownloadSource;
-    const stop = onAbort(this.#signal, () => source.cancel());
+    let source: NativeDownloadSource | null = null;
+    let stop = () => {};
     let ended = false;
     try {
+      await this.open();
+      const open = this.#source as NativeDownloadSource;
+      source = open;
+      stop = onAbort(this.#transfer.signal, () => open.cancel());
       for (;;) {
-        const chunk = await call(source.next());
+        const chunk = await call(open.next());
         if (chunk === null) {
           ended = true;
-          return;
+          break;
         }
         this.#read += chunk.length;
         yield chunk;
       }
+    } catch (err) {
+      throw this.#transfer.failure(err);
     } finally {
       stop();
-      if (!ended) source.cancel();
+      this.#transfer.release();
+      if (!ended) source?.cancel();
     }
+    // The last report may be the one that threw.
+    const thrown = this.#transfer.failure(null);
+    if (thrown !== null) throw thrown;
   }
 
   /** The download as a `Readable` (consumes this stream). */
@@ -408,6 +437,7 @@ export class DownloadStream implements AsyncIterable<Buffer>, AsyncDisposable {
   cancel(): void {
     this.#cancelled = true;
     this.#used = true;
+    this.#transfer.release();
     this.#handle?.then(
       (h) => h.cancel(),
       () => {},
