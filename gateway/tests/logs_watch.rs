@@ -41,7 +41,15 @@ async fn push(
     let message = PushSandboxLogsRequest {
         sandbox_id: sandbox_id.into(),
         logs: lines,
+        ..Default::default()
     };
+    push_message(client, message).await
+}
+
+async fn push_message(
+    client: &mut Client,
+    message: PushSandboxLogsRequest,
+) -> Result<(), tonic::Status> {
     client
         .push_sandbox_logs(tokio_stream::iter(vec![message]))
         .await
@@ -240,6 +248,59 @@ async fn bad_log_requests_are_refused_and_change_nothing() {
     let kept = kept.iter().find(|l| l.message == "pretending").unwrap();
     assert_eq!(kept.source, "sandbox");
     assert_eq!(kept.sandbox_id, id_of(&a));
+
+    // A pusher name longer than 64 bytes is refused.
+    let long = PushSandboxLogsRequest {
+        sandbox_id: id_of(&a),
+        logs: vec![line("long pusher")],
+        pusher: "p".repeat(65),
+        sequence: 1,
+    };
+    let err = push_message(&mut as_a, long).await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+}
+
+/// A retried push (the same pusher and number, as after an answer that
+/// was lost) is acknowledged and not recorded again; older numbers are not
+/// either, another pusher's are.
+#[tokio::test]
+async fn a_retried_push_is_recorded_once() {
+    let gw = start();
+    let mut client = client(&gw).await;
+    let sandbox = create_ready(&mut client, "retried").await;
+    let token = sandbox_token(&gw.store_dir(), &id_of(&sandbox)).expect("token");
+    let mut supervisor = client_with(&gw, Some(&token)).await;
+    let message = |pusher: &str, sequence: u64, text: &str| PushSandboxLogsRequest {
+        sandbox_id: id_of(&sandbox),
+        logs: vec![line(text)],
+        pusher: pusher.into(),
+        sequence,
+    };
+    for (pusher, sequence, text) in [
+        ("one", 1, "first"),
+        ("one", 1, "first"),
+        ("one", 2, "second"),
+        ("one", 1, "first"),
+        ("two", 1, "other pusher"),
+        ("two", 1, "other pusher"),
+        // No mark: no check.
+        ("", 0, "unmarked"),
+        ("", 0, "unmarked"),
+    ] {
+        push_message(&mut supervisor, message(pusher, sequence, text))
+            .await
+            .unwrap_or_else(|e| panic!("{pusher} {sequence}: {e:?}"));
+    }
+    let got = logs_until(&mut client, "retried", |lines| {
+        lines.iter().filter(|l| l.message == "unmarked").count() == 2
+    })
+    .await;
+    let count = |text: &str| got.iter().filter(|l| l.message == text).count();
+    assert_eq!(
+        [count("first"), count("second"), count("other pusher")],
+        [1, 1, 1],
+        "{got:#?}"
+    );
 }
 
 fn watch_logs(name: &str, cursor: &str) -> WatchSandboxRequest {
@@ -361,7 +422,7 @@ async fn watch_survives_a_replica_restart(mut cluster: TestCluster, token_dir: s
     // The dead replica's stream ends with an error; anything it delivered
     // before is counted.
     let ended = read_until(&mut stream, &mut seen, TOTAL).await;
-    assert!(ended.is_some() || seen.lines.len() < TOTAL);
+    assert!(ended.is_some(), "the dead replica's stream ended quietly");
     let mut elsewhere = client(&cluster.replicas[2]).await;
     let cursor = seen.cursors.last().unwrap().clone();
     let mut resumed = elsewhere
@@ -443,6 +504,19 @@ async fn cursors_that_cannot_resume_are_refused() {
     for (bad, code) in [
         ("garbage", Code::InvalidArgument),
         ("0123456789abcdef.notanumber", Code::InvalidArgument),
+        (
+            "0123456789abcdef.-0000000000000000001",
+            Code::InvalidArgument,
+        ),
+        // A replayed line after the snapshot it came with, and too many parts.
+        (
+            &*format!("{cursor}.{:020}", 99_999_999_999u64),
+            Code::InvalidArgument,
+        ),
+        (
+            &*format!("{cursor}.{:020}.{:020}", 1, 1),
+            Code::InvalidArgument,
+        ),
         // Another store's space.
         (
             &*format!("ffffffffffffffff{}", &cursor[16..]),
@@ -519,4 +593,46 @@ async fn cursors_that_cannot_resume_are_refused() {
     let mut seen = Seen::default();
     assert!(read_until(&mut fresh, &mut seen, 5).await.is_none());
     assert_eq!(seen.lines.last().unwrap(), "pushed 00040");
+    drop(fresh);
+
+    // A replay cut short resumes after its last line: the rest of the
+    // replay, then what came later.
+    let second_line = seen.cursors[2].clone();
+    assert!(
+        second_line.starts_with(&seen.cursors[0]),
+        "{seen_cursors:?}",
+        seen_cursors = seen.cursors
+    );
+    let refused = client
+        .watch_sandbox(WatchSandboxRequest {
+            follow_logs: false,
+            ..watch_logs("cursed", &second_line)
+        })
+        .await
+        .expect_err("a replay cursor without follow_logs");
+    assert_eq!(refused.code(), Code::InvalidArgument, "{refused:?}");
+    push(
+        &mut supervisor,
+        &id_of(&sandbox),
+        vec![line("pushed 00041")],
+    )
+    .await
+    .unwrap();
+    let mut rest = client
+        .watch_sandbox(watch_logs("cursed", &second_line))
+        .await
+        .unwrap()
+        .into_inner();
+    let mut after = Seen::default();
+    assert!(read_until(&mut rest, &mut after, 4).await.is_none());
+    assert_eq!(
+        after.lines,
+        [
+            "pushed 00038",
+            "pushed 00039",
+            "pushed 00040",
+            "pushed 00041"
+        ]
+    );
+    assert!(after.cursors[0] > second_line);
 }

@@ -3,9 +3,13 @@
 //!
 //! A tracing layer ([`Capture`]) copies every INFO, WARN and ERROR event
 //! into a bounded queue without ever blocking the code that logged it (a
-//! full queue drops the line and counts it); [`run`] sends the queue in
-//! batches, one short `PushSandboxLogs` call per batch, and keeps a batch
-//! the gateway could not take for the next attempt (bounded the same way).
+//! full queue drops the line and counts it); [`run`] forms the queue into
+//! numbered messages and sends each in one short `PushSandboxLogs` call,
+//! oldest first. A message the gateway refuses for good (its sandbox was
+//! deleted or moved to another host) is dropped; any other failure keeps it
+//! and the rest, bounded the same way, for the next attempt. The number
+//! and this process's pusher name let the gateway recognise a retry of a
+//! message it already recorded, so no line is recorded twice.
 //! An event's sandbox is its `sandbox_id` field, else the process's own
 //! sandbox (a per-sandbox supervisor); a host's lines about no sandbox stay
 //! in its own log only. The transport's own events (h2, hyper, tonic,
@@ -137,52 +141,106 @@ pub async fn run(channel: Channel, token: BearerToken, own_sandbox: Option<Strin
         return;
     };
     let mut client = OpenShellClient::new(channel);
-    let mut pending: VecDeque<SandboxLogLine> = VecDeque::new();
+    let mut outbox = Outbox::new();
     let mut retry = RETRY_MIN;
     loop {
-        if pending.is_empty() {
+        let mut fresh = Vec::new();
+        if outbox.messages.is_empty() {
             match rx.recv().await {
-                Some(line) => pending.push_back(line),
+                Some(line) => fresh.push(line),
                 None => return,
             }
         }
         tokio::time::sleep(GATHER).await;
         while let Ok(line) = rx.try_recv() {
-            pending.push_back(line);
+            fresh.push(line);
         }
         let dropped = DROPPED.swap(0, Ordering::Relaxed);
         if dropped > 0
             && let Some(own) = &own_sandbox
         {
-            pending.push_back(dropped_line(own, dropped));
+            fresh.push(dropped_line(own, dropped));
         }
-        while pending.len() > QUEUE {
-            pending.pop_front();
-            DROPPED.fetch_add(1, Ordering::Relaxed);
-        }
-        let messages = batches(&pending, own_sandbox.as_deref());
-        if messages.is_empty() {
-            pending.clear();
-            continue;
-        }
-        let request = token.request(tokio_stream::iter(messages));
-        match client.push_sandbox_logs(request).await {
-            Ok(_) => {
-                pending.clear();
-                retry = RETRY_MIN;
+        outbox.add(batches(&fresh, own_sandbox.as_deref()));
+        while let Some(message) = outbox.messages.front() {
+            let request = token.request(tokio_stream::iter([message.clone()]));
+            match client.push_sandbox_logs(request).await {
+                Ok(_) => {
+                    outbox.sent();
+                    retry = RETRY_MIN;
+                }
+                Err(status) if refused_for_good(status.code()) => {
+                    debug!(code = ?status.code(), "the gateway refused log lines; dropped");
+                    outbox.sent();
+                }
+                Err(status) => {
+                    debug!(code = ?status.code(), "pushing log lines failed; retrying");
+                    tokio::time::sleep(retry).await;
+                    retry = (retry * 2).min(RETRY_MAX);
+                    break;
+                }
             }
-            Err(status) => {
-                debug!(code = ?status.code(), "pushing log lines failed; retrying");
-                tokio::time::sleep(retry).await;
-                retry = (retry * 2).min(RETRY_MAX);
-            }
+        }
+    }
+}
+
+/// Failures a retry cannot mend: the sandbox is gone or not this pusher's
+/// any more, or the message itself is wrong.
+fn refused_for_good(code: tonic::Code) -> bool {
+    use tonic::Code;
+    matches!(
+        code,
+        Code::NotFound | Code::PermissionDenied | Code::InvalidArgument | Code::FailedPrecondition
+    )
+}
+
+/// Numbered messages waiting to be sent, oldest first, at most [`QUEUE`]
+/// lines in all (the oldest go first when there are more).
+struct Outbox {
+    pusher: String,
+    next: u64,
+    messages: VecDeque<PushSandboxLogsRequest>,
+    lines: usize,
+}
+
+impl Outbox {
+    fn new() -> Self {
+        Self {
+            pusher: uuid::Uuid::new_v4().simple().to_string(),
+            next: 1,
+            messages: VecDeque::new(),
+            lines: 0,
+        }
+    }
+
+    fn add(&mut self, messages: Vec<PushSandboxLogsRequest>) {
+        for mut message in messages {
+            message.pusher = self.pusher.clone();
+            message.sequence = self.next;
+            self.next += 1;
+            self.lines += message.logs.len();
+            self.messages.push_back(message);
+        }
+        while self.lines > QUEUE {
+            let Some(oldest) = self.messages.pop_front() else {
+                break;
+            };
+            self.lines -= oldest.logs.len();
+            DROPPED.fetch_add(oldest.logs.len() as u64, Ordering::Relaxed);
+        }
+    }
+
+    /// The oldest message is done with (recorded or refused for good).
+    fn sent(&mut self) {
+        if let Some(done) = self.messages.pop_front() {
+            self.lines -= done.logs.len();
         }
     }
 }
 
 /// The pending lines as messages of at most [`BATCH`] lines, one sandbox
 /// each, in order; lines of no sandbox are left out.
-fn batches(pending: &VecDeque<SandboxLogLine>, own: Option<&str>) -> Vec<PushSandboxLogsRequest> {
+fn batches(pending: &[SandboxLogLine], own: Option<&str>) -> Vec<PushSandboxLogsRequest> {
     let mut out: Vec<PushSandboxLogsRequest> = Vec::new();
     for line in pending {
         let sandbox = match (line.sandbox_id.as_str(), own) {
@@ -197,6 +255,7 @@ fn batches(pending: &VecDeque<SandboxLogLine>, own: Option<&str>) -> Vec<PushSan
             _ => out.push(PushSandboxLogsRequest {
                 sandbox_id: sandbox.to_owned(),
                 logs: vec![line.clone()],
+                ..Default::default()
             }),
         }
     }
@@ -216,7 +275,7 @@ mod tests {
 
     #[test]
     fn lines_group_by_sandbox_in_order() {
-        let pending: VecDeque<_> = [line(""), line("a"), line("a"), line(""), line("b")].into();
+        let pending = [line(""), line("a"), line("a"), line(""), line("b")];
         let own = batches(&pending, Some("own"));
         let ids: Vec<(&str, usize)> = own
             .iter()
@@ -226,6 +285,28 @@ mod tests {
         // A host drops lines of no sandbox.
         let host = batches(&pending, None);
         assert_eq!(host.iter().map(|m| m.logs.len()).sum::<usize>(), 3);
+    }
+
+    #[test]
+    fn the_outbox_numbers_messages_and_drops_the_oldest_beyond_its_bound() {
+        let mut outbox = Outbox::new();
+        let message = |n: usize| PushSandboxLogsRequest {
+            sandbox_id: "a".into(),
+            logs: vec![line("a"); n],
+            ..Default::default()
+        };
+        outbox.add(vec![message(1), message(2)]);
+        let numbers: Vec<u64> = outbox.messages.iter().map(|m| m.sequence).collect();
+        assert_eq!(numbers, [1, 2]);
+        assert!(outbox.messages.iter().all(|m| m.pusher == outbox.pusher));
+        outbox.sent();
+        assert_eq!((outbox.messages.len(), outbox.lines), (1, 2));
+        let before = DROPPED.load(Ordering::Relaxed);
+        outbox.add(vec![message(QUEUE)]);
+        // The message of 2 lines went to keep QUEUE lines at most.
+        assert_eq!(outbox.lines, QUEUE);
+        assert_eq!(outbox.messages.front().unwrap().sequence, 3);
+        assert!(DROPPED.load(Ordering::Relaxed) >= before + 2);
     }
 
     #[test]

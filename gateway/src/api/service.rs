@@ -347,8 +347,12 @@ impl OpenShell for GatewayService {
                     .await?;
                 allowed.insert(message.sandbox_id.clone());
             }
+            let mark = (!message.pusher.is_empty() && message.sequence > 0).then(|| {
+                let sequence = i64::try_from(message.sequence).unwrap_or(i64::MAX);
+                (message.pusher.as_str(), sequence)
+            });
             self.sandboxes
-                .push_logs(&message.sandbox_id, message.logs)
+                .push_logs(&message.sandbox_id, message.logs, mark)
                 .await?;
         }
         Ok(Response::new(PushSandboxLogsResponse {}))

@@ -28,6 +28,12 @@ const MAX_FIELD_KEY: usize = 64;
 const MAX_FIELD_VALUE: usize = 1024;
 /// Lines in one pushed message.
 pub const MAX_PUSH_BATCH: usize = 1000;
+/// Longest `pusher` name of a pushed message (bytes).
+const MAX_PUSHER: usize = 64;
+/// Most bytes of lines in one `GetSandboxLogs` answer: the newest lines
+/// that fit (2000 lines at their largest would pass the 16 MiB a client
+/// takes in one message).
+const MAX_ANSWER: usize = 4 * 1024 * 1024;
 
 pub const SOURCE_GATEWAY: &str = "gateway";
 pub const SOURCE_SANDBOX: &str = "sandbox";
@@ -164,20 +170,32 @@ impl Sandboxes {
             .filter_map(|(_, record)| SandboxLogLine::decode(record.as_slice()).ok())
             .filter(|line| filter.matches(line))
             .collect();
-        let skip = matching.len().saturating_sub(wanted);
-        Ok(GetSandboxLogsResponse {
-            logs: matching.into_iter().skip(skip).collect(),
-            buffer_total,
-        })
+        let mut logs: Vec<SandboxLogLine> = Vec::new();
+        let mut bytes = 0;
+        for line in matching.into_iter().rev().take(wanted) {
+            bytes += line.encoded_len();
+            if bytes > MAX_ANSWER {
+                break;
+            }
+            logs.push(line);
+        }
+        logs.reverse();
+        Ok(GetSandboxLogsResponse { logs, buffer_total })
     }
 
     /// Records lines a supervisor pushed for `sandbox_id` (already checked
-    /// to be the caller's).
+    /// to be the caller's); with `mark` (pusher, message number) only once.
     pub async fn push_logs(
         &self,
         sandbox_id: &str,
         lines: Vec<SandboxLogLine>,
+        mark: Option<(&str, i64)>,
     ) -> Result<(), Status> {
+        if mark.is_some_and(|(pusher, _)| pusher.len() > MAX_PUSHER) {
+            return Err(Status::invalid_argument(format!(
+                "pusher is longer than {MAX_PUSHER} bytes"
+            )));
+        }
         if lines.len() > MAX_PUSH_BATCH {
             return Err(Status::invalid_argument(format!(
                 "at most {MAX_PUSH_BATCH} log lines per message"
@@ -191,7 +209,7 @@ impl Sandboxes {
             .map(|line| sanitized(line, sandbox_id).encode_to_vec())
             .collect();
         self.store
-            .append_logs(sandbox_id, encoded, self.hub.log_keep)
+            .append_logs(sandbox_id, encoded, self.hub.log_keep, mark)
             .await
             .map_err(store_status)?;
         self.hub.wake(sandbox_id);
@@ -216,10 +234,10 @@ impl Sandboxes {
         let wake = self.hub.waker();
         tokio::spawn(async move {
             match store
-                .append_logs(&id, vec![line.encode_to_vec()], keep)
+                .append_logs(&id, vec![line.encode_to_vec()], keep, None)
                 .await
             {
-                Ok(()) => wake.wake(&id),
+                Ok(_) => wake.wake(&id),
                 Err(err) => tracing::debug!(sandbox_id = id, %err, "could not record a log line"),
             }
         });

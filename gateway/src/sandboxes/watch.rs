@@ -6,10 +6,13 @@
 //!
 //! Cursors name this store's sequence space and an event number
 //! (`<space, 16 hex>.<seq, 20 digits>`), so they compare byte-wise in event
-//! order. Every event carries one, the first snapshot too (and the log
-//! lines replayed after it carry the snapshot's): cursors never go back,
-//! and resuming after the last one seen delivers exactly what came later. A cursor behind what
-//! was trimmed, of another store, or ahead of the log ends the stream with
+//! order. Every event carries one, the first snapshot too; a log line
+//! replayed after the snapshot carries the snapshot's with the line's own
+//! number after it (`<space>.<seq>.<line, 20 digits>`), which still sorts
+//! after the snapshot and before anything later. Cursors never go back,
+//! and resuming after the last one seen delivers exactly what came later,
+//! the rest of an interrupted replay included. A cursor behind what was
+//! trimmed, of another store, or ahead of the log ends the stream with
 //! OUT_OF_RANGE (watch again without a cursor); an unparsable one is
 //! INVALID_ARGUMENT.
 
@@ -25,7 +28,7 @@ use tonic::Status;
 
 use super::logs::LogFilter;
 use super::{Sandboxes, id_of, is_terminal, phase_of, store_status};
-use crate::store::EventKind;
+use crate::store::{EventKind, Store};
 use crate::validate;
 
 /// Events read from the store at once.
@@ -68,22 +71,43 @@ impl WatchHub {
         self.tx.subscribe()
     }
 
-    /// The event number of a cursor of this store.
-    pub fn decode_cursor(&self, cursor: &str) -> Result<i64, Status> {
+    /// Where a cursor of this store resumes.
+    pub fn decode_cursor(&self, cursor: &str) -> Result<Resume, Status> {
         let invalid = || Status::invalid_argument("resume_after_cursor is not a watch cursor");
-        let (space, seq) = cursor.split_once('.').ok_or_else(invalid)?;
-        if space.len() != 16 || seq.len() != 20 {
+        let number = |digits: &str| -> Result<i64, Status> {
+            if digits.len() != 20 || !digits.bytes().all(|b| b.is_ascii_digit()) {
+                return Err(invalid());
+            }
+            digits.parse().map_err(|_| invalid())
+        };
+        let mut parts = cursor.split('.');
+        let (Some(space), Some(seq)) = (parts.next(), parts.next()) else {
+            return Err(invalid());
+        };
+        if space.len() != 16 || !space.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(invalid());
+        }
+        let seq = number(seq)?;
+        let replayed = parts.next().map(number).transpose()?;
+        if parts.next().is_some() || replayed.is_some_and(|line| line > seq) {
             return Err(invalid());
         }
         let space = u64::from_str_radix(space, 16).map_err(|_| invalid())?;
-        let seq: i64 = seq.parse().map_err(|_| invalid())?;
         if space != self.space as u64 {
             return Err(Status::out_of_range(
                 "resume_after_cursor belongs to another gateway's event log; watch again without a cursor",
             ));
         }
-        Ok(seq)
+        Ok(Resume { seq, replayed })
     }
+}
+
+/// A decoded cursor: after event `seq`, and for a log line replayed after
+/// a snapshot, after that line of the replay (`replayed`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Resume {
+    pub seq: i64,
+    pub replayed: Option<i64>,
 }
 
 #[derive(Clone)]
@@ -97,6 +121,10 @@ impl Waker {
 
 fn cursor_for(space: i64, seq: i64) -> String {
     format!("{:016x}.{seq:020}", space as u64)
+}
+
+fn replay_cursor(space: i64, head: i64, line: i64) -> String {
+    format!("{}.{line:020}", cursor_for(space, head))
 }
 
 /// Resolves when `wake` names `id` (or may have: it lagged), the receiver
@@ -135,6 +163,74 @@ fn log_event(line: SandboxLogLine, cursor: String) -> SandboxStreamEvent {
     }
 }
 
+/// The log lines replayed after a snapshot at event `head`: the newest
+/// `count` of those matching `filter` with numbers in `(after, head]`,
+/// each with its replay cursor.
+struct Replay<'a> {
+    id: &'a str,
+    head: i64,
+    after: i64,
+    count: usize,
+    filter: &'a LogFilter,
+    space: i64,
+}
+
+impl Replay<'_> {
+    /// Sends the lines; `false` when the stream ended (the receiver left,
+    /// or an error was sent: the store failed, or lines owed were trimmed).
+    async fn send(
+        &self,
+        store: &Store,
+        tx: &mpsc::Sender<Result<SandboxStreamEvent, Status>>,
+    ) -> bool {
+        let read = async {
+            if self.after > 0 {
+                let floors = store
+                    .events_for(self.id, self.after, false, true, 0)
+                    .await?;
+                if floors.log_floor > self.after {
+                    return Ok(None);
+                }
+            }
+            store.log_lines(self.id).await.map(Some)
+        };
+        let lines = match read.await {
+            Ok(Some(lines)) => lines,
+            Ok(None) => {
+                let _ = tx
+                    .send(Err(Status::out_of_range(
+                        "log lines after the cursor were trimmed before this watch replayed them; \
+                         watch again without a cursor",
+                    )))
+                    .await;
+                return false;
+            }
+            Err(err) => {
+                let _ = tx.send(Err(store_status(err))).await;
+                return false;
+            }
+        };
+        let matching: Vec<(i64, SandboxLogLine)> = lines
+            .into_iter()
+            .filter(|(seq, _)| *seq > self.after && *seq <= self.head)
+            .filter_map(|(seq, record)| {
+                SandboxLogLine::decode(record.as_slice())
+                    .ok()
+                    .filter(|line| self.filter.matches(line))
+                    .map(|line| (seq, line))
+            })
+            .collect();
+        let skip = matching.len().saturating_sub(self.count);
+        for (seq, line) in matching.into_iter().skip(skip) {
+            let cursor = replay_cursor(self.space, self.head, seq);
+            if tx.send(Ok(log_event(line, cursor))).await.is_err() {
+                return false;
+            }
+        }
+        true
+    }
+}
+
 fn deleted(name: &str) -> Status {
     Status::not_found(format!("sandbox {} was deleted", validate::quote(name)))
 }
@@ -162,9 +258,14 @@ impl Sandboxes {
             .snapshot_with_head(&req.sandbox)
             .await
             .map_err(store_status)?;
-        if resume.is_some_and(|seq| seq > head) {
+        if resume.is_some_and(|r| r.seq > head) {
             return Err(Status::out_of_range(
                 "resume_after_cursor is ahead of this gateway's event log; watch again without a cursor",
+            ));
+        }
+        if resume.is_some_and(|r| r.replayed.is_some()) && !req.follow_logs {
+            return Err(Status::invalid_argument(
+                "resume_after_cursor names a replayed log line: resume it with follow_logs",
             ));
         }
         let id = id_of(&stored.sandbox).to_owned();
@@ -178,8 +279,14 @@ impl Sandboxes {
         };
         tokio::spawn(async move {
             let name = req.sandbox;
-            let mut cursor = match resume {
-                Some(seq) => seq,
+            let follows = req.follow_status || req.follow_logs;
+            // Where the log is read from, and the replay still owed (the
+            // lines after this number up to the cursor's event, the newest
+            // `usize` of them).
+            let (mut cursor, replay, stop) = match resume {
+                Some(Resume { seq, replayed }) => {
+                    (seq, replayed.map(|line| (line, usize::MAX)), !follows)
+                }
                 None => {
                     let snapshot = stored.sandbox;
                     let terminal = req.stop_on_terminal && is_terminal(phase_of(&snapshot));
@@ -190,40 +297,29 @@ impl Sandboxes {
                     {
                         return;
                     }
-                    if req.follow_logs {
-                        let lines = match store.log_lines(&id).await {
-                            Ok(lines) => lines,
-                            Err(err) => {
-                                let _ = tx.send(Err(store_status(err))).await;
-                                return;
-                            }
-                        };
-                        let matching: Vec<(i64, SandboxLogLine)> = lines
-                            .into_iter()
-                            .filter(|(seq, _)| *seq <= head)
-                            .filter_map(|(seq, record)| {
-                                SandboxLogLine::decode(record.as_slice())
-                                    .ok()
-                                    .filter(|line| filter.matches(line))
-                                    .map(|line| (seq, line))
-                            })
-                            .collect();
-                        let skip = matching.len().saturating_sub(tail);
-                        // The replayed lines carry the snapshot's cursor:
-                        // cursors never go back, and resuming after it
-                        // delivers what came after the snapshot.
-                        for (_, line) in matching.into_iter().skip(skip) {
-                            if tx.send(Ok(log_event(line, cursor_of(head)))).await.is_err() {
-                                return;
-                            }
-                        }
-                    }
-                    if (!req.follow_status && !req.follow_logs) || terminal {
-                        return;
-                    }
-                    head
+                    (
+                        head,
+                        req.follow_logs.then_some((0, tail)),
+                        !follows || terminal,
+                    )
                 }
             };
+            if let Some((after, count)) = replay {
+                let replay = Replay {
+                    id: &id,
+                    head: cursor,
+                    after,
+                    count,
+                    filter: &filter,
+                    space,
+                };
+                if !replay.send(&store, &tx).await {
+                    return;
+                }
+            }
+            if stop {
+                return;
+            }
             loop {
                 let batch = match store
                     .events_for(&id, cursor, req.follow_status, req.follow_logs, BATCH)

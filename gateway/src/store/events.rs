@@ -14,7 +14,9 @@
 //! its newest `keep` log lines (`--sandbox-log-lines`); `event_floors` keeps
 //! the newest number trimmed of each kind, so a watcher behind it is told it
 //! missed events instead of silently skipping them. A deleted sandbox's
-//! events go with it; only the deletion stays, for [`DELETED_TTL`].
+//! events go with it; only the deletion stays, for [`DELETED_TTL`]. The
+//! newest event of all is never pruned: the log's head (`MAX(seq)`) never
+//! goes back, so a cursor handed out stays at or behind it.
 
 use std::time::Duration;
 
@@ -199,13 +201,16 @@ impl Store {
     }
 
     /// Records log lines (encoded `SandboxLogLine`s) of an existing sandbox
-    /// and trims its lines to the newest `keep`.
+    /// and trims its lines to the newest `keep`. With `mark` (a pusher and
+    /// its message number), a message already recorded from that pusher is
+    /// not recorded again: `false`.
     pub async fn append_logs(
         &self,
         sandbox_id: &str,
         lines: Vec<Vec<u8>>,
         keep: i64,
-    ) -> Result<(), StoreError> {
+        mark: Option<(&str, i64)>,
+    ) -> Result<bool, StoreError> {
         self.bounded(async {
             let mut tx = self.begin_write().await?;
             let exists = sqlx::query("SELECT id FROM sandboxes WHERE id = $1")
@@ -215,13 +220,43 @@ impl Store {
             if exists.is_none() {
                 return Err(StoreError::NotFound);
             }
+            if let Some((pusher, sequence)) = mark {
+                // Under the append lock: two copies of one message cannot
+                // both find the mark unset.
+                self.lock_events(&mut tx).await?;
+                let last = sqlx::query(
+                    "SELECT push_pusher, push_sequence FROM event_floors WHERE sandbox_id = $1",
+                )
+                .bind(sandbox_id)
+                .fetch_optional(&mut *tx)
+                .await?;
+                if last.is_some_and(|row| {
+                    row.get::<String, _>(0) == pusher && row.get::<i64, _>(1) >= sequence
+                }) {
+                    tx.commit().await?;
+                    return Ok(false);
+                }
+            }
             for line in lines {
                 self.record_event(&mut tx, sandbox_id, EventKind::Log, Some(line))
                     .await?;
             }
             self.trim(&mut tx, sandbox_id, EventKind::Log, keep).await?;
+            if let Some((pusher, sequence)) = mark {
+                sqlx::query(
+                    "INSERT INTO event_floors (sandbox_id, push_pusher, push_sequence)
+                     VALUES ($1, $2, $3)
+                     ON CONFLICT (sandbox_id) DO UPDATE
+                     SET push_pusher = excluded.push_pusher, push_sequence = excluded.push_sequence",
+                )
+                .bind(sandbox_id)
+                .bind(pusher)
+                .bind(sequence)
+                .execute(&mut *tx)
+                .await?;
+            }
             tx.commit().await?;
-            Ok(())
+            Ok(true)
         })
         .await
     }
@@ -386,7 +421,8 @@ impl Store {
             self.lock_events(&mut tx).await?;
             let sql = format!(
                 "DELETE FROM sandbox_events WHERE created_ms < {} - $1
-                 AND (deleted <> 0 OR sandbox_id NOT IN (SELECT id FROM sandboxes))",
+                 AND (deleted <> 0 OR sandbox_id NOT IN (SELECT id FROM sandboxes))
+                 AND seq < (SELECT MAX(seq) FROM sandbox_events)",
                 self.dialect.now_ms()
             );
             sqlx::query(AssertSqlSafe(sql))

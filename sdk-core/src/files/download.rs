@@ -15,7 +15,7 @@ use tonic::Code;
 
 use super::ignore_rules::{IgnoreRules, MAX_IGNORE_FILE};
 use super::progress::Reporter;
-use super::session::{Session, TEMP_MARK, local_error, rpc, shown, split_parent};
+use super::session::{Session, TEMP_MARK, capped_name, local_error, rpc, shown, split_parent};
 use super::sftp::{Attrs, Failure, OPEN_READ, Reply, Sftp};
 use super::upload::link_stays_inside;
 use super::{CHUNK, IN_FLIGHT, TransferOptions, TransferSummary};
@@ -117,9 +117,12 @@ fn local_temp(dest: &Path) -> PathBuf {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_default();
-    let name: String = name.chars().take(180).collect();
     let random = uuid::Uuid::new_v4().simple().to_string();
-    dest.with_file_name(format!(".{name}{TEMP_MARK}{}", &random[..12]))
+    dest.with_file_name(format!(
+        ".{}{TEMP_MARK}{}",
+        capped_name(&name),
+        &random[..12]
+    ))
 }
 
 /// A local temp file, removed on drop unless it was renamed into place:
@@ -144,7 +147,8 @@ fn set_local_attrs(path: &Path, attrs: &Attrs) -> std::io::Result<()> {
         std::fs::File::open(path)?.set_times(times)?;
     }
     if let Some(mode) = attrs.permissions {
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode & 0o7777))?;
+        // No setuid, setgid or sticky bit from the sandbox.
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode & 0o777))?;
     }
     Ok(())
 }
@@ -300,6 +304,18 @@ async fn walk(
             _ => rules,
         };
         for entry in entries {
+            // The sandbox is the other side: a name that is not one plain
+            // component (`../x`, `/etc/x`) would place a file outside `dest`.
+            if entry.name.is_empty() || entry.name.contains(['/', '\0']) {
+                return Err(rpc(
+                    Code::FailedPrecondition,
+                    format!(
+                        "download {}: the sandbox listed an entry whose name is not a plain file name: {}",
+                        shown(&dir),
+                        shown(&entry.name)
+                    ),
+                ));
+            }
             let child = rel.join(&entry.name);
             let attrs = entry.attrs;
             if rules.ignored(&child, attrs.is_dir()) {
@@ -351,9 +367,15 @@ async fn download_tree(
             Item::Dir { rel, attrs } => {
                 let path = dest.join(rel);
                 match std::fs::create_dir(&path) {
-                    Ok(()) => {}
+                    // Writable by us until the end, whatever its final mode.
+                    Ok(()) => {
+                        let _ =
+                            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700));
+                    }
                     Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {
-                        if !std::fs::metadata(&path).is_ok_and(|m| m.is_dir()) {
+                        // A link in its place is not followed: it could lead
+                        // the files below out of `dest`.
+                        if !std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_dir()) {
                             return Err(rpc(
                                 Code::FailedPrecondition,
                                 format!(
@@ -365,8 +387,6 @@ async fn download_tree(
                     }
                     Err(err) => return Err(local_error(&err, "download", &path)),
                 }
-                // Writable by us until the end, whatever its final mode.
-                let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700));
                 summary.directories += 1;
                 dirs.push((path, *attrs));
             }

@@ -77,7 +77,12 @@ impl Session {
         match failure {
             Failure::Status { code, message } => status_error(code, &message, operation, path),
             failure => {
-                stream_failure(self.forward.take(), failure, &format!("{operation} {path}")).await
+                stream_failure(
+                    self.forward.take(),
+                    failure,
+                    &format!("{operation} {}", shown(path)),
+                )
+                .await
             }
         }
     }
@@ -235,9 +240,17 @@ async fn stream_failure(
 pub(super) fn temp_name_for(target: &str) -> String {
     let (dir, name) = split_parent(target);
     let random = uuid::Uuid::new_v4().simple().to_string();
-    // File names stay under 255 bytes whatever the target's length.
-    let name: String = name.chars().take(180).collect();
-    format!("{dir}/.{name}{TEMP_MARK}{}", &random[..12])
+    format!("{dir}/.{}{TEMP_MARK}{}", capped_name(name), &random[..12])
+}
+
+/// At most the first 180 bytes of a file name, cut at a character's edge:
+/// a temp name built on it stays under the 255 bytes a name may have.
+pub(super) fn capped_name(name: &str) -> &str {
+    let mut end = name.len().min(180);
+    while !name.is_char_boundary(end) {
+        end -= 1;
+    }
+    &name[..end]
 }
 
 /// `(parent, file name)` of an absolute normalized path.
@@ -252,6 +265,21 @@ pub(super) fn split_parent(path: &str) -> (&str, &str) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn temp_names_stay_under_the_name_limit_in_bytes() {
+        // 80 three-byte characters: 240 bytes, a valid name.
+        let name = "\u{6587}".repeat(80);
+        let capped = capped_name(&name);
+        assert_eq!(capped.len(), 180);
+        assert!(temp_name_for(&format!("/w/{name}")).len() - 3 < 255);
+        assert_eq!(capped_name("abc"), "abc");
+        // A cut inside a character steps back to its start.
+        assert_eq!(
+            capped_name(&format!("a{}", "\u{e9}".repeat(100))).len(),
+            179
+        );
+    }
 
     #[test]
     fn paths_resolve_inside_the_root_only() {

@@ -53,6 +53,13 @@ fn time_of(seconds: i64) -> u32 {
 
 /// Whether a relative link target, seen from the link's directory `dir`
 /// (relative to the tree's top), stays inside the tree.
+///
+/// Only targets that first climb (`..`, through the real directories the
+/// link sits in) and then only descend are kept: a `..` after a name could
+/// climb out of a directory reached through another link (`s -> .` with
+/// `e -> s/..` leaves the tree though each looks inside). Descending from a
+/// directory inside the tree stays inside whether each name is a directory
+/// or a link, since every link of the tree passes this same check.
 pub(super) fn link_stays_inside(dir: &Path, target: &str) -> bool {
     if target.is_empty() || target.starts_with('/') {
         return false;
@@ -61,16 +68,17 @@ pub(super) fn link_stays_inside(dir: &Path, target: &str) -> bool {
         .components()
         .filter(|c| matches!(c, Component::Normal(_)))
         .count();
+    let mut descended = false;
     for part in target.split('/') {
         match part {
             "" | "." => {}
             ".." => {
-                if depth == 0 {
+                if depth == 0 || descended {
                     return false;
                 }
                 depth -= 1;
             }
-            _ => depth += 1,
+            _ => descended = true,
         }
     }
     true
@@ -449,7 +457,7 @@ async fn put_file(
         Err(err) => Err(err),
     };
     let attrs = Attrs {
-        permissions: Some(meta.mode() & 0o7777),
+        permissions: Some(meta.mode() & 0o777),
         atime: Some(time_of(meta.atime())),
         mtime: Some(time_of(meta.mtime())),
         ..Attrs::default()
@@ -689,6 +697,11 @@ mod tests {
         assert!(!link_stays_inside(Path::new(""), "../z"));
         assert!(!link_stays_inside(Path::new(""), "/etc/passwd"));
         assert!(link_stays_inside(Path::new("x"), "./../x/./f"));
+        // A climb after a name could go through another link (`s -> .`).
+        assert!(link_stays_inside(Path::new(""), "."));
+        assert!(!link_stays_inside(Path::new(""), "s/.."));
+        assert!(!link_stays_inside(Path::new("x/y"), "a/../../b"));
+        assert!(!link_stays_inside(Path::new("x"), ""));
     }
 
     #[test]

@@ -2044,8 +2044,14 @@ func (x *GetSandboxLogsResponse) GetBufferTotal() uint32 {
 type PushSandboxLogsRequest struct {
 	state protoimpl.MessageState `protogen:"open.v1"`
 	// Must be the caller's own sandbox.
-	SandboxId     string            `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
-	Logs          []*SandboxLogLine `protobuf:"bytes,2,rep,name=logs,proto3" json:"logs,omitempty"`
+	SandboxId string            `protobuf:"bytes,1,opt,name=sandbox_id,json=sandboxId,proto3" json:"sandbox_id,omitempty"`
+	Logs      []*SandboxLogLine `protobuf:"bytes,2,rep,name=logs,proto3" json:"logs,omitempty"`
+	// Ours: who pushes (random per supervisor process) and this message's
+	// number among its messages, from 1. A message whose number the gateway
+	// already recorded from the same pusher for the sandbox is acknowledged and
+	// not recorded again (a retry after a lost answer). Empty / 0: no check.
+	Pusher        string `protobuf:"bytes,20,opt,name=pusher,proto3" json:"pusher,omitempty"`
+	Sequence      uint64 `protobuf:"varint,21,opt,name=sequence,proto3" json:"sequence,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
 }
@@ -2092,6 +2098,20 @@ func (x *PushSandboxLogsRequest) GetLogs() []*SandboxLogLine {
 		return x.Logs
 	}
 	return nil
+}
+
+func (x *PushSandboxLogsRequest) GetPusher() string {
+	if x != nil {
+		return x.Pusher
+	}
+	return ""
+}
+
+func (x *PushSandboxLogsRequest) GetSequence() uint64 {
+	if x != nil {
+		return x.Sequence
+	}
+	return 0
 }
 
 type PushSandboxLogsResponse struct {
@@ -5327,11 +5347,13 @@ const file_openshell_openshell_proto_rawDesc = "" +
 	"\x0fworkspace_scope\x18\x14 \x01(\v2).openshell.datamodel.v1.WorkspaceSelectorR\x0eworkspaceScope\"m\n" +
 	"\x16GetSandboxLogsResponse\x120\n" +
 	"\x04logs\x18\x01 \x03(\v2\x1c.openshell.v1.SandboxLogLineR\x04logs\x12!\n" +
-	"\fbuffer_total\x18\x02 \x01(\rR\vbufferTotal\"i\n" +
+	"\fbuffer_total\x18\x02 \x01(\rR\vbufferTotal\"\x9d\x01\n" +
 	"\x16PushSandboxLogsRequest\x12\x1d\n" +
 	"\n" +
 	"sandbox_id\x18\x01 \x01(\tR\tsandboxId\x120\n" +
-	"\x04logs\x18\x02 \x03(\v2\x1c.openshell.v1.SandboxLogLineR\x04logs\"\x19\n" +
+	"\x04logs\x18\x02 \x03(\v2\x1c.openshell.v1.SandboxLogLineR\x04logs\x12\x16\n" +
+	"\x06pusher\x18\x14 \x01(\tR\x06pusher\x12\x1a\n" +
+	"\bsequence\x18\x15 \x01(\x04R\bsequence\"\x19\n" +
 	"\x17PushSandboxLogsResponse\"\xae\x04\n" +
 	"\x12ExecSandboxRequest\x12\x18\n" +
 	"\asandbox\x18\x01 \x01(\tR\asandbox\x12\x18\n" +

@@ -423,12 +423,16 @@ class GetSandboxLogsResponse(_message.Message):
     def __init__(self, logs: _Optional[_Iterable[_Union[SandboxLogLine, _Mapping]]] = ..., buffer_total: _Optional[int] = ...) -> None: ...
 
 class PushSandboxLogsRequest(_message.Message):
-    __slots__ = ("sandbox_id", "logs")
+    __slots__ = ("sandbox_id", "logs", "pusher", "sequence")
     SANDBOX_ID_FIELD_NUMBER: _ClassVar[int]
     LOGS_FIELD_NUMBER: _ClassVar[int]
+    PUSHER_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     sandbox_id: str
     logs: _containers.RepeatedCompositeFieldContainer[SandboxLogLine]
-    def __init__(self, sandbox_id: _Optional[str] = ..., logs: _Optional[_Iterable[_Union[SandboxLogLine, _Mapping]]] = ...) -> None: ...
+    pusher: str
+    sequence: int
+    def __init__(self, sandbox_id: _Optional[str] = ..., logs: _Optional[_Iterable[_Union[SandboxLogLine, _Mapping]]] = ..., pusher: _Optional[str] = ..., sequence: _Optional[int] = ...) -> None: ...
 
 class PushSandboxLogsResponse(_message.Message):
     __slots__ = ()
