@@ -359,8 +359,8 @@ fn every_command_against_a_three_replica_cluster() {
         .one_line_error(1, "invalid_argument");
     let out = c.cli().args(["logs", "cli-a", "--since", "soon"]).run(30);
     assert_eq!(out.code, 2, "{out:?}");
-    let mut follow = c.cli().args(["logs", "cli-a", "-f", "--tail", "1"]).spawn();
-    let followed = BufReader::new(follow.stdout.take().unwrap());
+    let mut follow = Background(c.cli().args(["logs", "cli-a", "-f", "--tail", "1"]).spawn());
+    let followed = BufReader::new(follow.0.stdout.take().unwrap());
     let (lines_tx, lines_rx) = std::sync::mpsc::channel();
     std::thread::spawn(move || {
         for line in followed.lines().map_while(Result::ok) {
@@ -388,7 +388,7 @@ fn every_command_against_a_three_replica_cluster() {
             break;
         }
     }
-    stop(&mut follow);
+    stop(&mut follow.0);
     assert!(seen, "logs -f never printed the new exec");
 
     // watch: a snapshot, then changes, until the sandbox is gone (exit 0).

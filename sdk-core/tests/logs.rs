@@ -104,14 +104,22 @@ async fn logs_show_what_ran_in_a_sandbox_and_filter() {
         WatchOptions::new().logs(LogQuery::new().tail(1)),
         CallOptions::new(),
     );
-    follow.next().await.unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(30), follow.next())
+        .await
+        .expect("no first event within 30 s")
+        .unwrap()
+        .unwrap();
     let stats = fresh.routing_stats();
     assert_eq!((stats.hinted, stats.owner_lookups), (1, 1), "{stats:?}");
     let fresh = cluster.client().await.unwrap();
     let mut status = fresh
         .sandboxes()
         .events(&sandbox, WatchOptions::new(), CallOptions::new());
-    status.next().await.unwrap().unwrap();
+    tokio::time::timeout(Duration::from_secs(30), status.next())
+        .await
+        .expect("no first event within 30 s")
+        .unwrap()
+        .unwrap();
     assert_eq!(
         fresh.routing_stats().hinted + fresh.routing_stats().unhinted,
         0

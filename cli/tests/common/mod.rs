@@ -341,6 +341,18 @@ impl Output {
     }
 }
 
+/// A background child stopped (by its PID, as [`stop`] does) when dropped,
+/// also when the test panics first.
+pub struct Background(pub Child);
+
+impl Drop for Background {
+    fn drop(&mut self) {
+        if matches!(self.0.try_wait(), Ok(None)) {
+            stop(&mut self.0);
+        }
+    }
+}
+
 /// Stops a background child by its PID: SIGTERM, then SIGKILL after 5 s.
 pub fn stop(child: &mut Child) -> std::process::ExitStatus {
     let pid = child.id() as i32;
