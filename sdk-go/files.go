@@ -57,13 +57,17 @@ type TransferOption func(*transferSettings)
 
 type transferSettings struct {
 	ignoreFile string
-	progress   func(Progress)
+	// ignoreSet: WithIgnoreFile was given (even with an empty name).
+	ignoreSet bool
+	progress  func(Progress)
 }
 
 // WithIgnoreFile honours ignore files of this name (".gitignore" syntax)
-// in every directory of a tree, for uploads and downloads alike.
+// in every directory of a tree, for uploads and downloads alike. It applies
+// to local paths only: UploadFrom and DownloadTo refuse it
+// (ErrInvalidConfig, before any I/O).
 func WithIgnoreFile(name string) TransferOption {
-	return func(s *transferSettings) { s.ignoreFile = name }
+	return func(s *transferSettings) { s.ignoreFile, s.ignoreSet = name, true }
 }
 
 // WithProgress calls fn with the transfer's progress, at most about ten
@@ -219,15 +223,20 @@ const uploadChunk = 1 << 20
 // 0644), replacing any file there atomically once r is exhausted. It is
 // streamed in chunks: at most a few MiB are in memory at once. An error of
 // r (or a cancelled ctx) gives the upload up and leaves the target as it
-// was. WithIgnoreFile does not apply.
+// was. WithIgnoreFile applies to local paths only: it is ErrInvalidConfig
+// here, before any I/O.
 func (c *Client) UploadFrom(ctx context.Context, sandbox string, r io.Reader, remote string, opts ...TransferOption) (TransferSummary, error) {
 	if r == nil {
 		return TransferSummary{}, invalid("UploadFrom needs a reader")
 	}
+	settings := transferSettingsOf(opts)
+	if settings.ignoreSet {
+		return TransferSummary{}, invalid("WithIgnoreFile applies to uploads from a local path, not to UploadFrom")
+	}
 	if err := ctx.Err(); err != nil {
 		return TransferSummary{}, contextError(err)
 	}
-	relay := startProgress(transferSettingsOf(opts).progress)
+	relay := startProgress(settings.progress)
 	defer relay.stop()
 	o, release := callOpts(ctx, 0)
 	comp := c.n.UploadStream(sandbox, remote, relay.opts(""), o)
@@ -272,15 +281,20 @@ func (s *stream) finish(commit bool) ([]byte, error) {
 
 // DownloadTo writes the content of the file remote to w, chunk by chunk
 // (at most 256 KiB at a time in memory), and returns the bytes written.
-// An error of w (or a cancelled ctx) ends the download.
+// An error of w (or a cancelled ctx) ends the download. WithIgnoreFile
+// applies to local paths only: it is ErrInvalidConfig here, before any I/O.
 func (c *Client) DownloadTo(ctx context.Context, sandbox, remote string, w io.Writer, opts ...TransferOption) (int64, error) {
 	if w == nil {
 		return 0, invalid("DownloadTo needs a writer")
 	}
+	settings := transferSettingsOf(opts)
+	if settings.ignoreSet {
+		return 0, invalid("WithIgnoreFile applies to downloads into a local path, not to DownloadTo")
+	}
 	if err := ctx.Err(); err != nil {
 		return 0, contextError(err)
 	}
-	relay := startProgress(transferSettingsOf(opts).progress)
+	relay := startProgress(settings.progress)
 	defer relay.stop()
 	o, release := callOpts(ctx, 0)
 	comp := c.n.DownloadStream(sandbox, remote, relay.opts(""), o)
@@ -327,13 +341,16 @@ func (c *Client) ReadFile(ctx context.Context, sandbox, remote string) ([]byte, 
 }
 
 // WriteFile writes data as the file remote (mode 0644), replacing any file
-// there atomically.
-func (c *Client) WriteFile(ctx context.Context, sandbox, remote string, data []byte) error {
+// there atomically, and returns what it did (one file, len(data) bytes).
+func (c *Client) WriteFile(ctx context.Context, sandbox, remote string, data []byte) (TransferSummary, error) {
 	if err := ctx.Err(); err != nil {
-		return contextError(err)
+		return TransferSummary{}, contextError(err)
 	}
 	o, release := callOpts(ctx, 0)
 	comp := c.n.WriteFile(sandbox, remote, data, o)
 	release()
-	return c.done(ctx, comp)
+	if err := c.done(ctx, comp); err != nil {
+		return TransferSummary{}, err
+	}
+	return summaryOf(comp.Value)
 }

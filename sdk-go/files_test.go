@@ -333,8 +333,13 @@ func TestReadFileAndWriteFile(t *testing.T) {
 	c := newClient(t)
 	sandbox := readySandbox(t, c, "go-files-small", nil)
 	ctx := testContext(t, 2*time.Minute)
-	if err := c.WriteFile(ctx, sandbox, "notes/../hello.txt", []byte("hello, sandbox\n")); err != nil {
+	hello := []byte("hello, sandbox\n")
+	sum, err := c.WriteFile(ctx, sandbox, "notes/../hello.txt", hello)
+	if err != nil {
 		t.Fatal(err)
+	}
+	if sum.Files != 1 || sum.Bytes != uint64(len(hello)) {
+		t.Fatalf("write summary %+v, want 1 file of %d bytes", sum, len(hello))
 	}
 	got, err := c.ReadFile(ctx, sandbox, "hello.txt")
 	if err != nil || string(got) != "hello, sandbox\n" {
@@ -344,15 +349,15 @@ func TestReadFileAndWriteFile(t *testing.T) {
 		t.Fatalf("in the sandbox: %q", out)
 	}
 	// Replaced whole; an empty file reads as empty, not nil.
-	if err := c.WriteFile(ctx, sandbox, "hello.txt", nil); err != nil {
-		t.Fatal(err)
+	if sum, err := c.WriteFile(ctx, sandbox, "hello.txt", nil); err != nil || sum.Files != 1 || sum.Bytes != 0 {
+		t.Fatalf("an empty write: %+v, %v", sum, err)
 	}
 	if got, err := c.ReadFile(ctx, sandbox, "hello.txt"); err != nil || got == nil || len(got) != 0 {
 		t.Fatalf("empty file: %q, %v", got, err)
 	}
 	// An absolute path inside the working directory is fine.
 	root := strings.TrimSpace(sh(t, c, sandbox, "pwd"))
-	if err := c.WriteFile(ctx, sandbox, root+"/abs.txt", []byte("x")); err != nil {
+	if _, err := c.WriteFile(ctx, sandbox, root+"/abs.txt", []byte("x")); err != nil {
 		t.Fatal(err)
 	}
 	// Past the 64 MiB limit ReadFile refuses before reading.
@@ -402,7 +407,7 @@ func TestFileErrorsNameThePathAndLeaveNothing(t *testing.T) {
 		expect(err, openshell.ErrInvalidArgument, "invalid_argument", remote)
 		_, err = c.Download(ctx, sandbox, remote, filepath.Join(dir, "g.txt"))
 		expect(err, openshell.ErrInvalidArgument, "invalid_argument", remote)
-		err = c.WriteFile(ctx, sandbox, remote, []byte("x"))
+		_, err = c.WriteFile(ctx, sandbox, remote, []byte("x"))
 		expect(err, openshell.ErrInvalidArgument, "invalid_argument", remote)
 		_, err = c.UploadFrom(ctx, sandbox, strings.NewReader("x"), remote)
 		expect(err, openshell.ErrInvalidArgument, "invalid_argument", remote)
@@ -410,12 +415,22 @@ func TestFileErrorsNameThePathAndLeaveNothing(t *testing.T) {
 	if out := sh(t, c, sandbox, "ls /etc/openshell-go-test ../escaped.txt /tmp/x 2>/dev/null; true"); out != "" {
 		t.Fatalf("written outside: %q", out)
 	}
-	// A directory where a file is expected.
-	sh(t, c, sandbox, "mkdir -p d")
-	_, err = c.UploadFrom(ctx, sandbox, strings.NewReader("x"), "d")
-	expect(err, openshell.ErrFailedPrecondition, "failed_precondition", "d")
-	_, err = c.ReadFile(ctx, sandbox, "d")
-	expect(err, openshell.ErrFailedPrecondition, "failed_precondition", "d")
+	// A directory where a file is expected: the error names its resolved
+	// path (a name no other part of the message contains).
+	sh(t, c, sandbox, "mkdir -p go-a-directory")
+	_, err = c.UploadFrom(ctx, sandbox, strings.NewReader("x"), "go-a-directory")
+	expect(err, openshell.ErrFailedPrecondition, "failed_precondition", "/go-a-directory")
+	_, err = c.ReadFile(ctx, sandbox, "go-a-directory")
+	expect(err, openshell.ErrFailedPrecondition, "failed_precondition", "/go-a-directory")
+	// An ignore file applies to local paths only: the stream forms refuse
+	// it before any I/O, as the other SDKs do.
+	_, err = c.UploadFrom(ctx, sandbox, strings.NewReader("x"), "ignored.txt", openshell.WithIgnoreFile(".gitignore"))
+	requireCode(t, err, openshell.ErrInvalidConfig, "invalid_config")
+	_, err = c.DownloadTo(ctx, sandbox, "absent.txt", io.Discard, openshell.WithIgnoreFile(""))
+	requireCode(t, err, openshell.ErrInvalidConfig, "invalid_config")
+	if out := sh(t, c, sandbox, "ls ignored.txt 2>/dev/null; true"); out != "" {
+		t.Fatalf("a refused upload wrote its target: %q", out)
+	}
 	noLeftovers(t, c, sandbox)
 	if entries, _ := os.ReadDir(dir); len(entries) != 1 {
 		t.Fatalf("local leftovers: %v", entries)

@@ -123,12 +123,17 @@ func (s *Sandboxes) Logs(ctx context.Context, name string, q LogQuery) (*Logs, e
 	return out, nil
 }
 
-// WatchOptions say what Sandboxes.Events follows. With neither Status nor
-// Logs set (the zero value) it follows status.
+// WatchOptions say what Sandboxes.Events follows. As in the other SDKs,
+// status is followed unless NoStatus is set, and log lines only when Logs
+// is: the zero value follows status, WatchOptions{Logs: &q} follows status
+// and logs, and WatchOptions{NoStatus: true, Logs: &q} logs only. NoStatus
+// without Logs follows nothing: ErrInvalidConfig, before any I/O.
 type WatchOptions struct {
-	// Status follows status snapshots: the current one first (unless
-	// resuming), then every change.
-	Status bool
+	// NoStatus leaves out status changes; followed (the default), the
+	// status is the current snapshot first (unless resuming), then every
+	// change. Without ResumeAfter the watch starts with the current
+	// snapshot even with NoStatus.
+	NoStatus bool
 	// Logs, when set, follows log lines matching it.
 	Logs *LogQuery
 	// ResumeAfter starts after this cursor (an Event's): no snapshot or
@@ -165,9 +170,12 @@ type EventWatch struct {
 // stays bound to ctx: cancelling it ends the watch. A watch that follows
 // logs goes to the sandbox's owner (where lines arrive first), like exec.
 func (s *Sandboxes) Events(ctx context.Context, name string, opts WatchOptions) (*EventWatch, error) {
+	if opts.NoStatus && opts.Logs == nil {
+		return nil, invalid("a watch follows status, logs or both: NoStatus needs Logs")
+	}
 	req := &openshellv1.WatchSandboxRequest{
 		Sandbox:           name,
-		FollowStatus:      opts.Status || opts.Logs == nil,
+		FollowStatus:      !opts.NoStatus,
 		StopOnTerminal:    opts.StopOnTerminal,
 		ResumeAfterCursor: opts.ResumeAfter,
 	}

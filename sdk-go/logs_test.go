@@ -128,8 +128,9 @@ func TestEventsStatusThenLogsAndCursors(t *testing.T) {
 	if err := exitWith(ctx, c, sandbox, 3); err != nil {
 		t.Fatal(err)
 	}
+	// Logs set and NoStatus not: status and logs, as in the other SDKs.
 	w, err := c.Sandboxes().Events(ctx, sandbox, openshell.WatchOptions{
-		Status: true, Logs: &openshell.LogQuery{Sources: []string{"sandbox"}}, ResumeAfter: first.Cursor,
+		Logs: &openshell.LogQuery{Sources: []string{"sandbox"}}, ResumeAfter: first.Cursor,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -152,11 +153,23 @@ func TestEventsStatusThenLogsAndCursors(t *testing.T) {
 		t.Fatalf("Cursor %q, last event's %q", w.Cursor(), last)
 	}
 
-	// A Next whose context ends closes the watch.
-	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	defer cancel()
-	if _, err := w.Next(short); !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("a Next past its deadline: %v", err)
+	// A Next whose context ends closes the watch. An event that comes
+	// within the window is returned instead (the watch stays open): wait
+	// again until a Next reaches its deadline first.
+	for attempt := 1; ; attempt++ {
+		short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		_, err := w.Next(short)
+		cancel()
+		if err == nil {
+			if attempt == 20 {
+				t.Fatal("20 events in a row came within 300 ms each: no Next reached its deadline")
+			}
+			continue
+		}
+		if !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("a Next past its deadline: %v", err)
+		}
+		break
 	}
 	if _, err := w.Next(ctx); !errors.Is(err, openshell.ErrClosed) && !errors.Is(err, io.EOF) {
 		t.Fatalf("Next on a closed watch: %v", err)
@@ -179,9 +192,12 @@ func TestEventsStatusThenLogsAndCursors(t *testing.T) {
 	defer garbage.Close()
 	_, err = garbage.Next(ctx)
 	requireCode(t, err, openshell.ErrInvalidArgument, "invalid_argument")
+	// NoStatus without Logs follows nothing: refused before any I/O.
+	_, err = c.Sandboxes().Events(ctx, sandbox, openshell.WatchOptions{NoStatus: true})
+	requireCode(t, err, openshell.ErrInvalidConfig, "invalid_config")
 
 	// A deleted sandbox ends a watch with not_found.
-	gone, err := c.Sandboxes().Events(ctx, sandbox, openshell.WatchOptions{Status: true})
+	gone, err := c.Sandboxes().Events(ctx, sandbox, openshell.WatchOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -222,7 +238,7 @@ func TestEventsResumeAcrossAnOwnerKill(t *testing.T) {
 		t.Fatal(err)
 	}
 	w, err := c.Sandboxes().Events(ctx, sandbox.Name, openshell.WatchOptions{
-		Logs: &openshell.LogQuery{Sources: []string{"sandbox"}},
+		NoStatus: true, Logs: &openshell.LogQuery{Sources: []string{"sandbox"}},
 	})
 	if err != nil {
 		t.Fatal(err)

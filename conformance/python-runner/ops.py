@@ -360,6 +360,8 @@ LOGS_WAIT = 15.0
 WATCH_WAIT = 20.0
 # Quiet time after the first event before watch_logs runs its command.
 SETTLE = 1.0
+# How long watch_logs waits for that quiet at most.
+SETTLE_LIMIT = 60.0
 
 
 async def logs(r: Runner, step: dict[str, Any]) -> Result:
@@ -385,7 +387,12 @@ async def watch_logs(r: Runner, step: dict[str, Any]) -> Result:
     try:
         first = await asyncio.wait_for(anext(events), WATCH_WAIT)
         last, ordered = first.cursor, True
+        settle_by = asyncio.get_running_loop().time() + SETTLE_LIMIT
         while True:
+            if asyncio.get_running_loop().time() > settle_by:
+                raise StepFailed(
+                    f"the watch did not go quiet for {SETTLE:.0f} s within {SETTLE_LIMIT:.0f} s"
+                )
             try:
                 event = await asyncio.wait_for(anext(events), SETTLE)
             except TimeoutError:

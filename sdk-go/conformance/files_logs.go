@@ -21,6 +21,8 @@ const (
 	watchWait = 20 * time.Second
 	// Quiet time after the first event before watch_logs runs its command.
 	settle = time.Second
+	// How long watch_logs waits for that quiet at most.
+	settleLimit = 60 * time.Second
 )
 
 func init() {
@@ -39,10 +41,11 @@ func substStr(r *runner, v any) string {
 
 func writeFileOp(ctx context.Context, r *runner, s step) (result, error) {
 	content := substStr(r, s["content"])
-	if err := r.client.WriteFile(ctx, r.target(s), substStr(r, s["path"]), []byte(content)); err != nil {
+	summary, err := r.client.WriteFile(ctx, r.target(s), substStr(r, s["path"]), []byte(content))
+	if err != nil {
 		return nil, err
 	}
-	return result{"bytes": len(content)}, nil
+	return result{"bytes": summary.Bytes}, nil
 }
 
 func readFileOp(ctx context.Context, r *runner, s step) (result, error) {
@@ -117,7 +120,7 @@ func logsOp(ctx context.Context, r *runner, s step) (result, error) {
 func watchLogsOp(ctx context.Context, r *runner, s step) (result, error) {
 	name, command := r.target(s), strs(r.subst(s["command"]))
 	w, err := r.client.Sandboxes().Events(ctx, name, openshell.WatchOptions{
-		Logs: &openshell.LogQuery{Sources: []string{"sandbox"}},
+		NoStatus: true, Logs: &openshell.LogQuery{Sources: []string{"sandbox"}},
 	})
 	if err != nil {
 		return nil, err
@@ -133,7 +136,11 @@ func watchLogsOp(ctx context.Context, r *runner, s step) (result, error) {
 		return nil, err
 	}
 	last, ordered := first.Cursor, true
+	settleBy := time.Now().Add(settleLimit)
 	for {
+		if time.Now().After(settleBy) {
+			return nil, fail("the watch did not go quiet for %s within %s", settle, settleLimit)
+		}
 		ev, err := next(settle)
 		if err != nil {
 			break
@@ -146,7 +153,7 @@ func watchLogsOp(ctx context.Context, r *runner, s step) (result, error) {
 	w.Close()
 	opened := last
 	w, err = r.client.Sandboxes().Events(ctx, name, openshell.WatchOptions{
-		Logs: &openshell.LogQuery{Sources: []string{"sandbox"}}, ResumeAfter: opened,
+		NoStatus: true, Logs: &openshell.LogQuery{Sources: []string{"sandbox"}}, ResumeAfter: opened,
 	})
 	if err != nil {
 		return nil, err
@@ -180,7 +187,7 @@ func watchLogsOp(ctx context.Context, r *runner, s step) (result, error) {
 
 func watchEventsOp(ctx context.Context, r *runner, s step) (result, error) {
 	w, err := r.client.Sandboxes().Events(ctx, r.target(s), openshell.WatchOptions{
-		Status: true, ResumeAfter: fmt.Sprint(s["resume_after"]),
+		ResumeAfter: fmt.Sprint(s["resume_after"]),
 	})
 	if err != nil {
 		return nil, err

@@ -303,11 +303,21 @@ async def test_a_failing_progress_callback_or_a_cancelled_task_leaves_nothing(
     with pytest.raises(RuntimeError, match="stop here"):
         await aclient.upload(sandbox, io.BytesIO(b"y" * 64 * MIB), "refused.bin", progress=refuse)
 
-    task = asyncio.ensure_future(aclient.upload(sandbox, source, "cancelled.bin"))
-    await asyncio.sleep(0.3)
-    task.cancel()
+    # Cancelled at a known point: from the progress callback (on this event
+    # loop), once some bytes have moved and before all have.
+    cancelled_at: list[TransferProgress] = []
+
+    def cancel_midway(report: TransferProgress) -> None:
+        if not cancelled_at and 0 < report.bytes_done < report.bytes_total:
+            cancelled_at.append(report)
+            task.cancel()
+
+    task = asyncio.ensure_future(
+        aclient.upload(sandbox, source, "cancelled.bin", progress=cancel_midway)
+    )
     with pytest.raises(asyncio.CancelledError):
-        await task
+        await asyncio.wait_for(task, 300)
+    assert cancelled_at, "the upload was never cancelled"
 
     # The sandbox's server removes a temp file when its stream ends.
     for _ in range(75):

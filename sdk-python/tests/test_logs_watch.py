@@ -10,6 +10,7 @@ import asyncio
 import collections
 import time
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -147,16 +148,18 @@ def test_the_blocking_iterator_ends_on_terminal_and_resumes_after_a_cursor(
     cursor = watch.cursor
     assert cursor is not None
 
-    # After the cursor: no snapshot first, exactly what came later.
+    # After the cursor: no snapshot first, exactly what came later (bounded:
+    # 60 s for the whole watch, at most 500 events).
     client.exec(sandbox, ["sh", "-c", "exit 5"])
     with client.sandboxes.events(
-        sandbox, status=False, logs=True, sources="sandbox", resume_after=cursor
+        sandbox, status=False, logs=True, sources="sandbox", resume_after=cursor, timeout=60
     ) as watch:
         seen: list[WatchEvent] = []
         for event in watch:
             seen.append(event)
-            if finished_codes(seen)[5]:
+            if finished_codes(seen)[5] or len(seen) >= 500:
                 break
+    assert finished_codes(seen)[5] == 1, seen
     assert not [e for e in seen if isinstance(e, SandboxEvent)], seen
     assert all(e.cursor > cursor for e in seen)
     assert watch.closed
@@ -191,19 +194,22 @@ async def test_a_watch_ends_when_the_sandbox_is_deleted_and_on_close_or_cancel(
     with pytest.raises(StopAsyncIteration):
         await watch.__anext__()
 
-    # Closing from elsewhere stops an iteration that waits.
+    # Closing from elsewhere stops an iteration that waits: closed once the
+    # snapshot came, when the iteration waits for the next event.
     async with aclient.sandboxes.events(sandbox) as watch:
         got: list[WatchEvent] = []
+        snapshot = asyncio.Event()
 
         async def follow() -> None:
             async for event in watch:
                 got.append(event)
+                snapshot.set()
 
         follower = asyncio.ensure_future(follow())
-        await asyncio.sleep(0.3)
+        await asyncio.wait_for(snapshot.wait(), 60)
         watch.close()
         await asyncio.wait_for(follower, 10)
-    assert len(got) == 1
+    assert isinstance(got[0], SandboxEvent) and got[0].sandbox.name == sandbox, got
 
     # A deleted sandbox ends the watch with not_found.
     watch = aclient.sandboxes.events(sandbox)
@@ -218,3 +224,14 @@ async def test_a_watch_ends_when_the_sandbox_is_deleted_and_on_close_or_cancel(
         await asyncio.wait_for(drain(), 60)
     with pytest.raises(InvalidConfigError):
         aclient.sandboxes.events(sandbox, status=False, logs=False)
+    # Log filters without logs=True, as in TypeScript: refused before any I/O.
+    filters: list[dict[str, Any]] = [
+        {"tail": 3},
+        {"since": timedelta(minutes=1)},
+        {"sources": "sandbox"},
+        {"min_level": "INFO"},
+    ]
+    for only in filters:
+        with pytest.raises(InvalidConfigError, match="logs=True") as refused:
+            aclient.sandboxes.events(sandbox, **only)
+        assert refused.value.code == "invalid_config"

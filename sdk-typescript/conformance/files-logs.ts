@@ -24,6 +24,8 @@ const LOGS_WAIT_MS = 15_000;
 const WATCH_WAIT_MS = 20_000;
 // Quiet time after the first event before watch_logs runs its command.
 const SETTLE_MS = 1_000;
+// How long watch_logs waits for that quiet at most.
+const SETTLE_LIMIT_MS = 60_000;
 
 const str = (r: FilesRunner, v: unknown): string => {
   const s = r.subst(v);
@@ -66,8 +68,10 @@ function follow(r: FilesRunner, name: string, signal: AbortSignal, resumeAfter?:
 export const FILES_LOGS_OPS: Record<string, Op> = {
   async write_file(r, step, signal) {
     const content = str(r, step.content);
-    await r.client.writeFile(r.target(step), str(r, step.path), content, { signal });
-    return { bytes: Buffer.byteLength(content) };
+    const summary = await r.client.writeFile(r.target(step), str(r, step.path), content, {
+      signal,
+    });
+    return { bytes: summary.bytes };
   },
   async read_file(r, step, signal) {
     const data = await r.client.readFile(r.target(step), str(r, step.path), { signal });
@@ -125,7 +129,13 @@ export const FILES_LOGS_OPS: Record<string, Op> = {
       const opened = await within(first.events, first.pending, WATCH_WAIT_MS);
       if (opened === null) throw new FilesStepFailed(`no first event in ${WATCH_WAIT_MS} ms`);
       last = opened.cursor;
+      const settleBy = Date.now() + SETTLE_LIMIT_MS;
       for (;;) {
+        if (Date.now() > settleBy) {
+          throw new FilesStepFailed(
+            `the watch did not go quiet for ${SETTLE_MS} ms within ${SETTLE_LIMIT_MS} ms`,
+          );
+        }
         const event = await within(first.events, first.pending, SETTLE_MS);
         if (event === null) break;
         ordered &&= event.cursor >= last;

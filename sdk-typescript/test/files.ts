@@ -299,8 +299,11 @@ describe("files", () => {
     }
     const outsideWrite = await rejection(client.writeFile(sandbox, "/etc/x", "x"));
     assert.equal(outsideWrite.code, "invalid_argument");
-    const exists = await client.exec(sandbox, ["sh", "-c", "ls /etc/openshell-test ../escape.txt"]);
-    assert.notEqual(exists.exitCode, 0, "a refused upload wrote a file");
+    // Each path on its own: `test -e` exits 1 when it does not exist.
+    for (const path of ["/etc/openshell-test", "../escape.txt"]) {
+      const exists = await client.exec(sandbox, ["sh", "-c", 'test -e "$1"', "sh", path]);
+      assert.equal(exists.exitCode, 1, `a refused upload wrote ${path}`);
+    }
 
     const noLocal = await rejection(client.upload(sandbox, join(tmp, "absent"), "absent"));
     assert.equal(noLocal.code, "not_found");

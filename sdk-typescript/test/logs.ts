@@ -127,8 +127,11 @@ describe("logs and watch", () => {
 
   test("a status watch starts with the sandbox and ends on a terminal phase", async () => {
     const events: WatchEvent[] = [];
-    for await (const event of client.sandboxes.events(sandbox, { stopOnTerminal: true })) {
+    // Bounded: 60 s for the whole watch, and a few events at most.
+    const watch = client.sandboxes.events(sandbox, { stopOnTerminal: true, timeoutMs: 60_000 });
+    for await (const event of watch) {
       events.push(event);
+      if (events.length > 10) break;
     }
     assert.equal(events.length, 1, JSON.stringify(events.map((e) => e.kind)));
     const first = events[0];
@@ -139,14 +142,19 @@ describe("logs and watch", () => {
   });
 
   test("a log watch resumes after a cursor with exactly what came later", async () => {
-    const watch = client.sandboxes.events(sandbox, { status: false, logs: true, tail: 1 });
+    const watch = client.sandboxes.events(sandbox, {
+      status: false,
+      logs: true,
+      tail: 1,
+      timeoutMs: 60_000,
+    });
     let cursor: string | null = null;
     const kinds: string[] = [];
     for await (const event of watch) {
       // Without a cursor the sandbox comes first, even with status: false.
       kinds.push(event.kind);
       cursor = event.cursor;
-      if (event.kind === "log") break; // ends the watch
+      if (event.kind === "log" || kinds.length > 10) break; // ends the watch
     }
     assert.deepEqual(kinds, ["sandbox", "log"]);
     assert.ok(cursor !== null);

@@ -548,11 +548,17 @@ class AsyncSandboxes:
         ``resume_after`` (an event's ``cursor``) starts after that event: no
         snapshot first, exactly the events that came later. ``stop_on_terminal``
         ends the watch once the sandbox is READY, COMPLETED, STOPPED or in ERROR.
+        ``tail``, ``since``, ``sources`` or ``min_level`` without ``logs=True``
+        is :class:`~openshell_sdk.errors.InvalidConfigError`, before any I/O.
         The watch resumes by itself after a broken stream; see
         :class:`EventWatch` for how it ends. ``timeout`` (none by default)
         bounds the whole watch."""
         if not (status or logs):
             raise _errors._invalid_config("a watch follows status, logs or both")
+        if not logs and any(f is not None for f in (tail, since, sources, min_level)):
+            raise _errors._invalid_config(
+                "tail, since, sources and min_level filter log lines: set logs=True"
+            )
         handle = self._native.sandbox_events(
             name,
             status=status,
