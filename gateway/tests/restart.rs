@@ -68,10 +68,8 @@ async fn a_crashed_gateway_recovers_its_sandboxes() {
     let mut client = common::client(&gw).await;
     for name in ["crash-a", "crash-b"] {
         wait_phase(&mut client, name, SandboxPhase::Ready).await;
-        assert_eq!(
-            sh(&mut client, name, "echo back").await.stdout_text(),
-            "back\n"
-        );
+        let back = sh(&mut client, name, "echo back").await;
+        assert_eq!(back.stdout_text(), "back\n", "{name}: {back:?}");
     }
 }
 
