@@ -3,9 +3,10 @@
 //! memory), the stream forms as `OsStream`s, and whole small files.
 //!
 //! A transfer's progress callback runs on a runtime thread, at most every
-//! 100 ms and once at the end, before the transfer's completion; like a
-//! completion callback it must not block. Its `OsProgress` (the `current`
-//! path included) is borrowed for the duration of the call.
+//! 100 ms and once at the end; like a completion callback it must not
+//! block. For a path transfer every call comes before the completion; a
+//! stream form's calls come until its stream is freed. Its `OsProgress`
+//! (the `current` path included) is borrowed for the duration of the call.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
@@ -43,7 +44,11 @@ pub struct OsTransferOptions {
     /// The name of ignore files (".gitignore" syntax) honoured in every
     /// directory of a tree; empty for none.
     pub ignore_file: OsBytes,
-    /// Called with the transfer's progress; may be null.
+    /// Called with the transfer's progress; may be null. For a path
+    /// transfer, only until its completion; for the stream forms
+    /// (`openshell_client_upload_stream`, `openshell_client_download_stream`)
+    /// also during later sends, nexts and the finish, until the stream is
+    /// freed: whatever `progress_data` points to must live that long.
     pub progress: OsProgressCallback,
     /// Passed back to `progress`.
     pub progress_data: usize,

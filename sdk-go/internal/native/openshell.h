@@ -308,7 +308,11 @@ typedef struct OsTransferOptions {
   // The name of ignore files (".gitignore" syntax) honoured in every
   // directory of a tree; empty for none.
   struct OsBytes ignore_file;
-  // Called with the transfer's progress; may be null.
+  // Called with the transfer's progress; may be null. For a path
+  // transfer, only until its completion; for the stream forms
+  // (`openshell_client_upload_stream`, `openshell_client_download_stream`)
+  // also during later sends, nexts and the finish, until the stream is
+  // freed: whatever `progress_data` points to must live that long.
   OsProgressCallback progress;
   // Passed back to `progress`.
   size_t progress_data;
