@@ -224,6 +224,63 @@ async fn sh(client: &Client, sandbox: &str, script: &str) -> String {
 
 // ------------------------------------------------------------------- tests
 
+/// A host logs about a sandbox after it was deleted ("sandbox unassigned:
+/// stopping", "sandbox stopped"); the gateway refuses those lines for good
+/// (NOT_FOUND) and the host drops them, so the lines of its other sandboxes
+/// keep arriving instead of waiting behind them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_hosts_log_lines_keep_flowing_after_one_of_its_sandboxes_is_deleted() {
+    let setup = Setup::start(1, 3000).await;
+    let _host = setup.host("h-0", "none");
+    setup.holder().await;
+    let client = setup.client().await;
+    ready_sandbox(&client, "logs-gone").await;
+    ready_sandbox(&client, "logs-stays").await;
+    let sandboxes = client.sandboxes();
+    sandboxes
+        .delete("logs-gone", CallOptions::new())
+        .await
+        .expect("delete");
+    sandboxes
+        .wait_deleted(
+            "logs-gone",
+            CallOptions::new().deadline(Duration::from_secs(30)),
+        )
+        .await
+        .expect("deleted");
+    for round in 0..3 {
+        let code = 40 + round;
+        let out = client
+            .exec(
+                ExecRequest::new("logs-stays", ["sh", "-c", &format!("exit {code}")]),
+                CallOptions::new(),
+            )
+            .await
+            .expect("exec");
+        assert_eq!(out.exit_code, code);
+        let want = code.to_string();
+        let mut seen = false;
+        for _ in 0..100 {
+            let logs = sandboxes
+                .logs(
+                    "logs-stays",
+                    &openshell_sdk::LogQuery::new().source("sandbox"),
+                    CallOptions::new(),
+                )
+                .await
+                .expect("logs");
+            seen = logs.lines.iter().any(|line| {
+                line.message == "exec finished" && line.fields.get("exit_code") == Some(&want)
+            });
+            if seen {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        assert!(seen, "round {round}: the exit {code} line never arrived");
+    }
+}
+
 async fn exec_and_forward_are_served_by_the_hosts_replica(isolation: &str) {
     let setup = Setup::start(2, 3000).await;
     let host = setup.host("h-0", isolation);
