@@ -8,6 +8,7 @@
 mod common;
 
 use std::io::Write;
+use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -587,6 +588,84 @@ async fn paths_outside_the_working_directory_are_invalid_arguments() {
         .await
         .unwrap();
     assert_eq!(sh(&client, sandbox, "cat inside.txt").await, "x");
+}
+
+/// What a sandbox could try against the user's machine through a
+/// download, and names file transfer cannot carry: a chain of links that
+/// leaves the tree though each looks inside, a name that is not UTF-8 (on
+/// either side), a local link standing where a directory of the tree goes.
+#[tokio::test]
+async fn hostile_links_and_names_are_refused_or_skipped() {
+    let (_gw, client) = one_sandbox("files-hostile").await;
+    let sandbox = "files-hostile";
+    let dir = tempfile::tempdir().unwrap();
+    let options = TransferOptions::new();
+
+    // `s -> .` stays; `e -> s/..` would be the parent of the tree.
+    sh(
+        &client,
+        sandbox,
+        "mkdir -p chain && cd chain && ln -s . s && ln -s s/.. e && echo x > f",
+    )
+    .await;
+    let down = client
+        .download(sandbox, "chain", dir.path(), &options)
+        .await
+        .unwrap();
+    assert_eq!((down.symlinks, down.skipped_symlinks), (1, 1), "{down:?}");
+    assert!(std::fs::symlink_metadata(dir.path().join("chain/e")).is_err());
+    assert_eq!(
+        std::fs::read_link(dir.path().join("chain/s")).unwrap(),
+        Path::new(".")
+    );
+
+    // A remote name that is not UTF-8: refused, naming the directory,
+    // before anything of the tree is written.
+    sh(
+        &client,
+        sandbox,
+        "mkdir -p odd && printf x > \"odd/$(printf 'a\\377b')\"",
+    )
+    .await;
+    let err = client
+        .download(sandbox, "odd", &dir.path().join("odd-copy"), &options)
+        .await
+        .unwrap_err();
+    assert_code(&err, "failed_precondition", "odd");
+    assert!(err.message().contains("UTF-8"), "{err}");
+    assert!(!dir.path().join("odd-copy").exists());
+
+    // A local name that is not UTF-8: refused before anything is written.
+    let local = dir.path().join("up");
+    std::fs::create_dir(&local).unwrap();
+    let bad = std::ffi::OsStr::from_bytes(b"a\xffb");
+    std::fs::write(local.join(bad), b"x").unwrap();
+    let err = client
+        .upload(sandbox, &local, ".", &options)
+        .await
+        .unwrap_err();
+    assert_code(&err, "invalid_argument", "up");
+    assert_eq!(sh(&client, sandbox, "ls -d up 2>/dev/null; true").await, "");
+
+    // A local link where the tree has a directory is not followed.
+    let dest = dir.path().join("dest");
+    let elsewhere = dir.path().join("elsewhere");
+    std::fs::create_dir_all(dest.join("chain")).unwrap();
+    std::fs::create_dir(&elsewhere).unwrap();
+    sh(
+        &client,
+        sandbox,
+        "mkdir -p chain/sub && echo y > chain/sub/g",
+    )
+    .await;
+    std::os::unix::fs::symlink(&elsewhere, dest.join("chain/sub")).unwrap();
+    let err = client
+        .download(sandbox, "chain", &dest, &options)
+        .await
+        .unwrap_err();
+    assert_code(&err, "failed_precondition", "sub");
+    assert!(std::fs::read_dir(&elsewhere).unwrap().next().is_none());
+    assert!(local_leftovers(dir.path()).is_empty());
 }
 
 #[tokio::test]

@@ -429,6 +429,13 @@ impl Store {
                 .bind(age.as_millis() as i64)
                 .execute(&mut *tx)
                 .await?;
+            // A floor row a log append re-created while its sandbox was
+            // being deleted.
+            sqlx::query(
+                "DELETE FROM event_floors WHERE sandbox_id NOT IN (SELECT id FROM sandboxes)",
+            )
+            .execute(&mut *tx)
+            .await?;
             let crowded = sqlx::query(
                 "SELECT sandbox_id FROM sandbox_events WHERE kind = 'status' AND deleted = 0
                  GROUP BY sandbox_id HAVING COUNT(*) > $1",

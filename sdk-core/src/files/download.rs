@@ -306,6 +306,9 @@ async fn walk(
         for entry in entries {
             // The sandbox is the other side: a name that is not one plain
             // component (`../x`, `/etc/x`) would place a file outside `dest`.
+            if entry.lossy {
+                return Err(not_utf8(&dir, &entry.name));
+            }
             if entry.name.is_empty() || entry.name.contains(['/', '\0']) {
                 return Err(rpc(
                     Code::FailedPrecondition,
@@ -335,7 +338,8 @@ async fn walk(
             } else if attrs.is_symlink() {
                 let path = remote_join(top, &child);
                 let target = match session.sftp.readlink(&path).await {
-                    Ok(target) => target,
+                    Ok((target, false)) => target,
+                    Ok((target, true)) => return Err(not_utf8(&path, &target)),
                     Err(failure) => return Err(session.fail(failure, "download", &path).await),
                 };
                 if link_stays_inside(&rel, &target) {
@@ -349,6 +353,19 @@ async fn walk(
         }
     }
     Ok(plan)
+}
+
+/// A name the sandbox gave in bytes that are not UTF-8: refused, since
+/// every path here is text (a replaced name would copy to another file).
+fn not_utf8(path: &str, name: &str) -> Error {
+    rpc(
+        Code::FailedPrecondition,
+        format!(
+            "download {}: a name is not UTF-8 (or holds U+FFFD), which file transfer does not carry: {}",
+            shown(path),
+            shown(name)
+        ),
+    )
 }
 
 async fn download_tree(

@@ -157,6 +157,10 @@ impl Attrs {
 #[derive(Debug, Clone)]
 pub(super) struct Entry {
     pub name: String,
+    /// The name's bytes were not UTF-8 (`name` has them replaced), or it
+    /// holds U+FFFD: what a server that can only send text (the sandbox's,
+    /// built on russh-sftp) puts for bytes that are not UTF-8.
+    pub lossy: bool,
     pub attrs: Attrs,
 }
 
@@ -449,10 +453,14 @@ impl Sftp {
         .await
     }
 
-    pub async fn readlink(&self, path: &str) -> Result<String, Failure> {
+    /// A link's target, and whether its bytes were not UTF-8.
+    pub async fn readlink(&self, path: &str) -> Result<(String, bool), Failure> {
         let reply = self.submit(READLINK, |b| put_str(b, path)).await?;
         match reply.answer().await? {
-            Answer::Name(mut entries) if entries.len() == 1 => Ok(entries.remove(0).name),
+            Answer::Name(mut entries) if entries.len() == 1 => {
+                let entry = entries.remove(0);
+                Ok((entry.name, entry.lossy))
+            }
             other => Err(unexpected(other, "one name")),
         }
     }
@@ -529,10 +537,12 @@ fn decode_answer(kind: u8, mut body: Bytes) -> Result<Answer, String> {
             let count = get_u32(body)?;
             let mut entries = Vec::with_capacity(count.min(1024) as usize);
             for _ in 0..count {
-                let name = get_string(body)?;
+                let raw = get_bytes(body)?;
+                let name = String::from_utf8_lossy(&raw).into_owned();
+                let lossy = name.contains(char::REPLACEMENT_CHARACTER);
                 let _long_name = get_bytes(body)?;
                 let attrs = Attrs::decode(body)?;
-                entries.push(Entry { name, attrs });
+                entries.push(Entry { name, lossy, attrs });
             }
             Answer::Name(entries)
         }

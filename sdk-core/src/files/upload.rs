@@ -84,6 +84,18 @@ pub(super) fn link_stays_inside(dir: &Path, target: &str) -> bool {
     true
 }
 
+/// A local name (or link target) that is not UTF-8: refused before
+/// anything is written, since every remote path is text.
+fn not_utf8(path: &Path) -> Error {
+    rpc(
+        Code::InvalidArgument,
+        format!(
+            "upload {}: the name (or the link's target) is not UTF-8, which file transfer does not carry",
+            shown(&path.to_string_lossy())
+        ),
+    )
+}
+
 fn walk(top: &Path, ignore_file: Option<&str>) -> Result<Plan, Error> {
     let mut plan = Plan::default();
     let meta = std::fs::metadata(top).map_err(|e| local_error(&e, "upload", top))?;
@@ -121,6 +133,9 @@ fn walk(top: &Path, ignore_file: Option<&str>) -> Result<Plan, Error> {
                 plan.summary.ignored += 1;
                 continue;
             }
+            if entry.file_name().to_str().is_none() {
+                return Err(not_utf8(&entry.path()));
+            }
             if kind.is_dir() {
                 plan.items.push(Item::Dir {
                     rel: child.clone(),
@@ -135,7 +150,9 @@ fn walk(top: &Path, ignore_file: Option<&str>) -> Result<Plan, Error> {
             } else if kind.is_symlink() {
                 let target = std::fs::read_link(entry.path())
                     .map_err(|e| local_error(&e, "upload", &entry.path()))?;
-                let target = target.to_string_lossy().into_owned();
+                let Some(target) = target.to_str().map(str::to_owned) else {
+                    return Err(not_utf8(&entry.path()));
+                };
                 if link_stays_inside(&rel, &target) {
                     plan.items.push(Item::Symlink { rel: child, target });
                 } else {
