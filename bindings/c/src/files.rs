@@ -9,6 +9,7 @@
 //! (the `current` path included) is borrowed for the duration of the call.
 
 use std::ffi::OsStr;
+use std::future::Future;
 use std::os::unix::ffi::OsStrExt;
 use std::path::PathBuf;
 
@@ -218,30 +219,17 @@ pub unsafe extern "C" fn openshell_client_upload_stream(
     let Some(c) = (unsafe { client.as_ref() }) else {
         return OS_INVALID;
     };
-    start(callback, user_data, || {
-        let p = unsafe { prepare(c, &options, sandbox, remote) };
-        let transfer = transfer_options(&transfer, &p.call);
-        async move {
-            let token = p.call.token.clone();
-            let opened = async {
-                let (sandbox, remote, transfer) = (p.sandbox?, p.remote?, transfer?);
-                let open = p.client.upload_stream(&sandbox, &remote, &transfer);
-                Call::run(&token, open).await
-            };
-            match opened.await {
-                Ok(sink) => {
-                    let target = sink.target().as_bytes().to_vec();
-                    let sender = Sender::Upload(Box::new(tokio::sync::Mutex::new(Some(sink))));
-                    let ptr = stream_ptr(Receiver::None, sender, token);
-                    Ok(Outcome::HandleValue(ptr, target))
-                }
-                Err(err) => {
-                    token.cancel();
-                    Err(err)
-                }
-            }
-        }
-    })
+    let open = |client: Client, sandbox: String, remote: String, transfer: TransferOptions| async move {
+        let sink = client.upload_stream(&sandbox, &remote, &transfer).await?;
+        let target = sink.target().as_bytes().to_vec();
+        let sender = Sender::Upload(Box::new(tokio::sync::Mutex::new(Some(sink))));
+        Ok((Receiver::None, sender, target))
+    };
+    unsafe {
+        open_stream_transfer(
+            c, sandbox, remote, &transfer, &options, callback, user_data, open,
+        )
+    }
 }
 
 /// Starts a download of the file `remote`: the completion's `handle` is an
@@ -262,23 +250,52 @@ pub unsafe extern "C" fn openshell_client_download_stream(
     let Some(c) = (unsafe { client.as_ref() }) else {
         return OS_INVALID;
     };
+    let open = |client: Client, sandbox: String, remote: String, transfer: TransferOptions| async move {
+        let source = client.download_stream(&sandbox, &remote, &transfer).await?;
+        let mut value = source.size().to_le_bytes().to_vec();
+        value.extend_from_slice(source.source().as_bytes());
+        Ok((Receiver::Download(source), Sender::None, value))
+    };
+    unsafe {
+        open_stream_transfer(
+            c, sandbox, remote, &transfer, &options, callback, user_data, open,
+        )
+    }
+}
+
+/// The stream forms' shared part: checks the arguments, runs `open` (the
+/// stream's halves and the completion's `value`) bound to the call's
+/// cancellation, and completes with the stream as `handle`. The stream
+/// keeps the call's token: cancelling the call ends it.
+#[allow(clippy::too_many_arguments)]
+unsafe fn open_stream_transfer<F, Fut>(
+    c: &OsClient,
+    sandbox: OsBytes,
+    remote: OsBytes,
+    transfer: &OsTransferOptions,
+    options: &OsCallOptions,
+    callback: OsCallback,
+    user_data: usize,
+    open: F,
+) -> i32
+where
+    F: FnOnce(Client, String, String, TransferOptions) -> Fut + Send + 'static,
+    Fut: Future<Output = Result<(Receiver, Sender, Vec<u8>), Error>> + Send,
+{
     start(callback, user_data, || {
-        let p = unsafe { prepare(c, &options, sandbox, remote) };
-        let transfer = transfer_options(&transfer, &p.call);
+        let p = unsafe { prepare(c, options, sandbox, remote) };
+        let transfer = transfer_options(transfer, &p.call);
         async move {
             let token = p.call.token.clone();
             let opened = async {
                 let (sandbox, remote, transfer) = (p.sandbox?, p.remote?, transfer?);
-                let open = p.client.download_stream(&sandbox, &remote, &transfer);
-                Call::run(&token, open).await
+                Call::run(&token, open(p.client, sandbox, remote, transfer)).await
             };
             match opened.await {
-                Ok(source) => {
-                    let mut value = source.size().to_le_bytes().to_vec();
-                    value.extend_from_slice(source.source().as_bytes());
-                    let ptr = stream_ptr(Receiver::Download(source), Sender::None, token);
-                    Ok(Outcome::HandleValue(ptr, value))
-                }
+                Ok((receiver, sender, value)) => Ok(Outcome::HandleValue(
+                    stream_ptr(receiver, sender, token),
+                    value,
+                )),
                 Err(err) => {
                     token.cancel();
                     Err(err)

@@ -17,7 +17,7 @@ use super::ignore_rules::{IgnoreRules, MAX_IGNORE_FILE};
 use super::progress::Reporter;
 use super::session::{Session, TEMP_MARK, capped_name, local_error, rpc, shown, split_parent};
 use super::sftp::{Attrs, Failure, OPEN_READ, Reply, Sftp};
-use super::upload::link_stays_inside;
+use super::upload::{link_stays_inside, remote_join};
 use super::{CHUNK, IN_FLIGHT, TransferOptions, TransferSummary};
 use crate::client::Client;
 use crate::error::Error;
@@ -96,15 +96,6 @@ struct Plan {
     bytes: u64,
     files: u64,
     summary: TransferSummary,
-}
-
-fn remote_join(base: &str, rel: &Path) -> String {
-    let mut out = base.trim_end_matches('/').to_owned();
-    for part in rel.iter() {
-        out.push('/');
-        out.push_str(&part.to_string_lossy());
-    }
-    out
 }
 
 fn system_time(seconds: Option<u32>) -> Option<std::time::SystemTime> {

@@ -167,7 +167,7 @@ fn walk(top: &Path, ignore_file: Option<&str>) -> Result<Plan, Error> {
 }
 
 /// `rel` (a tree-relative local path) under the remote directory `base`.
-fn remote_join(base: &str, rel: &Path) -> String {
+pub(super) fn remote_join(base: &str, rel: &Path) -> String {
     let mut out = base.trim_end_matches('/').to_owned();
     for part in rel.components() {
         if let Component::Normal(name) = part {
