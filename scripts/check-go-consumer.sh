@@ -148,6 +148,68 @@ func TestTheReleaseRunsAClusterOfItsOwn(t *testing.T) {
 		t.Fatalf("the exec after %s was killed counted %s (want 2: once)", owner, got)
 	}
 }
+
+func TestFilesAndLogsWithTheReleasesExecutables(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	cluster := openshelltest.Start(t, openshelltest.WithReplicas(1))
+	client := cluster.Client()
+	sandbox, err := client.Sandboxes().Create(ctx, openshell.CreateSandbox{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := client.Sandboxes().WaitReady(ctx, sandbox.Name); err != nil {
+		t.Fatal(err)
+	}
+	// Every byte value, 1 MiB: binary-safe both ways.
+	data := make([]byte, 1<<20)
+	for i := range data {
+		data[i] = byte(i)
+	}
+	if sum, err := client.WriteFile(ctx, sandbox.Name, "blob.bin", data); err != nil || sum.Bytes != uint64(len(data)) {
+		t.Fatalf("write: %+v %v", sum, err)
+	}
+	if got, err := client.ReadFile(ctx, sandbox.Name, "blob.bin"); err != nil || string(got) != string(data) {
+		t.Fatalf("read back %d bytes: %v", len(got), err)
+	}
+	dir := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(dir, "tree", "sub"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tree", "sub", "a.txt"), []byte("a\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if sum, err := client.Upload(ctx, sandbox.Name, filepath.Join(dir, "tree"), "tree"); err != nil || sum.Files != 1 {
+		t.Fatalf("upload: %+v %v", sum, err)
+	}
+	if _, err := client.Download(ctx, sandbox.Name, "tree", filepath.Join(dir, "back")); err != nil {
+		t.Fatal(err)
+	}
+	if b, err := os.ReadFile(filepath.Join(dir, "back", "sub", "a.txt")); err != nil || string(b) != "a\n" {
+		t.Fatalf("downloaded %q: %v", b, err)
+	}
+
+	out, err := client.Exec(ctx, openshell.ExecRequest{Sandbox: sandbox.Name, Command: []string{"sh", "-c", "exit 3"}})
+	if err != nil || out.ExitCode != 3 {
+		t.Fatalf("exec: %+v %v", out, err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		logs, err := client.Sandboxes().Logs(ctx, sandbox.Name, openshell.LogQuery{Sources: []string{"sandbox"}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if slices.ContainsFunc(logs.Lines, func(l openshell.LogLine) bool {
+			return l.Message == "exec finished" && l.Fields["exit_code"] == "3"
+		}) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no exit 3 line in %d lines", len(logs.Lines))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
 GO
 # cargo off PATH: only the Go toolchain and the system's tools (cc, ld).
 export PATH="$(dirname "$GO"):/usr/local/bin:/usr/bin:/bin"
@@ -198,6 +260,7 @@ run_test() {
   env HOME="$home" XDG_CACHE_HOME="$home/cache" "$@" ./consumer.test -test.v -test.count=1 \
     -test.timeout=10m 2>&1 | tee "$home.log"
   grep -q -- '--- PASS: TestTheReleaseRunsAClusterOfItsOwn' "$home.log"
+  grep -q -- '--- PASS: TestFilesAndLogsWithTheReleasesExecutables' "$home.log"
   local copied=("$home"/cache/openshell/sdk-go/*/*/)
   for exe in openshell-gateway openshell-supervisor openshell-sandbox-init; do
     if [ ! -x "${copied[0]}$exe" ]; then

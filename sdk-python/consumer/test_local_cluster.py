@@ -4,6 +4,9 @@ fresh virtualenv, without cargo and without this checkout on the path): the pyte
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+
 import pytest
 
 from openshell_sdk import Client
@@ -40,3 +43,33 @@ def test_exec_on_every_replica_and_after_a_killed_owner(
     owner, name = sorted(on.items())[0]
     openshell_cluster.kill_replica(owner)
     assert count_run(openshell_client, name) == "2", "the exec after the kill ran once"
+
+
+def test_files_and_logs_with_the_wheels_executables(
+    openshell_client: Client, tmp_path: Path
+) -> None:
+    sandbox = openshell_client.sandboxes.create().name
+    openshell_client.sandboxes.wait_ready(sandbox, timeout=60)
+    # Every byte value, 1 MiB: binary-safe both ways.
+    data = bytes(range(256)) * 4096
+    assert openshell_client.write_file(sandbox, "blob.bin", data).bytes == len(data)
+    assert openshell_client.read_file(sandbox, "blob.bin") == data
+    tree = tmp_path / "tree"
+    (tree / "sub").mkdir(parents=True)
+    (tree / "sub" / "a.txt").write_text("a\n")
+    assert openshell_client.upload(sandbox, tree, "tree").files == 1
+    back = tmp_path / "back"
+    openshell_client.download(sandbox, "tree", back)
+    assert (back / "sub" / "a.txt").read_text() == "a\n"
+
+    assert openshell_client.exec(sandbox, ["sh", "-c", "exit 3"]).exit_code == 3
+    deadline = time.monotonic() + 30
+    while True:
+        lines = openshell_client.sandboxes.logs(sandbox, sources="sandbox").lines
+        if any(
+            line.message == "exec finished" and line.fields.get("exit_code") == "3"
+            for line in lines
+        ):
+            break
+        assert time.monotonic() < deadline, [str(line) for line in lines]
+        time.sleep(0.2)

@@ -3,7 +3,10 @@
 // install script, no OPENSHELL_GATEWAY_BIN): the cluster runs the gateway
 // shipped in the platform package. scripts/check-npm-packages.sh runs it.
 import assert from "node:assert/strict";
-import { readFileSync } from "node:fs";
+import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join } from "node:path";
+import { setTimeout as sleep } from "node:timers/promises";
 import { test } from "node:test";
 import { bundledGateway, startLocalCluster } from "@openshell/sdk/testing";
 
@@ -41,6 +44,38 @@ test("an exec on each of 3 replicas; a killed owner costs no exec", async () => 
     assert.equal(await countRun(client, sandbox), "2", "the exec after the kill ran once");
     assert.notEqual(await cluster.ownerOf(sandbox), owner);
   } finally {
+    await client.close();
+    await cluster.stop();
+  }
+});
+
+test("files and logs with the packages' executables", async () => {
+  const cluster = await startLocalCluster({ replicas: 1 });
+  const client = cluster.client();
+  const dir = mkdtempSync(join(tmpdir(), "openshell-consumer-"));
+  try {
+    const { name } = await client.sandboxes.create();
+    await client.sandboxes.waitReady(name, { timeoutMs: 60_000 });
+    // Every byte value, 1 MiB: binary-safe both ways.
+    const data = Buffer.alloc(1 << 20, 0).map((_, i) => i % 256);
+    assert.equal((await client.writeFile(name, "blob.bin", data)).bytes, data.length);
+    assert.ok((await client.readFile(name, "blob.bin")).equals(data));
+    mkdirSync(join(dir, "tree", "sub"), { recursive: true });
+    writeFileSync(join(dir, "tree", "sub", "a.txt"), "a\n");
+    assert.equal((await client.upload(name, join(dir, "tree"), "tree")).files, 1);
+    await client.download(name, "tree", join(dir, "back"));
+    assert.equal(readFileSync(join(dir, "back", "sub", "a.txt"), "utf8"), "a\n");
+
+    assert.equal((await client.exec(name, ["sh", "-c", "exit 3"])).exitCode, 3);
+    const deadline = Date.now() + 30_000;
+    for (;;) {
+      const { lines } = await client.sandboxes.logs(name, { sources: ["sandbox"] });
+      if (lines.some((l) => l.message === "exec finished" && l.fields.exit_code === "3")) break;
+      assert.ok(Date.now() < deadline, lines.map(String).join("\n"));
+      await sleep(200);
+    }
+  } finally {
+    rmSync(dir, { recursive: true, force: true });
     await client.close();
     await cluster.stop();
   }

@@ -222,6 +222,31 @@ pub(super) fn require_ready(sandbox: &openshell_proto::Sandbox) -> Result<(), St
     Ok(())
 }
 
+/// Ends an exec's answer with UNAVAILABLE when its pump stops before the
+/// exit event was sent and without saying why (a panic, or a path that
+/// forgot to): the stream never ends as if the exec had succeeded quietly.
+/// An error sent before stays the one the client sees.
+struct Ending {
+    tx: Option<mpsc::Sender<Result<Outbound, Status>>>,
+}
+
+impl Drop for Ending {
+    fn drop(&mut self) {
+        if let Some(tx) = self.tx.take()
+            && !tx.is_closed()
+        {
+            tracing::warn!("an exec's relay pump ended before the exit event");
+            tokio::spawn(async move {
+                let _ = tx
+                    .send(Err(Status::unavailable(
+                        "sandbox relay ended before the process exited",
+                    )))
+                    .await;
+            });
+        }
+    }
+}
+
 /// Relays exec events to the client until the exit event. Ends the client
 /// stream with UNAVAILABLE if the relay breaks first or the gateway stops.
 /// Output events pass as the supervisor encoded them; the rest are decoded.
@@ -232,6 +257,9 @@ async fn pump_exec_events(
     done: CancellationToken,
 ) {
     let _stop_input = done.clone().drop_guard();
+    let mut ending = Ending {
+        tx: Some(tx.clone()),
+    };
     loop {
         let message = tokio::select! {
             _ = tx.closed() => return,
@@ -267,6 +295,9 @@ async fn pump_exec_events(
                 payload: Some(relay_frame::Payload::ExecEvent(event)),
             }) => {
                 let exit = matches!(event.payload, Some(exec_sandbox_event::Payload::Exit(_)));
+                if exit {
+                    ending.tx = None;
+                }
                 if tx.send(Ok(frames::framed(&event))).await.is_err() || exit {
                     return;
                 }
