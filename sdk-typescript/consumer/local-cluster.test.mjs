@@ -6,8 +6,8 @@ import assert from "node:assert/strict";
 import { mkdirSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join } from "node:path";
-import { setTimeout as sleep } from "node:timers/promises";
 import { test } from "node:test";
+import { setTimeout as sleep } from "node:timers/promises";
 import { bundledGateway, startLocalCluster } from "@openshell/sdk/testing";
 
 async function countRun(client, sandbox) {
