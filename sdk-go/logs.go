@@ -136,9 +136,10 @@ type WatchOptions struct {
 	NoStatus bool
 	// Logs, when set, follows log lines matching it.
 	Logs *LogQuery
-	// ResumeAfter starts after this cursor (an Event's): no snapshot or
-	// replay first, exactly the events that came later. ErrOutOfRange when
-	// the gateway no longer holds them.
+	// ResumeAfter starts after this cursor (an Event's): no snapshot first,
+	// exactly the events that came later (after a replayed line's cursor,
+	// the rest of that replay first; set Logs as the watch had it).
+	// ErrOutOfRange when the gateway no longer holds them.
 	ResumeAfter string
 	// StopOnTerminal ends the watch once the sandbox is READY, COMPLETED,
 	// STOPPED or in ERROR.

@@ -85,7 +85,8 @@ export interface Logs {
 /**
  * One event of a watch; resume after its `cursor` to get what followed.
  * Without `resumeAfter` a watch starts with the sandbox as it is now (also
- * when `status` is false), then the replayed lines, which share its cursor.
+ * when `status` is false), then the replayed lines, whose cursors extend its
+ * own (resuming after one delivers the rest of the replay).
  */
 export type WatchEvent =
   | { readonly kind: "sandbox"; readonly sandbox: Sandbox; readonly cursor: string }

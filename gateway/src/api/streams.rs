@@ -263,8 +263,13 @@ async fn pump_exec_events(
     loop {
         let message = tokio::select! {
             _ = tx.closed() => return,
-            _ = done.cancelled() => return,
+            // The input side ended the exec and said why.
+            _ = done.cancelled() => {
+                ending.tx = None;
+                return;
+            }
             _ = shutdown.cancelled() => {
+                ending.tx = None;
                 let _ = tx.send(Err(Status::unavailable("gateway is shutting down"))).await;
                 return;
             }
@@ -281,6 +286,7 @@ async fn pump_exec_events(
                 None => frames::decode::<RelayFrame>(message),
             },
             None => {
+                ending.tx = None;
                 let _ = tx
                     .send(Err(Status::unavailable(
                         "sandbox relay ended before the process exited",
@@ -304,6 +310,7 @@ async fn pump_exec_events(
             }
             Ok(_) => continue,
             Err(status) => {
+                ending.tx = None;
                 let _ = tx.send(Err(relay_failure(status))).await;
                 return;
             }

@@ -184,6 +184,9 @@ impl Replay<'_> {
         tx: &mpsc::Sender<Result<SandboxStreamEvent, Status>>,
     ) -> bool {
         let read = async {
+            let lines = store.log_lines(self.id).await?;
+            // Read after the lines: a trim between the two reads raises
+            // the floor, so no line owed goes missing unnoticed.
             if self.after > 0 {
                 let floors = store
                     .events_for(self.id, self.after, false, true, 0)
@@ -192,7 +195,7 @@ impl Replay<'_> {
                     return Ok(None);
                 }
             }
-            store.log_lines(self.id).await.map(Some)
+            Ok(Some(lines))
         };
         let lines = match read.await {
             Ok(Some(lines)) => lines,

@@ -191,10 +191,8 @@ pub(super) const MIGRATIONS: &[(i64, &str, &str)] = &[
     // `record` (the prost-encoded `Sandbox` after a status change, or the
     // `SandboxLogLine`); `event_floors` holds, per sandbox, the newest seq
     // of each kind trimmed away, so a cursor older than that is known to
-    // have missed something, and the last pushed message it recorded
-    // (`push_pusher`, `push_sequence`: a retried push is not recorded twice).
-    // `config_counters.event_space` names this store's sequence space in
-    // cursors.
+    // have missed something. `config_counters.event_space` names this
+    // store's sequence space in cursors.
     (
         6,
         "ALTER TABLE sandbox_events ADD COLUMN kind TEXT NOT NULL DEFAULT 'status';
@@ -203,9 +201,7 @@ pub(super) const MIGRATIONS: &[(i64, &str, &str)] = &[
     CREATE TABLE event_floors (
         sandbox_id TEXT PRIMARY KEY,
         status_floor INTEGER NOT NULL DEFAULT 0,
-        log_floor INTEGER NOT NULL DEFAULT 0,
-        push_pusher TEXT NOT NULL DEFAULT '',
-        push_sequence INTEGER NOT NULL DEFAULT 0
+        log_floor INTEGER NOT NULL DEFAULT 0
     )",
         "ALTER TABLE sandbox_events ADD COLUMN kind TEXT NOT NULL DEFAULT 'status';
     ALTER TABLE sandbox_events ADD COLUMN record BYTEA;
@@ -213,9 +209,16 @@ pub(super) const MIGRATIONS: &[(i64, &str, &str)] = &[
     CREATE TABLE event_floors (
         sandbox_id TEXT PRIMARY KEY,
         status_floor BIGINT NOT NULL DEFAULT 0,
-        log_floor BIGINT NOT NULL DEFAULT 0,
-        push_pusher TEXT NOT NULL DEFAULT '',
-        push_sequence BIGINT NOT NULL DEFAULT 0
+        log_floor BIGINT NOT NULL DEFAULT 0
     )",
+    ),
+    // The last pushed log message recorded per sandbox (events.rs
+    // `append_logs`): a retried push is not recorded twice.
+    (
+        7,
+        "ALTER TABLE event_floors ADD COLUMN push_pusher TEXT NOT NULL DEFAULT '';
+    ALTER TABLE event_floors ADD COLUMN push_sequence INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE event_floors ADD COLUMN push_pusher TEXT NOT NULL DEFAULT '';
+    ALTER TABLE event_floors ADD COLUMN push_sequence BIGINT NOT NULL DEFAULT 0",
     ),
 ];

@@ -375,11 +375,7 @@ async fn download_tree(
             Item::Dir { rel, attrs } => {
                 let path = dest.join(rel);
                 match std::fs::create_dir(&path) {
-                    // Writable by us until the end, whatever its final mode.
-                    Ok(()) => {
-                        let _ =
-                            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700));
-                    }
+                    Ok(()) => {}
                     Err(err) if err.kind() == std::io::ErrorKind::AlreadyExists => {
                         // A link in its place is not followed: it could lead
                         // the files below out of `dest`.
@@ -395,6 +391,9 @@ async fn download_tree(
                     }
                     Err(err) => return Err(local_error(&err, "download", &path)),
                 }
+                // Writable by us until the end, whatever its final mode (a
+                // real directory by now: a link in its place was refused).
+                let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o700));
                 summary.directories += 1;
                 dirs.push((path, *attrs));
             }
