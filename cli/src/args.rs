@@ -3,6 +3,7 @@
 //! Nothing here talks to a gateway; `commands` runs what was parsed.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
@@ -223,7 +224,7 @@ pub struct LogsArgs {
     #[arg(long, value_name = "N")]
     pub tail: Option<u32>,
     /// Only lines of the last 30s, 5m, 2h, 1d...
-    #[arg(long, value_name = "AGO", value_parser = crate::commands::parse_since)]
+    #[arg(long, value_name = "AGO", value_parser = parse_since)]
     pub since: Option<std::time::Duration>,
     /// Only lines of this source: gateway or sandbox (repeatable)
     #[arg(long, value_name = "SOURCE")]
@@ -417,6 +418,29 @@ fn key_value(text: &str) -> Result<(String, String), String> {
     }
 }
 
+/// `30s`, `5m`, `2h`, `1d` (or plain seconds) back from now.
+fn parse_since(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
+        Some(at) => text.split_at(at),
+        None => (text, "s"),
+    };
+    let value: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 30s, 5m, 2h or 1d"))?;
+    let unit = match unit {
+        "s" => 1,
+        "m" => 60,
+        "h" => 3600,
+        "d" => 86_400,
+        _ => return Err(format!("{text:?} is not a duration like 30s, 5m, 2h or 1d")),
+    };
+    value
+        .checked_mul(unit)
+        .map(Duration::from_secs)
+        .ok_or_else(|| format!("{text:?} is too long ago"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -433,5 +457,17 @@ mod tests {
         assert_eq!(key_value("a=").unwrap(), ("a".into(), String::new()));
         assert!(key_value("=b").is_err());
         assert!(key_value("ab").is_err());
+    }
+
+    #[test]
+    fn since_takes_units() {
+        assert_eq!(parse_since("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_since("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_since("2h"), Ok(Duration::from_secs(7200)));
+        assert_eq!(parse_since("1d"), Ok(Duration::from_secs(86_400)));
+        assert_eq!(parse_since("45"), Ok(Duration::from_secs(45)));
+        assert!(parse_since("soon").is_err());
+        assert!(parse_since("5y").is_err());
+        assert!(parse_since("99999999999999999d").is_err());
     }
 }

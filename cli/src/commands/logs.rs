@@ -2,7 +2,7 @@
 //! (its own and the sandbox's supervisor's), and with `-f` every new one as
 //! it is recorded, resuming by itself when a replica goes away.
 
-use std::time::{Duration, SystemTime};
+use std::time::SystemTime;
 
 use futures::StreamExt;
 use openshell_sdk::{CallOptions, LogLine, LogQuery, WatchEvent, WatchOptions};
@@ -18,29 +18,6 @@ pub async fn run(args: LogsArgs, settings: &Settings) -> Result<u8, Failure> {
         Ok(result) => result.map(|()| 0),
         Err(signal_exit) => Ok(signal_exit),
     }
-}
-
-/// `30s`, `5m`, `2h`, `1d` (or plain seconds) back from now.
-pub fn parse_since(text: &str) -> Result<Duration, String> {
-    let text = text.trim();
-    let (number, unit) = match text.find(|c: char| !c.is_ascii_digit()) {
-        Some(at) => text.split_at(at),
-        None => (text, "s"),
-    };
-    let value: u64 = number
-        .parse()
-        .map_err(|_| format!("{text:?} is not a duration like 30s, 5m, 2h or 1d"))?;
-    let unit = match unit {
-        "s" => 1,
-        "m" => 60,
-        "h" => 3600,
-        "d" => 86_400,
-        _ => return Err(format!("{text:?} is not a duration like 30s, 5m, 2h or 1d")),
-    };
-    value
-        .checked_mul(unit)
-        .map(Duration::from_secs)
-        .ok_or_else(|| format!("{text:?} is too long ago"))
 }
 
 fn query(args: &LogsArgs) -> LogQuery {
@@ -106,21 +83,4 @@ async fn logs(args: LogsArgs, settings: &Settings) -> Result<(), Failure> {
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn since_takes_units() {
-        assert_eq!(parse_since("30s"), Ok(Duration::from_secs(30)));
-        assert_eq!(parse_since("5m"), Ok(Duration::from_secs(300)));
-        assert_eq!(parse_since("2h"), Ok(Duration::from_secs(7200)));
-        assert_eq!(parse_since("1d"), Ok(Duration::from_secs(86_400)));
-        assert_eq!(parse_since("45"), Ok(Duration::from_secs(45)));
-        assert!(parse_since("soon").is_err());
-        assert!(parse_since("5y").is_err());
-        assert!(parse_since("99999999999999999d").is_err());
-    }
 }

@@ -18,8 +18,6 @@ mod sandbox;
 mod signals;
 mod ssh;
 
-pub use logs::parse_since;
-
 /// Runs the parsed command line.
 pub async fn run(cli: Cli) -> Result<u8, Failure> {
     match cli.command {
