@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -269,3 +271,51 @@ def test_sync_host_session_applies_on_its_threads(hosts_gateway: HostsGateway) -
 
 
 HOSTS_HELD = "openshell_server_supervisor_hosts"
+
+
+# Run in a process of its own: where the TLS trust store is read from is
+# fixed per process. An https endpoint with no CA bundle given and no
+# system roots to read is a session that cannot run at all.
+_UNUSABLE_ENDPOINT = """
+import sys
+from openshell_sdk import SyncConfigSession, SyncHostSession
+
+def apply(*args):
+    return None
+
+session = (
+    SyncHostSession("https://127.0.0.1:1", "h-0", "t" * 43, apply=apply)
+    if sys.argv[1] == "host"
+    else SyncConfigSession("https://127.0.0.1:1", "sb-0", "t" * 43, apply=apply)
+)
+try:
+    if sys.argv[1] == "host":
+        session.run()
+    else:
+        session.start()
+        session.wait_closed(30)
+except Exception as err:
+    print("raised", type(err).__name__, err.code)
+else:
+    print("returned")
+"""
+
+
+@pytest.mark.parametrize("kind", ["host", "config"])
+def test_a_sync_session_that_cannot_run_raises_its_error(kind: str, tmp_path: Path) -> None:
+    empty = tmp_path / "no-roots.pem"
+    empty.write_text("")
+    env = {
+        **os.environ,
+        "SSL_CERT_FILE": str(empty),
+        "SSL_CERT_DIR": str(tmp_path / "no-such-dir"),
+    }
+    done = subprocess.run(
+        [sys.executable, "-c", _UNUSABLE_ENDPOINT, kind],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "raised TlsError tls", done.stdout

@@ -513,6 +513,7 @@ class SyncConfigSession(_Base):
         self._loop = loop or shared_loop()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._closing = False
 
     def start(self) -> SyncConfigSession:
         """Starts the session and its apply thread (``with`` does). Idempotent."""
@@ -539,7 +540,9 @@ class SyncConfigSession(_Base):
                     applied, reason = False, _failure(exc)
                 update._settle(applied, reason)
         except BaseException as exc:
-            if not self.closed:
+            # A session that could not run closes itself before its error
+            # arrives here: only a close() asked for hides it.
+            if not self._closing:
                 self._error = exc
 
     def wait_mode(self, mode: DeliveryMode | None = None, *, timeout: float = 30.0) -> DeliveryMode:
@@ -555,6 +558,7 @@ class SyncConfigSession(_Base):
 
     def close(self) -> None:
         """Ends the session and waits for the apply thread. Idempotent."""
+        self._closing = True
         self._native.close()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():

@@ -350,6 +350,7 @@ class SyncHostSession(_HostBase):
         self._loop = loop or shared_loop()
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._closing = False
 
     def start(self) -> SyncHostSession:
         """Starts the session and its apply threads (``with`` does). Idempotent."""
@@ -374,7 +375,9 @@ class SyncHostSession(_HostBase):
                 while (item := self._loop.run(self._next())) is not None:
                     pool.submit(self._apply_one, *item)
             except BaseException as exc:
-                if not self.closed:
+                # A session that could not run closes itself before its
+                # error arrives here: only a close() asked for hides it.
+                if not self._closing:
                     self._error = exc
 
     def run(self) -> None:
@@ -399,6 +402,7 @@ class SyncHostSession(_HostBase):
 
     def close(self) -> None:
         """Ends the session and waits for the apply threads. Idempotent."""
+        self._closing = True
         self._native.close()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
