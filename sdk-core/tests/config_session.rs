@@ -269,3 +269,60 @@ async fn a_session_that_does_not_announce_push_polls_against_a_push_gateway() {
         old.events
     );
 }
+
+/// `run` returns only after an apply call in flight has returned, so a host
+/// that tears its state down once `run` is over never races its own apply
+/// function.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn run_returns_only_after_the_apply_call_in_flight() {
+    let gw = gateway("push");
+    let client = client(&gw).await;
+    let sandbox = create_ready(&client, "in-flight").await;
+    let pid: i32 = std::fs::read_to_string(
+        gw.store_dir()
+            .join("sandboxes")
+            .join(&sandbox.id)
+            .join("supervisor.pid"),
+    )
+    .unwrap()
+    .trim()
+    .parse()
+    .unwrap();
+    let token = sandbox_token(&gw.store_dir(), &sandbox.id).expect("sandbox token");
+    signal(pid, libc::SIGSTOP);
+
+    let (started_tx, started_rx) = std::sync::mpsc::channel::<()>();
+    let started_tx = Mutex::new(started_tx);
+    let finished = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let done = finished.clone();
+    let config = ClientConfig::builder(gw.url.clone())
+        .token(token.as_str())
+        .build()
+        .unwrap();
+    let session = ConfigSession::builder(config, sandbox.id.clone())
+        .apply(Arc::new(move |_snapshot: ConfigSnapshot| {
+            let _ = started_tx.lock().unwrap().send(());
+            std::thread::sleep(Duration::from_millis(1500));
+            done.store(true, std::sync::atomic::Ordering::SeqCst);
+            ApplyOutcome::Applied
+        }))
+        .build()
+        .unwrap();
+    let cancel = CancellationToken::new();
+    let runner = {
+        let (session, cancel) = (session.clone(), cancel.clone());
+        tokio::spawn(async move { session.run(cancel).await })
+    };
+    // The first apply (the start-up poll) is under way: end the session.
+    tokio::task::spawn_blocking(move || started_rx.recv_timeout(Duration::from_secs(30)))
+        .await
+        .unwrap()
+        .expect("the apply function was called");
+    cancel.cancel();
+    runner.await.unwrap().unwrap();
+    assert!(
+        finished.load(std::sync::atomic::Ordering::SeqCst),
+        "run returned while its apply call was still running"
+    );
+    signal(pid, libc::SIGKILL);
+}

@@ -135,6 +135,8 @@ impl SupervisorHost for HostService {
         if self.hosts.is_shutting_down() || self.gateway.sessions.is_shutting_down() {
             return Err(Status::unavailable("gateway is shutting down"));
         }
+        let attempt = (hello.instance_id.as_str(), hello.connection_epoch);
+        self.hosts.refuse_stale(&host_id, attempt.0, attempt.1)?;
         let store = &self.gateway.sandboxes.store;
         if let Some(cluster) = &self.gateway.cluster
             && !hello.stay
@@ -150,7 +152,7 @@ impl SupervisorHost for HostService {
             }
             let ring = cluster.ring();
             let target = store
-                .place_host(&host_id, HOST_TTL, |seats| {
+                .place_host(&host_id, HOST_TTL, Some(attempt), |seats| {
                     placement::place(&ring, &host_id, seats)
                 })
                 .await
@@ -185,8 +187,9 @@ impl SupervisorHost for HostService {
                 &host_id,
                 &self.replica_id,
                 &session_id,
-                &hello.instance_id,
+                attempt,
                 hello.capacity,
+                HOST_TTL,
             )
             .await
             .map_err(store_status)?;
@@ -204,9 +207,9 @@ impl SupervisorHost for HostService {
         .expect("fresh channel has room");
         let closed = CancellationToken::new();
         let ended = CancellationToken::new();
-        if let Err(status) = self
-            .hosts
-            .register(&host_id, &session_id, tx.clone(), closed.clone())
+        if let Err(status) =
+            self.hosts
+                .register(&host_id, &session_id, attempt, tx.clone(), closed.clone())
         {
             // No session will hold the seat: free it now rather than let it
             // look live (and take sandboxes) until it expires.

@@ -122,6 +122,7 @@ impl GatewayService {
             return Err(Status::unavailable("gateway is shutting down"));
         }
         self.sandboxes.check_session_target(&sandbox_id).await?;
+        self.sessions.refuse_stale(&sandbox_id, hello)?;
         let session_id = uuid::Uuid::new_v4().to_string();
         if let Some(cluster) = &self.cluster
             && let Some(redirect) = self

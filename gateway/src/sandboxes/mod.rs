@@ -72,6 +72,9 @@ pub struct Sandboxes {
 pub fn store_status(err: StoreError) -> Status {
     match err {
         StoreError::NotFound => Status::not_found("sandbox not found"),
+        StoreError::Superseded(newer) => Status::aborted(format!(
+            "a newer connection (epoch {newer}) of this supervisor host holds its session"
+        )),
         StoreError::AlreadyExists => Status::already_exists("sandbox already exists"),
         StoreError::NoHost => Status::unavailable("no supervisor host is connected"),
         StoreError::HostsFull => Status::resource_exhausted(

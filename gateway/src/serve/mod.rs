@@ -489,7 +489,7 @@ async fn hand_off_hosts(
     for host_id in hosts.begin_shutdown() {
         let placed = tokio::time::timeout_at(
             deadline,
-            store.place_host(&host_id, HOST_TTL, |seats| {
+            store.place_host(&host_id, HOST_TTL, None, |seats| {
                 crate::cluster::placement::place(ring, &host_id, seats)
             }),
         )

@@ -20,6 +20,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
 use crate::metrics::Metrics;
+use crate::sessions::{is_stale, stale_status};
 
 /// A host seat not renewed for this long (database time) is free: the
 /// host no longer counts for placement and gets no new sandboxes.
@@ -29,6 +30,9 @@ pub type HostOutbound = mpsc::Sender<Result<HostGatewayMessage, Status>>;
 
 struct HostEntry {
     session_id: String,
+    /// The host instance and connection attempt that opened it.
+    instance_id: String,
+    epoch: u64,
     tx: HostOutbound,
     closed: CancellationToken,
     /// Sandboxes in the assignment last sent.
@@ -56,27 +60,50 @@ impl HostSessions {
         self.shutting_down.load(Ordering::SeqCst)
     }
 
+    /// Refuses a hello from an attempt older than the live session of the
+    /// same host instance here ([`crate::sessions::is_stale`]).
+    pub fn refuse_stale(&self, host_id: &str, instance_id: &str, epoch: u64) -> Result<(), Status> {
+        match self.hosts.lock().unwrap().get(host_id) {
+            Some(live) if is_stale((&live.instance_id, live.epoch), instance_id, epoch) => {
+                Err(stale_status(epoch, live.epoch))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Registers a host's accepted session; an older session of the same
-    /// host here is closed.
+    /// host here is closed. A hello from an attempt older than the live
+    /// session of the same host instance is refused instead.
     pub fn register(
         &self,
         host_id: &str,
         session_id: &str,
+        (instance_id, epoch): (&str, u64),
         tx: HostOutbound,
         closed: CancellationToken,
     ) -> Result<(), Status> {
         if self.is_shutting_down() {
             return Err(Status::unavailable("gateway is shutting down"));
         }
-        let previous = self.hosts.lock().unwrap().insert(
-            host_id.to_owned(),
-            HostEntry {
-                session_id: session_id.to_owned(),
-                tx,
-                closed,
-                assigned: 0,
-            },
-        );
+        let previous = {
+            let mut hosts = self.hosts.lock().unwrap();
+            if let Some(live) = hosts.get(host_id)
+                && is_stale((&live.instance_id, live.epoch), instance_id, epoch)
+            {
+                return Err(stale_status(epoch, live.epoch));
+            }
+            hosts.insert(
+                host_id.to_owned(),
+                HostEntry {
+                    session_id: session_id.to_owned(),
+                    instance_id: instance_id.to_owned(),
+                    epoch,
+                    tx,
+                    closed,
+                    assigned: 0,
+                },
+            )
+        };
         match previous {
             Some(old) => old.closed.cancel(),
             None => {

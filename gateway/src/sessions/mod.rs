@@ -157,6 +157,26 @@ struct Session {
     accepted_at: std::time::Instant,
     /// Sent home to its ring owner: its end is not a lost supervisor.
     moving: Arc<AtomicBool>,
+    /// The supervisor instance and connection attempt that opened it.
+    instance_id: String,
+    epoch: u64,
+}
+
+/// Whether a hello of `instance_id` with connection `epoch` comes from an
+/// attempt older than the session `existing`'s: the same supervisor
+/// instance has since connected again, so this hello is a late arrival of
+/// an attempt it gave up. A different instance (a restarted supervisor)
+/// always takes over.
+pub fn is_stale(existing: (&str, u64), instance_id: &str, epoch: u64) -> bool {
+    !instance_id.is_empty() && existing.0 == instance_id && existing.1 > epoch
+}
+
+/// The refusal of a stale hello.
+pub fn stale_status(epoch: u64, newer: u64) -> Status {
+    Status::aborted(format!(
+        "connection epoch {epoch} is older than this supervisor's live session \
+         (epoch {newer}): a newer connection holds the session"
+    ))
 }
 
 struct Pending {
@@ -348,6 +368,24 @@ impl Sessions {
         self.sessions.lock().unwrap().contains_key(sandbox_id)
     }
 
+    /// Refuses a hello from an attempt older than the live session of the
+    /// same supervisor instance here (see [`is_stale`]), before any work is
+    /// done for it. [`Sessions::accept`] checks again as it registers.
+    pub fn refuse_stale(&self, sandbox_id: &str, hello: &SupervisorHello) -> Result<(), Status> {
+        match self.sessions.lock().unwrap().get(sandbox_id) {
+            Some(live)
+                if is_stale(
+                    (&live.instance_id, live.epoch),
+                    &hello.instance_id,
+                    hello.connection_epoch,
+                ) =>
+            {
+                Err(stale_status(hello.connection_epoch, live.epoch))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Reads the hello of a new session.
     pub async fn read_hello(
         inbound: &mut Streaming<SupervisorMessage>,
@@ -416,17 +454,33 @@ impl Sessions {
         };
         tx.try_send(Ok(accepted)).expect("fresh channel has room");
         let closed = CancellationToken::new();
-        let previous = self.sessions.lock().unwrap().insert(
-            sandbox_id.clone(),
-            Session {
-                id: session_id.clone(),
-                tx: tx.clone(),
-                closed: closed.clone(),
-                supports_redirect: hello.supports_session_redirect,
-                accepted_at: std::time::Instant::now(),
-                moving: Arc::new(AtomicBool::new(false)),
-            },
-        );
+        let previous = {
+            let mut sessions = self.sessions.lock().unwrap();
+            // Checked and replaced under one lock: of two attempts of one
+            // supervisor racing here, the older never displaces the newer.
+            if let Some(live) = sessions.get(&sandbox_id)
+                && is_stale(
+                    (&live.instance_id, live.epoch),
+                    &hello.instance_id,
+                    hello.connection_epoch,
+                )
+            {
+                return Err(stale_status(hello.connection_epoch, live.epoch));
+            }
+            sessions.insert(
+                sandbox_id.clone(),
+                Session {
+                    id: session_id.clone(),
+                    tx: tx.clone(),
+                    closed: closed.clone(),
+                    supports_redirect: hello.supports_session_redirect,
+                    accepted_at: std::time::Instant::now(),
+                    moving: Arc::new(AtomicBool::new(false)),
+                    instance_id: hello.instance_id.clone(),
+                    epoch: hello.connection_epoch,
+                },
+            )
+        };
         match previous {
             Some(old) => old.closed.cancel(),
             None => {
@@ -469,6 +523,9 @@ impl Sessions {
             let mut lost = false;
             loop {
                 tokio::select! {
+                    // First: once replaced, no late message of this session
+                    // is handled (a newer session owns the sandbox).
+                    biased;
                     _ = closed.cancelled() => break,
                     _ = tokio::time::sleep_until(idle_deadline) => {
                         tracing::warn!(sandbox_id, "supervisor session idle; closing");
@@ -519,7 +576,7 @@ impl Sessions {
                                     }
                                     continue;
                                 }
-                                this.on_supervisor_message(message);
+                                this.on_supervisor_message(&session_id, message);
                             }
                             None | Some(Err(_)) => break,
                         }
@@ -555,6 +612,8 @@ impl Sessions {
                 supports_redirect: false,
                 accepted_at: std::time::Instant::now(),
                 moving: Arc::new(AtomicBool::new(false)),
+                instance_id: String::new(),
+                epoch: 0,
             },
         );
         let stream = GatewayStream {
@@ -565,11 +624,12 @@ impl Sessions {
         (tx, stream, closed)
     }
 
-    fn on_supervisor_message(&self, message: SupervisorMessage) {
+    fn on_supervisor_message(&self, session_id: &str, message: SupervisorMessage) {
         match message.payload {
             Some(supervisor_message::Payload::RelayOpenResult(result)) if !result.success => {
                 let error = result.error.chars().take(512).collect::<String>();
                 self.fail_pending(
+                    session_id,
                     &result.channel_id,
                     Status::unavailable(format!("supervisor relay failed: {error}")),
                 );
@@ -577,6 +637,7 @@ impl Sessions {
             Some(supervisor_message::Payload::RelayClose(close)) => {
                 let reason = close.reason.chars().take(512).collect::<String>();
                 self.fail_pending(
+                    session_id,
                     &close.channel_id,
                     Status::unavailable(format!("supervisor closed the relay: {reason}")),
                 );
@@ -585,8 +646,15 @@ impl Sessions {
         }
     }
 
-    fn fail_pending(&self, channel_id: &str, status: Status) {
-        if let Some(pending) = self.pending.lock().unwrap().remove(channel_id) {
+    /// Fails a relay waiting for its supervisor, if session `session_id`
+    /// was asked to open it (another session's word does not count).
+    fn fail_pending(&self, session_id: &str, channel_id: &str, status: Status) {
+        let mut pending = self.pending.lock().unwrap();
+        if pending
+            .get(channel_id)
+            .is_some_and(|p| p.session_id == session_id)
+            && let Some(pending) = pending.remove(channel_id)
+        {
             let _ = pending.reply.send(Err(status));
         }
     }

@@ -63,10 +63,15 @@ impl Store {
     /// replica from them, and seats the host there (no session yet) before
     /// answering, so the next arrival counts it. `None` from `choose`
     /// changes nothing.
+    ///
+    /// `attempt` (the arriving hello's instance id and connection epoch):
+    /// an attempt older than the live session of the same host instance
+    /// changes nothing and fails [`StoreError::Superseded`].
     pub async fn place_host(
         &self,
         host_id: &str,
         ttl: Duration,
+        attempt: Option<(&str, u64)>,
         choose: impl FnOnce(&[HostSeat]) -> Option<String>,
     ) -> Result<Option<String>, StoreError> {
         self.bounded(async {
@@ -76,6 +81,13 @@ impl Store {
                     .bind(HOST_PLACEMENT_LOCK)
                     .execute(&mut *tx)
                     .await?;
+            }
+            if let Some((instance_id, epoch)) = attempt
+                && let Some(newer) = self
+                    .newer_host_session(&mut tx, host_id, instance_id, epoch, ttl)
+                    .await?
+            {
+                return Err(StoreError::Superseded(newer));
             }
             let sql = format!(
                 "SELECT id, replica_id FROM hosts
@@ -111,19 +123,36 @@ impl Store {
         .await
     }
 
-    /// Records that `replica_id` holds the host's session `session_id`.
+    /// Records that `replica_id` holds the host's session `session_id`,
+    /// opened by connection `epoch` of host instance `instance_id`. Fails
+    /// [`StoreError::Superseded`], changing nothing, when a live session of
+    /// the same instance came from a later attempt (on any replica).
     pub async fn hold_host(
         &self,
         host_id: &str,
         replica_id: &str,
         session_id: &str,
-        instance_id: &str,
+        (instance_id, epoch): (&str, u64),
         capacity: u32,
+        ttl: Duration,
     ) -> Result<(), StoreError> {
         self.bounded(async {
+            let mut tx = self.begin_write().await?;
+            if self.dialect == Dialect::Postgres {
+                sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                    .bind(HOST_PLACEMENT_LOCK)
+                    .execute(&mut *tx)
+                    .await?;
+            }
+            if let Some(newer) = self
+                .newer_host_session(&mut tx, host_id, instance_id, epoch, ttl)
+                .await?
+            {
+                return Err(StoreError::Superseded(newer));
+            }
             let sql = format!(
                 "UPDATE hosts SET replica_id = $1, session_id = $2, instance_id = $3,
-                    capacity = $4, seen_ms = {} WHERE id = $5",
+                    capacity = $4, connection_epoch = $5, seen_ms = {} WHERE id = $6",
                 self.dialect.now_ms()
             );
             sqlx::query(AssertSqlSafe(sql))
@@ -131,12 +160,47 @@ impl Store {
                 .bind(session_id)
                 .bind(instance_id)
                 .bind(i64::from(capacity))
+                .bind(epoch_column(epoch))
                 .bind(host_id)
-                .execute(&self.pool)
+                .execute(&mut *tx)
                 .await?;
+            tx.commit().await?;
             Ok(())
         })
         .await
+    }
+
+    /// Inside a host placement transaction: the epoch of the host's live
+    /// session (renewed within `ttl`) when it is the same instance's and
+    /// newer than `epoch`.
+    async fn newer_host_session(
+        &self,
+        tx: &mut sqlx::Transaction<'static, sqlx::Any>,
+        host_id: &str,
+        instance_id: &str,
+        epoch: u64,
+        ttl: Duration,
+    ) -> Result<Option<u64>, StoreError> {
+        let sql = format!(
+            "SELECT instance_id, connection_epoch FROM hosts
+             WHERE id = $1 AND replica_id IS NOT NULL AND session_id <> ''
+               AND seen_ms > {} - $2",
+            self.dialect.now_ms()
+        );
+        let Some(row) = sqlx::query(AssertSqlSafe(sql))
+            .bind(host_id)
+            .bind(ttl.as_millis() as i64)
+            .fetch_optional(&mut **tx)
+            .await?
+        else {
+            return Ok(None);
+        };
+        let live_instance: String = row.get(0);
+        let live_epoch = row.get::<i64, _>(1).max(0) as u64;
+        Ok(
+            crate::sessions::is_stale((&live_instance, live_epoch), instance_id, epoch)
+                .then_some(live_epoch),
+        )
     }
 
     /// Renews the host's seat if session `session_id` still holds it.
@@ -238,4 +302,11 @@ impl Store {
             .map(|(_, id, _)| id)
             .ok_or(StoreError::HostsFull)
     }
+}
+
+/// Epochs are u64 on the wire and BIGINT in the store: larger ones are
+/// stored as the largest BIGINT (no client counts that far; the order of
+/// those it does count is kept).
+fn epoch_column(epoch: u64) -> i64 {
+    i64::try_from(epoch).unwrap_or(i64::MAX)
 }

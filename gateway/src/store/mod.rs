@@ -98,6 +98,10 @@ pub enum StoreError {
     HostsFull,
     #[error("not found")]
     NotFound,
+    /// A live session of the same supervisor host instance came from a
+    /// later connection attempt (its epoch).
+    #[error("a newer connection (epoch {0}) holds the host's session")]
+    Superseded(u64),
     #[error("store: {0}")]
     Db(#[from] sqlx::Error),
     #[error("store: corrupt record: {0}")]

@@ -221,4 +221,12 @@ pub(super) const MIGRATIONS: &[(i64, &str, &str)] = &[
         "ALTER TABLE event_floors ADD COLUMN push_pusher TEXT NOT NULL DEFAULT '';
     ALTER TABLE event_floors ADD COLUMN push_sequence BIGINT NOT NULL DEFAULT 0",
     ),
+    // The connection attempt of the session that holds each host's seat
+    // (hosts.rs `hold_host`): an older attempt of the same host instance
+    // arriving late never takes the seat from a newer one.
+    (
+        9,
+        "ALTER TABLE hosts ADD COLUMN connection_epoch INTEGER NOT NULL DEFAULT 0",
+        "ALTER TABLE hosts ADD COLUMN connection_epoch BIGINT NOT NULL DEFAULT 0",
+    ),
 ];
