@@ -73,8 +73,18 @@ pub struct LimitLabels {
     pub resource: &'static str,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HostLostLabels {
+    /// restarted, waiting, error (the sandbox stays on its host) or
+    /// adopted (a sandbox of the other driver).
+    pub outcome: &'static str,
+}
+
 pub struct Metrics {
     registry: Registry,
+    /// Sandboxes of lost supervisor hosts (and of another driver), by what
+    /// became of them.
+    pub host_lost: Family<HostLostLabels, Counter>,
     /// Sandboxes created without a limit they asked for (or the gateway's
     /// defaults set) because this host cannot enforce it
     /// (`--resource-limits auto`).
@@ -115,6 +125,17 @@ impl Metrics {
         let routed_requests = Family::<RouteLabels, Counter>::default();
         let isolation = Family::<IsolationLabels, Gauge>::default();
         let limits_unenforced = Family::<LimitLabels, Counter>::default();
+        let host_lost = Family::<HostLostLabels, Counter>::default();
+        registry.register(
+            "openshell_server_sandboxes_host_lost",
+            "Sandboxes whose supervisor host was lost (or that another driver started), by \
+             outcome: restarted on a live host, waiting for one with room, error (kept on \
+             the lost host) or adopted (the driver changed)",
+            host_lost.clone(),
+        );
+        for outcome in ["restarted", "waiting", "error", "adopted"] {
+            let _ = host_lost.get_or_create(&HostLostLabels { outcome });
+        }
         registry.register(
             "openshell_server_sandbox_limits_unenforced",
             "Sandboxes created without a resource limit they asked for (or the defaults set) \
@@ -230,6 +251,7 @@ impl Metrics {
         );
         Arc::new(Self {
             limits_unenforced,
+            host_lost,
             store_fault_delay_ms,
             store_fault_down,
             registry,

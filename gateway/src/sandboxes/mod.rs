@@ -15,6 +15,7 @@
 //! a cancelled call never leaves a supervisor that nobody recorded.
 
 pub mod driver;
+mod failover;
 pub mod limits;
 pub mod logs;
 mod recovery;
@@ -36,7 +37,7 @@ use tonic::Status;
 
 use crate::auth;
 use crate::cluster::Cluster;
-use crate::metrics::LimitLabels;
+use crate::metrics::{HostLostLabels, LimitLabels};
 use crate::sandboxes::driver::{ProcessDriver, SupervisorExit};
 use crate::sandboxes::limits::{LIMITS_NOT_ENFORCED, LimitPolicy, Limits};
 use crate::sandboxes::watch::WatchHub;
@@ -45,6 +46,8 @@ use crate::sessions::routing::OWNER_TTL;
 use crate::sessions::{SessionEnd, SessionHooks, Sessions};
 use crate::store::{PolicySeed, Store, StoreError};
 use crate::validate;
+
+pub use failover::{Failover, HostLostPolicy};
 
 const DEFAULT_PAGE: i32 = 100;
 /// Condition type on a sandbox created with `spec.template.image`.
@@ -67,6 +70,8 @@ pub struct Sandboxes {
     pub limits: LimitPolicy,
     /// `openshell_server_sandbox_limits_unenforced_total`.
     pub limits_unenforced: Family<LimitLabels, Counter>,
+    /// `openshell_server_sandboxes_host_lost_total`.
+    pub host_lost: Family<HostLostLabels, Counter>,
 }
 
 pub fn store_status(err: StoreError) -> Status {
@@ -556,6 +561,7 @@ impl SessionHooks for Sandboxes {
                     "SupervisorConnected",
                     "supervisor session accepted",
                 );
+                failover::clear_host_wait(s);
                 s.host_key_fingerprint = fingerprint.to_owned();
             })
             .await

@@ -48,6 +48,12 @@ impl Sandboxes {
                 self.finish_delete(&id, stored.supervisor_pid).await.ok();
                 continue;
             }
+            if self.pool.is_none() && self.adopt_from_host(&id).await? {
+                // It ran on a supervisor host (`--driver hosts` before):
+                // it gets a supervisor here like any whose supervisor is
+                // gone (no pid is recorded for a pooled sandbox).
+                stored.supervisor_pid = 0;
+            }
             let held_elsewhere = self.cluster.is_some()
                 && matches!(self.store.owner(&id, OWNER_TTL).await, Ok(Some(_)));
             if phase == SandboxPhase::Ready && !held_elsewhere {
@@ -62,6 +68,23 @@ impl Sandboxes {
             }
             if self.pool.is_some() {
                 // Pooled: its host runs it; there is no supervisor to adopt.
+                // A supervisor of its own (the process driver ran before)
+                // stops: the lost-host sweep restarts the sandbox on a host.
+                if let Ok(pid) = i32::try_from(stored.supervisor_pid)
+                    && pid > 0
+                {
+                    if crate::sandboxes::driver::is_our_supervisor(pid, &id) {
+                        tracing::info!(
+                            sandbox_id = id,
+                            pid,
+                            "stopping a process-driver supervisor"
+                        );
+                        self.driver.stop_process(&id, pid).await;
+                    }
+                    self.store
+                        .swap_supervisor(&id, stored.supervisor_pid, 0, None)
+                        .await?;
+                }
                 continue;
             }
             let mut alive = i32::try_from(stored.supervisor_pid)

@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::Args;
 
 use crate::config::delivery::{self, DeliveryMode};
+use crate::sandboxes::HostLostPolicy;
 use crate::sandboxes::driver::{DriverKind, IsolationArg};
 use crate::sandboxes::limits::{self, Limits, LimitsMode};
 use crate::secret::Secret;
@@ -194,6 +195,22 @@ pub struct ServeArgs {
     /// the supervisor side itself.
     #[arg(long, value_enum, default_value = "process")]
     pub driver: DriverKind,
+    /// `--driver hosts`: seconds a supervisor host may have no session
+    /// before it counts as lost and `--host-lost-policy` applies to its
+    /// sandboxes (at least 20: a live host's seat is renewed every 5 s at
+    /// most, and a silent session is closed after 15 s).
+    #[arg(long, value_name = "SECONDS", default_value_t = 45,
+          value_parser = clap::value_parser!(u64).range(20..=86_400))]
+    pub host_lost_after: u64,
+    /// Test knob: `--host-lost-after` in milliseconds, below its minimum.
+    #[arg(long, hide = true)]
+    pub host_lost_after_ms: Option<u64>,
+    /// What becomes of a lost host's sandboxes: `restart` starts each again
+    /// on a live host with room (condition `HostLost`, reason `Restarted`;
+    /// their files stayed on the lost host), `error` leaves them assigned
+    /// to it in phase ERROR until it returns.
+    #[arg(long, value_enum, default_value = "restart")]
+    pub host_lost_policy: HostLostPolicy,
     /// How sandbox processes are isolated: `namespaces` (their own user, PID
     /// and mount namespaces as an unprivileged uid, the data directory and
     /// the gateway's secret files hidden; needs root), `none`, or `auto`
@@ -267,6 +284,16 @@ fn optional(text: &str, parse: fn(&str) -> Result<u64, String>) -> Result<Option
 }
 
 /// The `--sandbox-*` defaults.
+impl ServeArgs {
+    /// `--host-lost-after` (or its test knob in milliseconds).
+    pub fn host_lost_after(&self) -> std::time::Duration {
+        match self.host_lost_after_ms {
+            Some(ms) => std::time::Duration::from_millis(ms.max(1)),
+            None => std::time::Duration::from_secs(self.host_lost_after),
+        }
+    }
+}
+
 pub fn default_limits(args: &ServeArgs) -> Limits {
     Limits {
         memory: args.sandbox_memory,

@@ -233,8 +233,33 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         pool: (args.driver == DriverKind::Hosts).then(|| host_sessions.clone()),
         limits,
         limits_unenforced: metrics.limits_unenforced.clone(),
+        host_lost: metrics.host_lost.clone(),
     });
     sandboxes.recover().await.context("recovering sandboxes")?;
+    if args.driver == DriverKind::Hosts {
+        let failover = crate::sandboxes::Failover {
+            lost_after: args.host_lost_after(),
+            policy: args.host_lost_policy,
+        };
+        // A live host's seat is renewed this often: a bound that is not
+        // well past it would count live hosts as lost.
+        let renewal = Duration::from_millis(args.heartbeat_ms.max(100))
+            .min(crate::sessions::hosts::HOST_TTL / 4);
+        if failover.lost_after <= renewal * 2 {
+            anyhow::bail!(
+                "the host-lost bound ({} ms) must be more than twice the host seat renewal \
+                 period ({} ms)",
+                failover.lost_after.as_millis(),
+                renewal.as_millis()
+            );
+        }
+        tracing::info!(
+            lost_after_s = failover.lost_after.as_secs_f64(),
+            policy = ?failover.policy,
+            "sandboxes of lost supervisor hosts"
+        );
+        tokio::spawn(sandboxes.clone().watch_lost_hosts(failover));
+    }
     tokio::spawn(sandboxes.clone().follow_events());
     tokio::spawn(sandboxes.clone().report_unreachable_gateways());
     tokio::spawn(crate::api::ssh_sessions::purge_ended(

@@ -12,7 +12,7 @@ use super::*;
 
 /// PostgreSQL advisory lock keys (the migration uses 7167001).
 const HOST_PLACEMENT_LOCK: i64 = 7_167_002;
-const SANDBOX_PLACEMENT_LOCK: i64 = 7_167_003;
+pub(super) const SANDBOX_PLACEMENT_LOCK: i64 = 7_167_003;
 
 /// A host the store counts against a replica: its session is held there,
 /// or a redirect sent it there a moment ago.
@@ -262,11 +262,13 @@ impl Store {
     }
 
     /// Inside a sandbox insert: the live host (a session renewed within
-    /// `ttl`) with the fewest sandboxes and room for one more.
+    /// `ttl`) with the fewest sandboxes and room for one more, other than
+    /// `except`.
     pub(super) async fn pick_host(
         &self,
         tx: &mut sqlx::Transaction<'static, sqlx::Any>,
         ttl: Duration,
+        except: Option<&str>,
     ) -> Result<String, StoreError> {
         if self.dialect == Dialect::Postgres {
             sqlx::query("SELECT pg_advisory_xact_lock($1)")
@@ -285,6 +287,7 @@ impl Store {
             .fetch_all(&mut **tx)
             .await?
             .iter()
+            .filter(|r| except.is_none_or(|host| r.get::<String, _>(0) != host))
             .map(|r| {
                 (
                     r.get::<i64, _>(2),

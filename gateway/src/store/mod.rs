@@ -32,6 +32,7 @@
 //! differences.
 
 mod events;
+mod failover;
 mod fault;
 mod hosts;
 pub mod layout;
@@ -40,6 +41,7 @@ mod schema;
 mod ssh_sessions;
 
 pub use events::{DELETED_TTL, EventKind};
+pub use failover::{Placement, Stranded};
 pub use fault::StoreFault;
 pub use hosts::HostSeat;
 
@@ -442,7 +444,7 @@ impl Store {
                 .unwrap_or_default();
             let mut tx = self.begin_write().await?;
             let host = match pool_ttl {
-                Some(ttl) => Some(self.pick_host(&mut tx, ttl).await?),
+                Some(ttl) => Some(self.pick_host(&mut tx, ttl, None).await?),
                 None => None,
             };
             let result = sqlx::query(

@@ -3,6 +3,7 @@
 #![allow(dead_code)]
 
 pub mod forward;
+pub mod hosts;
 pub mod raw_call;
 pub mod raw_host;
 
