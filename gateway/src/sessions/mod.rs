@@ -162,14 +162,7 @@ struct Session {
     epoch: u64,
 }
 
-/// Whether a hello of `instance_id` with connection `epoch` comes from an
-/// attempt older than the session `existing`'s: the same supervisor
-/// instance has since connected again, so this hello is a late arrival of
-/// an attempt it gave up. A different instance (a restarted supervisor)
-/// always takes over.
-pub fn is_stale(existing: (&str, u64), instance_id: &str, epoch: u64) -> bool {
-    !instance_id.is_empty() && existing.0 == instance_id && existing.1 > epoch
-}
+pub use crate::store::is_stale;
 
 /// The refusal of a stale hello.
 pub fn stale_status(epoch: u64, newer: u64) -> Status {

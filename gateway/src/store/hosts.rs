@@ -197,10 +197,7 @@ impl Store {
         };
         let live_instance: String = row.get(0);
         let live_epoch = row.get::<i64, _>(1).max(0) as u64;
-        Ok(
-            crate::sessions::is_stale((&live_instance, live_epoch), instance_id, epoch)
-                .then_some(live_epoch),
-        )
+        Ok(is_stale((&live_instance, live_epoch), instance_id, epoch).then_some(live_epoch))
     }
 
     /// Renews the host's seat if session `session_id` still holds it.

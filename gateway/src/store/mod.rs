@@ -45,6 +45,15 @@ pub use failover::{Placement, Stranded};
 pub use fault::StoreFault;
 pub use hosts::HostSeat;
 
+/// Whether a hello of `instance_id` with connection `epoch` comes from an
+/// attempt older than the session `existing`'s: the same supervisor (or
+/// host) instance has since connected again, so this hello is a late
+/// arrival of an attempt it gave up. A different instance (a restarted
+/// supervisor) always takes over.
+pub fn is_stale(existing: (&str, u64), instance_id: &str, epoch: u64) -> bool {
+    !instance_id.is_empty() && existing.0 == instance_id && existing.1 > epoch
+}
+
 use std::future::Future;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
