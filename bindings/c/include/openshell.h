@@ -168,6 +168,10 @@ typedef struct OsHostSession OsHostSession;
 // free it with [`openshell_local_cluster_free`].
 typedef struct OsLocalCluster OsLocalCluster;
 
+// Completions taken together; freed by the next [`openshell_queue_take`]
+// or by [`openshell_queue_batch_free`].
+typedef struct OsQueueBatch OsQueueBatch;
+
 // A stream. Receive with [`openshell_stream_next`], send with
 // [`openshell_stream_send`]; free with [`openshell_stream_free`].
 typedef struct OsStream OsStream;
@@ -361,6 +365,14 @@ typedef struct OsHostSessionStats {
   // Whether the last hello carried `stay`.
   bool stay;
 } OsHostSessionStats;
+
+// One completion taken from the queue: the `user_data` its export was
+// given and the completion, whose views stay valid until the batch that
+// holds it is freed.
+typedef struct OsQueued {
+  size_t user_data;
+  struct OsCompletion completion;
+} OsQueued;
 
 // The apply callback: called on a blocking thread of the library, one call
 // at a time, only for a snapshot that differs from the last applied one.
@@ -654,7 +666,10 @@ int32_t openshell_host_session_new(struct OsClientOptions client,
 // Runs the host session (hello, redirects, sticky redials, fallbacks, the
 // assigned sandboxes' sessions and their configuration) until `cancel` is
 // cancelled; then the callback fires (`OS_OK`). An unusable endpoint
-// completes with its error. `cancel` is required.
+// completes with its error. `cancel` is required. One run at a time, as
+// for [`openshell_config_session_run`]:
+// a second run while one is under way completes at once with
+// `failed_precondition`.
 int32_t openshell_host_session_run(const struct OsHostSession *session,
                                    const struct OsCancel *cancel,
                                    OsCallback callback,
@@ -673,6 +688,28 @@ struct OsOwnedBytes openshell_host_session_text(const struct OsHostSession *sess
 // session keeps going until its token is cancelled.
 void openshell_host_session_free(struct OsHostSession *session);
 
+// The callback that queues: pass it as the `callback` of an async export.
+// It copies the completion into the queue with `user_data` and, when the
+// consumer waits, rings the doorbell. Never blocks.
+void openshell_queue_complete(size_t user_data, const struct OsCompletion *completion);
+
+// The read end of the queue's doorbell (non-blocking; owned by the
+// library, never close it), creating the queue on first use; -1 when the
+// socket pair could not be made (then do not use the queue).
+int32_t openshell_queue_fd(void);
+
+// Frees `previous` (a batch from an earlier take, or null) and takes every
+// queued completion: returns their batch with `*items` and `*len` set, or
+// null with `*len` 0 when the queue is empty. A null return arms the
+// doorbell: the next completion writes one byte to [`openshell_queue_fd`];
+// read it once the fd is readable, then take again.
+struct OsQueueBatch *openshell_queue_take(struct OsQueueBatch *previous,
+                                          const struct OsQueued **items,
+                                          size_t *len);
+
+// Frees a batch (null is ignored).
+void openshell_queue_batch_free(struct OsQueueBatch *batch);
+
 // Answers an apply call and frees `reply`: an empty `reason` applies the
 // snapshot, a non-empty one rejects it (the reason goes to the gateway,
 // bounded and scrubbed of provider values by the core).
@@ -688,7 +725,9 @@ int32_t openshell_config_session_new(struct OsClientOptions client,
 
 // Runs the session (startup poll, hello, pushed or polled updates,
 // redirects, reconnects) until `cancel` is cancelled; then the callback
-// fires (`OS_OK`). `cancel` is required.
+// fires (`OS_OK`). `cancel` is required. One run at a time: while a run of
+// this session is under way, another completes at once with
+// `failed_precondition` and changes nothing (the first goes on).
 int32_t openshell_config_session_run(const struct OsConfigSession *session,
                                      const struct OsCancel *cancel,
                                      OsCallback callback,

@@ -128,6 +128,24 @@ impl Drop for Completer {
     }
 }
 
+/// What a failed operation reports: a core error, or an error the library
+/// makes itself (a refusal no core error names).
+pub(crate) trait Failure {
+    fn parts(&self) -> ErrorParts;
+}
+
+impl Failure for Error {
+    fn parts(&self) -> ErrorParts {
+        ErrorParts::of(self)
+    }
+}
+
+impl Failure for ErrorParts {
+    fn parts(&self) -> ErrorParts {
+        self.clone()
+    }
+}
+
 /// Starts an async export: `prepare` reads and copies the arguments on the
 /// calling thread and returns the future, which then runs on the runtime
 /// and reports its outcome through the callback (a panic inside it becomes
@@ -141,6 +159,27 @@ impl Drop for Completer {
 pub(crate) fn start<F>(callback: OsCallback, user_data: usize, prepare: impl FnOnce() -> F) -> i32
 where
     F: Future<Output = Result<Outcome, Error>> + Send + 'static,
+{
+    start_any(callback, user_data, prepare)
+}
+
+/// [`start`] for a future that fails with an error the library made
+/// itself.
+pub(crate) fn start_parts<F>(
+    callback: OsCallback,
+    user_data: usize,
+    prepare: impl FnOnce() -> F,
+) -> i32
+where
+    F: Future<Output = Result<Outcome, ErrorParts>> + Send + 'static,
+{
+    start_any(callback, user_data, prepare)
+}
+
+fn start_any<F, E>(callback: OsCallback, user_data: usize, prepare: impl FnOnce() -> F) -> i32
+where
+    F: Future<Output = Result<Outcome, E>> + Send + 'static,
+    E: Failure,
 {
     if callback.is_none() {
         return OS_INVALID;
@@ -161,14 +200,15 @@ where
 
 /// Runs `fut` on `runtime` and reports its outcome through `completer`;
 /// a panic inside becomes error code `panic`.
-fn spawn_on<F>(runtime: &tokio::runtime::Runtime, completer: Completer, fut: F)
+fn spawn_on<F, E>(runtime: &tokio::runtime::Runtime, completer: Completer, fut: F)
 where
-    F: Future<Output = Result<Outcome, Error>> + Send + 'static,
+    F: Future<Output = Result<Outcome, E>> + Send + 'static,
+    E: Failure,
 {
     runtime.spawn(async move {
         let result = match AssertUnwindSafe(fut).catch_unwind().await {
             Ok(Ok(outcome)) => Ok(outcome),
-            Ok(Err(err)) => Err(ErrorParts::of(&err)),
+            Ok(Err(err)) => Err(err.parts()),
             Err(payload) => Err(ErrorParts::panic(payload)),
         };
         completer.finish(result);

@@ -4,13 +4,14 @@
 //! handle as a config session's ([`openshell_apply_reply`]).
 
 use std::panic::AssertUnwindSafe;
-use std::sync::mpsc;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, mpsc};
 
 use openshell_sdk::{ApplyOutcome, CancellationToken, ConfigSnapshot, Error, HostSession};
 
 use crate::client::OsClientOptions;
-use crate::complete::{OsCallback, Outcome, start};
-use crate::session::{OsApplyReply, client_config, snapshot_bytes};
+use crate::complete::{OsCallback, Outcome, start_parts};
+use crate::session::{OsApplyReply, RunClaim, already_running, client_config, snapshot_bytes};
 use crate::types::{
     ErrorParts, OS_ERROR, OS_INVALID, OS_OK, OsBytes, OsCancel, OsErrorBox, OsOwnedBytes,
     guard_sync, put_error,
@@ -53,6 +54,7 @@ pub struct OsHostSessionOptions {
 /// with [`openshell_host_session_free`].
 pub struct OsHostSession {
     session: HostSession,
+    running: Arc<AtomicBool>,
 }
 
 /// Counters of a host session.
@@ -130,7 +132,8 @@ pub unsafe extern "C" fn openshell_host_session_new(
     }
     guard_sync(|| match build(&client, member_id, &options) {
         Ok(session) => {
-            unsafe { *out = Box::into_raw(Box::new(OsHostSession { session })) };
+            let running = Arc::default();
+            unsafe { *out = Box::into_raw(Box::new(OsHostSession { session, running })) };
             OS_OK
         }
         Err(err) => {
@@ -143,7 +146,10 @@ pub unsafe extern "C" fn openshell_host_session_new(
 /// Runs the host session (hello, redirects, sticky redials, fallbacks, the
 /// assigned sandboxes' sessions and their configuration) until `cancel` is
 /// cancelled; then the callback fires (`OS_OK`). An unusable endpoint
-/// completes with its error. `cancel` is required.
+/// completes with its error. `cancel` is required. One run at a time, as
+/// for [`openshell_config_session_run`]:
+/// a second run while one is under way completes at once with
+/// `failed_precondition`.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn openshell_host_session_run(
     session: *const OsHostSession,
@@ -154,11 +160,15 @@ pub unsafe extern "C" fn openshell_host_session_run(
     let (Some(s), Some(cancel)) = (unsafe { session.as_ref() }, unsafe { cancel.as_ref() }) else {
         return OS_INVALID;
     };
-    start(callback, user_data, || {
+    start_parts(callback, user_data, || {
         let session = s.session.clone();
         let token: CancellationToken = cancel.0.clone();
+        let claim = RunClaim::claim(&s.running);
         async move {
-            session.run(token).await?;
+            let Some(_claim) = claim else {
+                return Err(already_running("host session"));
+            };
+            session.run(token).await.map_err(|e| ErrorParts::of(&e))?;
             Ok(Outcome::Value(Vec::new()))
         }
     })

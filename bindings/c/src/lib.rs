@@ -17,7 +17,8 @@
 //!   [`openshell_error_free`], `OsOwnedBytes` → [`openshell_bytes_free`].
 //!   `OsConfigSession` → [`openshell_config_session_free`], `OsHostSession`
 //!   → [`openshell_host_session_free`], `OsLocalCluster` →
-//!   [`openshell_local_cluster_free`]. An
+//!   [`openshell_local_cluster_free`], `OsQueueBatch` → the next
+//!   [`openshell_queue_take`] or [`openshell_queue_batch_free`]. An
 //!   `OsTokenReply` is consumed by [`openshell_token_reply`], an
 //!   `OsApplyReply` by [`openshell_apply_reply`].
 //! - **A completion is borrowed for the duration of its callback**: its
@@ -44,7 +45,10 @@
 //!
 //! Callbacks run on a runtime worker thread: they must not block (hand the
 //! completion to another thread and return) and must not call back into a
-//! blocking export. Every export may be called from any thread. Handles may
+//! blocking export. A caller whose language pays to enter its code from a
+//! foreign thread can pass [`openshell_queue_complete`] instead: the
+//! completion is queued and the caller drains the queue from its own event
+//! loop, woken through a file descriptor (`queue.rs`; what the Go SDK does). Every export may be called from any thread. Handles may
 //! be used concurrently; at most one `openshell_stream_next` per stream
 //! should be outstanding (later ones queue behind it).
 //!
@@ -94,6 +98,7 @@ mod client;
 mod complete;
 mod files;
 mod host;
+mod queue;
 mod session;
 mod stream;
 mod testing;
@@ -104,6 +109,7 @@ pub use client::*;
 pub use complete::*;
 pub use files::*;
 pub use host::*;
+pub use queue::*;
 pub use session::*;
 pub use stream::*;
 pub use testing::*;

@@ -2,7 +2,8 @@
 //! an apply callback answered through a reply handle.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, mpsc};
 use std::time::Duration;
 
 use openshell_sdk::{
@@ -12,7 +13,7 @@ use openshell_sdk::{
 use prost::Message;
 
 use crate::client::OsClientOptions;
-use crate::complete::{OsCallback, Outcome, start};
+use crate::complete::{OsCallback, Outcome, start_parts};
 use crate::types::{
     ErrorParts, OS_ERROR, OS_INVALID, OS_OK, OsBytes, OsCancel, OsErrorBox, OsOwnedBytes,
     guard_sync, put_error,
@@ -76,6 +77,40 @@ pub struct OsConfigSessionOptions {
 /// it with [`openshell_config_session_free`].
 pub struct OsConfigSession {
     session: ConfigSession,
+    running: Arc<AtomicBool>,
+}
+
+/// A session's run, held from the export that starts it until its future
+/// ends (dropped, so also when it panics or its task is dropped): a second
+/// run of the same session meanwhile is refused.
+pub(crate) struct RunClaim(Arc<AtomicBool>);
+
+impl RunClaim {
+    /// The claim, or `None` while another run of the session holds it.
+    pub(crate) fn claim(running: &Arc<AtomicBool>) -> Option<Self> {
+        (!running.swap(true, Ordering::AcqRel)).then(|| Self(running.clone()))
+    }
+}
+
+impl Drop for RunClaim {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
+}
+
+/// The refusal of a second concurrent run: `failed_precondition` (the
+/// session's state, not the arguments, is what is wrong), not retryable.
+pub(crate) fn already_running(what: &str) -> ErrorParts {
+    ErrorParts {
+        code: "failed_precondition".to_owned(),
+        message: format!(
+            "the {what} is already running: one run at a time (the running one goes on)"
+        ),
+        served_by: String::new(),
+        grpc_status: 9,
+        retryable: false,
+        logs: String::new(),
+    }
 }
 
 /// Counters of a config session.
@@ -186,7 +221,8 @@ pub unsafe extern "C" fn openshell_config_session_new(
     }
     guard_sync(|| match build(&client, sandbox_id, &options) {
         Ok(session) => {
-            unsafe { *out = Box::into_raw(Box::new(OsConfigSession { session })) };
+            let running = Arc::default();
+            unsafe { *out = Box::into_raw(Box::new(OsConfigSession { session, running })) };
             OS_OK
         }
         Err(err) => {
@@ -198,7 +234,9 @@ pub unsafe extern "C" fn openshell_config_session_new(
 
 /// Runs the session (startup poll, hello, pushed or polled updates,
 /// redirects, reconnects) until `cancel` is cancelled; then the callback
-/// fires (`OS_OK`). `cancel` is required.
+/// fires (`OS_OK`). `cancel` is required. One run at a time: while a run of
+/// this session is under way, another completes at once with
+/// `failed_precondition` and changes nothing (the first goes on).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn openshell_config_session_run(
     session: *const OsConfigSession,
@@ -209,11 +247,15 @@ pub unsafe extern "C" fn openshell_config_session_run(
     let (Some(s), Some(cancel)) = (unsafe { session.as_ref() }, unsafe { cancel.as_ref() }) else {
         return OS_INVALID;
     };
-    start(callback, user_data, || {
+    start_parts(callback, user_data, || {
         let session = s.session.clone();
         let token: CancellationToken = cancel.0.clone();
+        let claim = RunClaim::claim(&s.running);
         async move {
-            session.run(token).await?;
+            let Some(_claim) = claim else {
+                return Err(already_running("config session"));
+            };
+            session.run(token).await.map_err(|e| ErrorParts::of(&e))?;
             Ok(Outcome::Value(Vec::new()))
         }
     })
