@@ -12,11 +12,13 @@ use openshell_sdk::proto as pb;
 use openshell_testkit::{Gateway, GatewayOptions, issue_host_token, sandbox_token};
 use prost::Message;
 
-/// The completions of one async call: (status, error code, error message,
-/// value).
+/// One completion: status, error code, error message, value.
+type Done = (i32, String, String, Vec<u8>);
+
+/// The completions of one async call.
 #[derive(Default)]
 struct Slot {
-    seen: Mutex<Vec<(i32, String, String, Vec<u8>)>>,
+    seen: Mutex<Vec<Done>>,
     changed: Condvar,
 }
 
@@ -48,7 +50,7 @@ impl Slot {
     }
 
     /// The one completion, waited for up to `limit` (`None` if none came).
-    fn within(&self, limit: Duration) -> Option<(i32, String, String, Vec<u8>)> {
+    fn within(&self, limit: Duration) -> Option<Done> {
         let deadline = Instant::now() + limit;
         let mut seen = self.seen.lock().unwrap();
         while seen.is_empty() {
