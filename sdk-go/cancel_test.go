@@ -126,8 +126,8 @@ func TestCloseCancelsCallsAndLaterCalls(t *testing.T) {
 	until(t, "the command is killed", 20*time.Second, func() bool { return len(markedPids(marker)) == 0 })
 }
 
-// Close ends a unary call that is stuck on a peer that never answers (unary
-// calls block their thread in the core: Close must not wait for them).
+// Close ends a unary call that is stuck on a peer that never answers: Close
+// must not wait for calls in flight, it cancels them.
 func TestCloseEndsAStuckUnaryCall(t *testing.T) {
 	silent, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

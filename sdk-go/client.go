@@ -286,7 +286,7 @@ func (c *Client) unary(ctx context.Context, op uint32, req, resp proto.Message, 
 		return invalid("encoding the request: %v", err)
 	}
 	o, release := callOpts(ctx, outputLimit)
-	comp := c.n.CallBlocking(op, body, o)
+	comp := c.n.Call(op, body, o)
 	release()
 	if err := c.done(ctx, comp); err != nil {
 		return err
@@ -307,6 +307,7 @@ const pathGetSandbox = "/openshell.v1.OpenShell/GetSandbox"
 // with no decoding and re-encoding in the library (which curated
 // operations made of several calls, or with their own logic in the core,
 // need). Deadlines, tokens and cancellation are the core's, as for unary.
+// The response metadata is left out.
 func (c *Client) unaryRaw(ctx context.Context, path string, req, resp proto.Message) error {
 	if err := ctx.Err(); err != nil {
 		return contextError(err)
@@ -316,7 +317,7 @@ func (c *Client) unaryRaw(ctx context.Context, path string, req, resp proto.Mess
 		return invalid("encoding the request: %v", err)
 	}
 	o, release := callOpts(ctx, 0)
-	comp := c.n.RawUnaryValue(path, body, o)
+	comp := c.n.RawUnary(path, body, nil, o)
 	release()
 	if err := c.done(ctx, comp); err != nil {
 		return err

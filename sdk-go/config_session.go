@@ -102,6 +102,8 @@ type ConfigSession struct {
 	apply   *applyContext
 	once    sync.Once
 	cleanup runtime.Cleanup
+	// running is held by a Run from its start to its return.
+	running atomic.Bool
 }
 
 // applyContext is the context ApplyFunc receives: the running Run's (which
@@ -162,8 +164,15 @@ func NewConfigSession(endpoint, sandboxID, sandboxToken string, apply ApplyFunc,
 }
 
 // Run holds the session until ctx ends (then it returns nil) or Close.
-// The ApplyFunc's context ends with ctx too. Run once.
+// The ApplyFunc's context ends with ctx too. One Run at a time: a second
+// Run while one is under way returns at once an error matching
+// ErrFailedPrecondition and changes nothing (the first goes on); once Run
+// returned, the session may run again.
 func (s *ConfigSession) Run(ctx context.Context) error {
+	if !s.running.CompareAndSwap(false, true) {
+		return alreadyRunning("config session")
+	}
+	defer s.running.Store(false)
 	// Without this the session could be collected (and its cleanup free it)
 	// while the native run below waits: nothing refers to s after the call.
 	defer runtime.KeepAlive(s)

@@ -129,6 +129,13 @@ func invalid(format string, args ...any) *Error {
 	return &Error{Code: "invalid_config", GRPCStatus: 3, Message: fmt.Sprintf(format, args...)}
 }
 
+// alreadyRunning refuses a second concurrent Run of a session, with the
+// code and status the C ABI gives the same refusal.
+func alreadyRunning(what string) *Error {
+	return &Error{Code: "failed_precondition", GRPCStatus: 9,
+		Message: "the " + what + " is already running: one run at a time (the running one goes on)"}
+}
+
 func asError(err error, target **Error) bool { return errors.As(err, target) }
 
 func isUnavailable(err error) bool { return errors.Is(err, ErrUnavailable) }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"example.invalid/openshell/sdk-go/internal/native"
@@ -72,6 +73,8 @@ type HostSession struct {
 	apply    *applyContext
 	once     sync.Once
 	cleanup  runtime.Cleanup
+	// running is held by a Run from its start to its return.
+	running atomic.Bool
 }
 
 // NewHostSession builds the session of host memberID (the id its host
@@ -135,8 +138,14 @@ func decodeSnapshot(b []byte, mode DeliveryMode) (*ConfigSnapshot, bool) {
 
 // Run holds the host session and serves its sandboxes until ctx ends (then
 // it returns nil) or Close. The HostApplyFunc's context ends with ctx too.
-// An unusable endpoint returns its error. Run once.
+// An unusable endpoint returns its error. One Run at a time, as for
+// ConfigSession.Run: a second one while one is under way returns at once an
+// error matching ErrFailedPrecondition and changes nothing.
 func (s *HostSession) Run(ctx context.Context) error {
+	if !s.running.CompareAndSwap(false, true) {
+		return alreadyRunning("host session")
+	}
+	defer s.running.Store(false)
 	defer runtime.KeepAlive(s)
 	runCtx, cancelRun := context.WithCancel(ctx)
 	defer cancelRun()

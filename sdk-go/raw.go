@@ -58,7 +58,7 @@ func (r *Raw) unary(ctx context.Context, path string, req, resp proto.Message, o
 		return invalid("encoding the request: %v", err)
 	}
 	o, release := callOpts(ctx, 0)
-	comp := r.c.n.RawUnaryBlocking(path, body, s.metadata, o)
+	comp := r.c.n.RawUnary(path, body, s.metadata, o)
 	release()
 	if err := r.c.done(ctx, comp); err != nil {
 		return err
@@ -67,7 +67,7 @@ func (r *Raw) unary(ctx context.Context, path string, req, resp proto.Message, o
 		*s.servedBy = comp.ServedBy
 	}
 	if s.header != nil {
-		*s.header = comp.Metadata
+		*s.header = comp.Metadata()
 	}
 	if err := proto.Unmarshal(comp.Value, resp); err != nil {
 		return &Error{Code: "protocol", GRPCStatus: 13, Message: "decoding the response: " + err.Error()}

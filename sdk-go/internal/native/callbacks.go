@@ -10,12 +10,19 @@ import (
 	"unsafe"
 )
 
-// openshellGoComplete is the C callback of every async export. It runs on a
-// Rust runtime thread: it copies the completion (borrowed for the duration
-// of the call) and hands it to the waiting goroutine without blocking.
+// openshellGoComplete is the C callback of async exports when the
+// completion queue is not available (see queue.go). It runs on a Rust
+// runtime thread: it copies the completion (borrowed for the duration of the
+// call) and hands it to the waiting goroutine without blocking.
 //
 //export openshellGoComplete
 func openshellGoComplete(userData C.size_t, c *C.OsCompletion) {
+	deliver(userData, c)
+}
+
+// deliver copies a completion (borrowed) and hands it to the goroutine
+// waiting on the channel its cgo.Handle names, without blocking.
+func deliver(userData C.size_t, c *C.OsCompletion) {
 	h := cgo.Handle(userData)
 	ch := h.Value().(chan Completion)
 	h.Delete()
@@ -24,9 +31,7 @@ func openshellGoComplete(userData C.size_t, c *C.OsCompletion) {
 		out.Value = C.GoBytes(unsafe.Pointer(c.value.ptr), C.int(c.value.len))
 	}
 	out.ServedBy = goString(c.served_by)
-	if c.metadata.len > 0 {
-		out.Metadata = splitPairs(goString(c.metadata))
-	}
+	out.metadata = goString(c.metadata)
 	if out.Status == StatusError {
 		out.Err = errorOf(c.error)
 	}

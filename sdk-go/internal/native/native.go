@@ -5,9 +5,10 @@
 //   - inputs are borrowed for the call only: Go memory is passed by value
 //     (pointer + length) and copied by the library before the export
 //     returns, so no Go pointer is retained by C;
-//   - every async export completes through openshellGoComplete exactly
-//     once; the goroutine waiting on the completion's channel is released
-//     by it, also when the call is cancelled;
+//   - every async export completes exactly once, through the library's
+//     completion queue (queue.go; openshellGoComplete where the queue is
+//     unavailable); the goroutine waiting on the completion's channel is
+//     released by it, also when the call is cancelled;
 //   - every handle the library returns is freed exactly once by its Free
 //     method.
 package native
@@ -22,6 +23,7 @@ extern void openshellGoApply(size_t, OsBytes, int32_t, OsApplyReply*);
 extern void openshellGoHostApply(size_t, OsBytes, OsBytes, OsApplyReply*);
 
 static OsCallback os_complete_cb(void) { return (OsCallback)openshellGoComplete; }
+static OsCallback os_queue_cb(void) { return (OsCallback)openshell_queue_complete; }
 static OsTokenCallback os_token_cb(void) { return (OsTokenCallback)openshellGoToken; }
 static OsApplyCallback os_apply_cb(void) { return (OsApplyCallback)openshellGoApply; }
 static OsHostApplyCallback os_host_apply_cb(void) { return (OsHostApplyCallback)openshellGoHostApply; }
@@ -83,9 +85,20 @@ type Completion struct {
 	Value    []byte
 	Handle   unsafe.Pointer
 	ServedBy string
-	// Metadata is the response metadata of a raw unary call.
-	Metadata [][2]string
+	// metadata is the response metadata of a raw unary call as the
+	// library sends it (`key \0 value \0` pairs), split by Metadata only
+	// when asked for.
+	metadata string
 	Err      *Error
+}
+
+// Metadata is the response metadata of a raw unary call, in the order
+// received.
+func (c Completion) Metadata() [][2]string {
+	if c.metadata == "" {
+		return nil
+	}
+	return splitPairs(c.metadata)
 }
 
 func splitPairs(s string) [][2]string {
@@ -141,13 +154,22 @@ func rejected(status C.int32_t) Completion {
 	return Completion{Status: StatusError, Err: &Error{Code: code, Message: msg, GRPCStatus: 13}}
 }
 
+// completionCallback is the callback every async export gets: the
+// completion queue's (queue.go), else openshellGoComplete.
+func completionCallback() C.OsCallback {
+	if queueStarted() {
+		return C.os_queue_cb()
+	}
+	return C.os_complete_cb()
+}
+
 // await runs start with a fresh completion slot and waits for the
 // completion. The library fires the callback exactly once when start
 // returns OS_OK, and never otherwise.
 func await(start func(cb C.OsCallback, ud C.size_t) C.int32_t) Completion {
 	ch := make(chan Completion, 1)
 	h := cgo.NewHandle(ch)
-	if st := start(C.os_complete_cb(), C.size_t(h)); st != C.OS_OK {
+	if st := start(completionCallback(), C.size_t(h)); st != C.OS_OK {
 		h.Delete()
 		return rejected(st)
 	}
@@ -302,8 +324,8 @@ func (c *Client) Close() {
 }
 
 // Free closes and frees the client; later calls fail as closed. It
-// cancels first, so blocking calls in flight (which hold the read lock)
-// end before the write lock is taken.
+// cancels first, so calls in flight complete as closed; an export holds the
+// read lock only while it starts a call.
 func (c *Client) Free() {
 	c.Close()
 	c.mu.Lock()
@@ -360,35 +382,6 @@ func (c *Client) Call(op uint32, req []byte, o CallOpts) Completion {
 	})
 }
 
-// CallBlocking runs a curated operation on the calling thread (no
-// hand-off to and from the library's runtime threads).
-func (c *Client) CallBlocking(op uint32, req []byte, o CallOpts) Completion {
-	c.mu.RLock()
-	p := c.p
-	if p == nil {
-		c.mu.RUnlock()
-		return closedErr("client")
-	}
-	var out C.OsOwnedBytes
-	var cerr *C.OsErrorBox
-	st := C.openshell_client_call_blocking(p, C.uint32_t(op), bytesOf(req), o.c(), &out, &cerr)
-	c.mu.RUnlock()
-	switch {
-	case st == C.OS_OK:
-		comp := Completion{Status: StatusOK}
-		if out.len > 0 {
-			comp.Value = C.GoBytes(unsafe.Pointer(out.ptr), C.int(out.len))
-		}
-		C.openshell_bytes_free(out)
-		return comp
-	case cerr != nil:
-		e := errorOf(C.openshell_error_view(cerr))
-		C.openshell_error_free(cerr)
-		return c.settle(Completion{Status: StatusError, Err: e})
-	}
-	return rejected(st)
-}
-
 // Open opens a stream (Stream*); the completion's Handle is the stream.
 func (c *Client) Open(kind uint32, req []byte, o CallOpts) Completion {
 	return c.start(func(p *C.OsClient, cb C.OsCallback, ud C.size_t) C.int32_t {
@@ -411,74 +404,6 @@ func (c *Client) RawUnary(path string, req []byte, md []string, o CallOpts) Comp
 	return c.start(func(p *C.OsClient, cb C.OsCallback, ud C.size_t) C.int32_t {
 		return C.openshell_client_raw_unary(p, stringOf(path), bytesOf(req), bytesOf(m), o.c(), cb, ud)
 	})
-}
-
-// RawUnaryBlocking is RawUnary on the calling thread.
-func (c *Client) RawUnaryBlocking(path string, req []byte, md []string, o CallOpts) Completion {
-	m := metadataOf(md)
-	c.mu.RLock()
-	p := c.p
-	if p == nil {
-		c.mu.RUnlock()
-		return closedErr("client")
-	}
-	var out, outMD C.OsOwnedBytes
-	var cerr *C.OsErrorBox
-	st := C.openshell_client_raw_unary_blocking(p, stringOf(path), bytesOf(req), bytesOf(m), o.c(), &out, &outMD, &cerr)
-	c.mu.RUnlock()
-	switch {
-	case st == C.OS_OK:
-		comp := Completion{Status: StatusOK}
-		if out.len > 0 {
-			comp.Value = C.GoBytes(unsafe.Pointer(out.ptr), C.int(out.len))
-		}
-		if outMD.len > 0 {
-			comp.Metadata = splitPairs(C.GoStringN((*C.char)(unsafe.Pointer(outMD.ptr)), C.int(outMD.len)))
-		}
-		for _, kv := range comp.Metadata {
-			if kv[0] == "x-openshell-served-by" {
-				comp.ServedBy = kv[1]
-			}
-		}
-		C.openshell_bytes_free(out)
-		C.openshell_bytes_free(outMD)
-		return comp
-	case cerr != nil:
-		e := errorOf(C.openshell_error_view(cerr))
-		C.openshell_error_free(cerr)
-		return c.settle(Completion{Status: StatusError, Err: e})
-	}
-	return rejected(st)
-}
-
-// RawUnaryValue is RawUnaryBlocking for callers that only want the
-// response message: no request metadata, and the response metadata is not
-// copied out (the curated unary calls).
-func (c *Client) RawUnaryValue(path string, req []byte, o CallOpts) Completion {
-	c.mu.RLock()
-	p := c.p
-	if p == nil {
-		c.mu.RUnlock()
-		return closedErr("client")
-	}
-	var out C.OsOwnedBytes
-	var cerr *C.OsErrorBox
-	st := C.openshell_client_raw_unary_blocking(p, stringOf(path), bytesOf(req), C.OsBytes{}, o.c(), &out, nil, &cerr)
-	c.mu.RUnlock()
-	switch {
-	case st == C.OS_OK:
-		comp := Completion{Status: StatusOK}
-		if out.len > 0 {
-			comp.Value = C.GoBytes(unsafe.Pointer(out.ptr), C.int(out.len))
-		}
-		C.openshell_bytes_free(out)
-		return comp
-	case cerr != nil:
-		e := errorOf(C.openshell_error_view(cerr))
-		C.openshell_error_free(cerr)
-		return c.settle(Completion{Status: StatusError, Err: e})
-	}
-	return rejected(st)
 }
 
 // RawStream opens a stream on any method by path.
