@@ -189,6 +189,14 @@ pub static METHODS: &[MethodInfo] = &[
         owner_routed_field: None,
     },
     MethodInfo {
+        path: "/openshell.peer.v1.Peer/PeerRelayFrames",
+        name: "PeerRelayFrames",
+        kind: StreamingKind::BidiStreaming,
+        request: "openshell.v1.RelayFrame",
+        response: "openshell.v1.RelayFrame",
+        owner_routed_field: None,
+    },
+    MethodInfo {
         path: "/openshell.peer.v1.Peer/PeerNotifyConfigUpdate",
         name: "PeerNotifyConfigUpdate",
         kind: StreamingKind::Unary,

@@ -1,6 +1,6 @@
 //! The relay routes, served without tonic's codec: `ExecSandbox`,
-//! `ExecSandboxInteractive` and `ForwardTcp` (clients) and `RelayStream`
-//! (supervisors). These carry an exec's output and a forward's bytes, and
+//! `ExecSandboxInteractive` and `ForwardTcp` (clients), `RelayStream`
+//! (supervisors) and the peer service's `PeerRelayFrames` (replicas). These carry an exec's output and a forward's bytes, and
 //! tonic would copy each message twice on its way through this replica:
 //! into its receive buffer when decoding, into its send buffer when
 //! encoding. Here the request's messages are read with
@@ -10,8 +10,8 @@
 //! uncopied and in one piece, and an exec's output event is sent on as the
 //! supervisor encoded it (`sessions::frames`).
 //!
-//! [`RawRoutes`] wraps the generated `OpenShell` server and takes these
-//! paths before it; every other method goes on to it. It sits inside the
+//! [`RawRoutes`] wraps a generated server (`OpenShell`, `Peer`) and takes
+//! these paths before it; every other method goes on to it. It sits inside the
 //! request layer, so authentication, `x-openshell-served-by` and the
 //! request metrics are the same as for every call, and inside tonic's
 //! server, which enforces `grpc-timeout`. What tonic's generated code does
@@ -43,6 +43,7 @@ const EXEC: &str = "/openshell.v1.OpenShell/ExecSandbox";
 const EXEC_INTERACTIVE: &str = "/openshell.v1.OpenShell/ExecSandboxInteractive";
 const FORWARD_TCP: &str = "/openshell.v1.OpenShell/ForwardTcp";
 const RELAY_STREAM: &str = "/openshell.v1.OpenShell/RelayStream";
+pub const PEER_RELAY_FRAMES: &str = "/openshell.peer.v1.Peer/PeerRelayFrames";
 
 /// The generated `OpenShell` server `S`, with `ForwardTcp` and
 /// `RelayStream` served by `service` directly.
@@ -51,6 +52,9 @@ pub struct RawRoutes<S> {
     inner: S,
     service: Arc<GatewayService>,
     max_message_size: usize,
+    /// False (tests only): `PeerRelayFrames` goes on to `inner`, which
+    /// answers UNIMPLEMENTED as a replica from before it does.
+    peer_relay_frames: bool,
 }
 
 impl<S> RawRoutes<S> {
@@ -61,7 +65,14 @@ impl<S> RawRoutes<S> {
             inner,
             service,
             max_message_size,
+            peer_relay_frames: true,
         }
+    }
+
+    /// Leaves `PeerRelayFrames` to the wrapped server (tests only).
+    pub fn without_peer_relay_frames(mut self) -> Self {
+        self.peer_relay_frames = false;
+        self
     }
 }
 
@@ -75,6 +86,7 @@ enum Route {
     ExecInteractive,
     Forward,
     Relay,
+    PeerRelay,
 }
 
 impl<S> tower::Service<Request<Body>> for RawRoutes<S>
@@ -96,6 +108,7 @@ where
             EXEC_INTERACTIVE => Route::ExecInteractive,
             FORWARD_TCP => Route::Forward,
             RELAY_STREAM => Route::Relay,
+            PEER_RELAY_FRAMES if self.peer_relay_frames => Route::PeerRelay,
             _ => return Box::pin(self.inner.call(request)),
         };
         let service = self.service.clone();
@@ -117,7 +130,8 @@ async fn serve(
 ) -> Result<ReceiverStream<Result<Outbound, Status>>, Status> {
     wire::check_request(request.headers())?;
     let principal = request.extensions().get::<Principal>().cloned();
-    let messages = GrpcFrames::request(request.into_body(), max_message_size);
+    let (parts, body) = request.into_parts();
+    let messages = GrpcFrames::request(body, max_message_size);
     match route {
         Route::Exec => {
             // One request message, as tonic's server-streaming methods read
@@ -143,6 +157,11 @@ async fn serve(
             let messages: FrameStream = Box::pin(messages.with_prefixes());
             service.claim_relay(principal, messages).await
         }
+        Route::PeerRelay => {
+            let messages: FrameStream = Box::pin(messages.with_prefixes());
+            crate::api::peer::relay_frames(&service.sessions, principal, &parts.headers, messages)
+                .await
+        }
     }
 }
 
@@ -157,6 +176,7 @@ mod tests {
             (EXEC_INTERACTIVE, "ExecSandboxInteractive"),
             (FORWARD_TCP, "ForwardTcp"),
             (RELAY_STREAM, "RelayStream"),
+            (PEER_RELAY_FRAMES, "PeerRelayFrames"),
         ] {
             assert_eq!(openshell_proto::method(path).map(|m| m.name), Some(name));
         }

@@ -185,6 +185,10 @@ pub struct ServeArgs {
     /// `unsupported_peer`).
     #[arg(long, hide = true)]
     pub no_peer_config_notify: bool,
+    /// Tests only: answer PeerRelayFrames with UNIMPLEMENTED, as a replica
+    /// from before it does (requesters fall back to PeerRelay).
+    #[arg(long, hide = true)]
+    pub no_peer_relay_frames: bool,
     /// How sandboxes run: `process` (one supervisor process per sandbox,
     /// started by this replica) or `hosts` (each new sandbox is assigned to
     /// the connected shared supervisor host serving the fewest; see

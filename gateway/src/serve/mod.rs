@@ -298,6 +298,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         cluster: cluster.clone(),
         store: store.clone(),
         metrics: metrics.clone(),
+        legacy_peers: Default::default(),
     });
     {
         let sandboxes = sandboxes.clone();
@@ -359,6 +360,23 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             .context("TLS configuration")?;
     }
     let server_stop = CancellationToken::new();
+    let peer_routes = |server| {
+        let routes = RawRoutes::new(server, service.clone(), MAX_MESSAGE_BYTES);
+        if args.no_peer_relay_frames {
+            routes.without_peer_relay_frames()
+        } else {
+            routes
+        }
+    };
+    let peer_routes = peer_routes(
+        PeerServer::new(PeerService {
+            sessions: sessions.clone(),
+            delivery: delivery.clone(),
+            config_notify: !args.no_peer_config_notify,
+        })
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES),
+    );
     let router = builder
         .layer(layer)
         .add_service(RawRoutes::new(
@@ -373,15 +391,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
         )
-        .add_service(
-            PeerServer::new(PeerService {
-                sessions: sessions.clone(),
-                delivery: delivery.clone(),
-                config_notify: !args.no_peer_config_notify,
-            })
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES),
-        );
+        .add_service(peer_routes);
     let stop = server_stop.clone();
     let server = tokio::spawn(async move {
         router

@@ -3,22 +3,32 @@
 //! replica named by the sandbox's ownership record ("peer"). Unhinted
 //! clients therefore always work; hinted ones avoid the extra hop.
 //!
+//! A peer relay is asked for with `PeerRelayFrames`, which passes frames on
+//! as the bytes they came in on both replicas; an owner that answers
+//! UNIMPLEMENTED (a replica from before it) is asked with `PeerRelay`, and
+//! remembered as such for a while.
+//!
 //! While no owner is known (a supervisor reconnecting, a replica stopping)
 //! the open is retried with backoff (100 ms doubling to 2 s) until 15 s
 //! have passed, then fails with UNAVAILABLE "supervisor session not connected".
 
-use std::sync::Arc;
-use std::time::Duration;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use futures::StreamExt;
+use http::uri::PathAndQuery;
 use openshell_proto::peer::peer_client::PeerClient;
 use openshell_proto::peer::{PeerRelayFrame, PeerRelayInit, peer_relay_frame};
 use openshell_proto::{RelayFrame, RelayOpen, relay_open};
-use openshell_sdk::wire::{self, Outbound};
+use openshell_sdk::wire::{self, FramedBody, GrpcFrames, Outbound};
+use prost::Message;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
-use tonic::metadata::MetadataValue;
+use tokio_util::sync::CancellationToken;
+use tonic::metadata::{MetadataMap, MetadataValue};
 use tonic::{Code, Status};
+use tower::{Service, ServiceExt};
 
 use crate::cluster::Cluster;
 use crate::metrics::Metrics;
@@ -29,12 +39,22 @@ use crate::store::Store;
 pub const OWNER_TTL: Duration = Duration::from_secs(45);
 pub const OPEN_BUDGET: Duration = Duration::from_secs(15);
 pub const PEER_REPLICA_HEADER: &str = "x-openshell-peer-replica";
+/// `PeerRelayFrames` (raw), and the header of its init.
+const PEER_RELAY_FRAMES: &str = "/openshell.peer.v1.Peer/PeerRelayFrames";
+const PEER_RELAY_INIT_HEADER: &str = "x-openshell-peer-relay-init-bin";
+/// The largest frame taken from a peer.
+const MAX_PEER_FRAME: usize = 8 << 20;
+/// How long an owner that answered `PeerRelayFrames` with UNIMPLEMENTED is
+/// asked with `PeerRelay` only (it may be upgraded meanwhile).
+const LEGACY_PEER_TTL: Duration = Duration::from_secs(60);
 
 pub struct RelayRouter {
     pub sessions: Arc<Sessions>,
     pub cluster: Option<Arc<Cluster>>,
     pub store: Store,
     pub metrics: Arc<Metrics>,
+    /// Peer endpoints that do not serve `PeerRelayFrames`, and since when.
+    pub legacy_peers: Mutex<HashMap<String, Instant>>,
 }
 
 impl RelayRouter {
@@ -140,22 +160,131 @@ impl RelayRouter {
         target: relay_open::Target,
         ssh_session: Option<&str>,
     ) -> Result<Relay, Status> {
+        let init = PeerRelayInit {
+            sandbox_id: sandbox_id.to_owned(),
+            relay_open: Some(RelayOpen {
+                channel_id: String::new(),
+                target: Some(target),
+                service_id: String::new(),
+            }),
+            requester_replica_id: cluster.replica_id().to_owned(),
+            ssh_session: ssh_session.unwrap_or_default().to_owned(),
+        };
+        let legacy = self
+            .legacy_peers
+            .lock()
+            .unwrap()
+            .get(endpoint)
+            .is_some_and(|since| since.elapsed() < LEGACY_PEER_TTL);
+        if !legacy {
+            match self.open_peer_frames(cluster, endpoint, &init).await {
+                Err(status) if status.code() == Code::Unimplemented => {
+                    tracing::info!(
+                        endpoint,
+                        "peer does not serve PeerRelayFrames; using PeerRelay"
+                    );
+                    self.legacy_peers
+                        .lock()
+                        .unwrap()
+                        .insert(endpoint.to_owned(), Instant::now());
+                }
+                other => return other,
+            }
+        }
+        self.open_peer_wrapped(cluster, endpoint, init).await
+    }
+
+    /// The peer's credentials as request metadata.
+    fn peer_metadata(cluster: &Cluster) -> Result<MetadataMap, Status> {
+        let mut metadata = MetadataMap::new();
+        let bearer: MetadataValue<_> = format!("Bearer {}", cluster.config.peer_token.expose())
+            .parse()
+            .map_err(|_| Status::internal("peer token is not a valid header value"))?;
+        metadata.insert("authorization", bearer);
+        let replica: MetadataValue<_> = cluster
+            .replica_id()
+            .parse()
+            .map_err(|_| Status::internal("replica id is not a valid header value"))?;
+        metadata.insert(PEER_REPLICA_HEADER, replica);
+        Ok(metadata)
+    }
+
+    /// A failed call to a peer, saying which hop failed when the peer's
+    /// certificate is the cause (that does not heal within the open budget).
+    fn peer_failure(cluster: &Cluster, endpoint: &str, status: Status) -> Status {
+        match cluster.peer_tls_failure(endpoint, &status) {
+            Some(cause) => Status::unavailable(format!(
+                "relay to the owner replica failed: peer TLS: {cause}"
+            )),
+            None => status,
+        }
+    }
+
+    /// `PeerRelayFrames`: the relay's frames cross this replica as the bytes
+    /// they came in, each way (no wrapper, no decoding).
+    async fn open_peer_frames(
+        &self,
+        cluster: &Cluster,
+        endpoint: &str,
+        init: &PeerRelayInit,
+    ) -> Result<Relay, Status> {
+        let mut channel = cluster.peer_channel(endpoint)?;
+        let mut metadata = Self::peer_metadata(cluster)?;
+        metadata.insert_bin(
+            PEER_RELAY_INIT_HEADER,
+            tonic::metadata::MetadataValue::from_bytes(&init.encode_to_vec()),
+        );
+        let (tx, rx) = mpsc::channel::<Result<Outbound, Status>>(16);
+        // A failed local frame ends the request stream (the owner then
+        // cancels the relay).
+        let frames = ReceiverStream::new(rx)
+            .take_while(|f| futures::future::ready(f.is_ok()))
+            .map(|f| f.expect("filtered"))
+            .boxed();
+        // Never cancelled: the stream ends when the relay is dropped.
+        let body = FramedBody::new(frames, CancellationToken::new());
+        let request = wire::request(
+            &PathAndQuery::from_static(PEER_RELAY_FRAMES),
+            metadata.into_headers(),
+            body,
+        );
+        let called = async {
+            channel
+                .ready()
+                .await
+                .map_err(|e| Status::from_error(Box::new(e)))?
+                .call(request)
+                .await
+                .map_err(|e| Status::from_error(Box::new(e)))
+        };
+        let response = called
+            .await
+            .map_err(|status| Self::peer_failure(cluster, endpoint, status))?;
+        let (parts, body) = response.into_parts();
+        let inbound = if wire::check_response(parts.status, &parts.headers)? {
+            GrpcFrames::ended()
+        } else {
+            GrpcFrames::new(body, MAX_PEER_FRAME).with_prefixes()
+        };
+        // Not counted in relays_active: the owner counts its supervisor relay.
+        Ok(Relay::new(Box::pin(inbound), tx))
+    }
+
+    /// `PeerRelay`, for owners from before `PeerRelayFrames`: each frame
+    /// wrapped in a `PeerRelayFrame`.
+    async fn open_peer_wrapped(
+        &self,
+        cluster: &Cluster,
+        endpoint: &str,
+        init: PeerRelayInit,
+    ) -> Result<Relay, Status> {
         let channel = cluster.peer_channel(endpoint)?;
         let mut client = PeerClient::new(channel)
             .max_decoding_message_size(8 << 20)
             .max_encoding_message_size(8 << 20);
         let (tx, rx) = mpsc::channel(16);
         let init = PeerRelayFrame {
-            payload: Some(peer_relay_frame::Payload::Init(PeerRelayInit {
-                sandbox_id: sandbox_id.to_owned(),
-                relay_open: Some(RelayOpen {
-                    channel_id: String::new(),
-                    target: Some(target),
-                    service_id: String::new(),
-                }),
-                requester_replica_id: cluster.replica_id().to_owned(),
-                ssh_session: ssh_session.unwrap_or_default().to_owned(),
-            })),
+            payload: Some(peer_relay_frame::Payload::Init(init)),
         };
         // A failed local frame ends the peer request stream (the owner then
         // cancels the relay).
@@ -169,25 +298,11 @@ impl RelayRouter {
             });
         let outbound = futures::stream::once(async { init }).chain(frames);
         let mut request = tonic::Request::new(outbound);
-        let bearer: MetadataValue<_> = format!("Bearer {}", cluster.config.peer_token.expose())
-            .parse()
-            .map_err(|_| Status::internal("peer token is not a valid header value"))?;
-        request.metadata_mut().insert("authorization", bearer);
-        let replica: MetadataValue<_> = cluster
-            .replica_id()
-            .parse()
-            .map_err(|_| Status::internal("replica id is not a valid header value"))?;
-        request.metadata_mut().insert(PEER_REPLICA_HEADER, replica);
-        let response = client.peer_relay(request).await.map_err(|status| {
-            // A certificate problem does not heal within the open budget:
-            // answer at once, saying which hop failed.
-            match cluster.peer_tls_failure(endpoint, &status) {
-                Some(cause) => Status::unavailable(format!(
-                    "relay to the owner replica failed: peer TLS: {cause}"
-                )),
-                None => status,
-            }
-        })?;
+        *request.metadata_mut() = Self::peer_metadata(cluster)?;
+        let response = client
+            .peer_relay(request)
+            .await
+            .map_err(|status| Self::peer_failure(cluster, endpoint, status))?;
         let inbound = response.into_inner().filter_map(|frame| async move {
             match frame {
                 Ok(PeerRelayFrame {

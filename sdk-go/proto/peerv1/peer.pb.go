@@ -497,9 +497,10 @@ const file_openshell_peer_proto_rawDesc = "" +
 	"\x05scope\"A\n" +
 	"\x1ePeerNotifyConfigUpdateResponse\x12\x1f\n" +
 	"\vstale_owner\x18\x01 \x01(\bR\n" +
-	"staleOwner2\xdc\x01\n" +
+	"staleOwner2\xa7\x02\n" +
 	"\x04Peer\x12U\n" +
-	"\tPeerRelay\x12!.openshell.peer.v1.PeerRelayFrame\x1a!.openshell.peer.v1.PeerRelayFrame(\x010\x01\x12}\n" +
+	"\tPeerRelay\x12!.openshell.peer.v1.PeerRelayFrame\x1a!.openshell.peer.v1.PeerRelayFrame(\x010\x01\x12I\n" +
+	"\x0fPeerRelayFrames\x12\x18.openshell.v1.RelayFrame\x1a\x18.openshell.v1.RelayFrame(\x010\x01\x12}\n" +
 	"\x16PeerNotifyConfigUpdate\x120.openshell.peer.v1.PeerNotifyConfigUpdateRequest\x1a1.openshell.peer.v1.PeerNotifyConfigUpdateResponseb\x06proto3"
 
 var (
@@ -532,11 +533,13 @@ var file_openshell_peer_proto_depIdxs = []int32{
 	2, // 3: openshell.peer.v1.PeerNotifyConfigUpdateRequest.sandbox:type_name -> openshell.peer.v1.PeerConfigSandboxTarget
 	3, // 4: openshell.peer.v1.PeerNotifyConfigUpdateRequest.provider:type_name -> openshell.peer.v1.PeerConfigProviderTarget
 	1, // 5: openshell.peer.v1.Peer.PeerRelay:input_type -> openshell.peer.v1.PeerRelayFrame
-	4, // 6: openshell.peer.v1.Peer.PeerNotifyConfigUpdate:input_type -> openshell.peer.v1.PeerNotifyConfigUpdateRequest
-	1, // 7: openshell.peer.v1.Peer.PeerRelay:output_type -> openshell.peer.v1.PeerRelayFrame
-	5, // 8: openshell.peer.v1.Peer.PeerNotifyConfigUpdate:output_type -> openshell.peer.v1.PeerNotifyConfigUpdateResponse
-	7, // [7:9] is the sub-list for method output_type
-	5, // [5:7] is the sub-list for method input_type
+	7, // 6: openshell.peer.v1.Peer.PeerRelayFrames:input_type -> openshell.v1.RelayFrame
+	4, // 7: openshell.peer.v1.Peer.PeerNotifyConfigUpdate:input_type -> openshell.peer.v1.PeerNotifyConfigUpdateRequest
+	1, // 8: openshell.peer.v1.Peer.PeerRelay:output_type -> openshell.peer.v1.PeerRelayFrame
+	7, // 9: openshell.peer.v1.Peer.PeerRelayFrames:output_type -> openshell.v1.RelayFrame
+	5, // 10: openshell.peer.v1.Peer.PeerNotifyConfigUpdate:output_type -> openshell.peer.v1.PeerNotifyConfigUpdateResponse
+	8, // [8:11] is the sub-list for method output_type
+	5, // [5:8] is the sub-list for method input_type
 	5, // [5:5] is the sub-list for extension type_name
 	5, // [5:5] is the sub-list for extension extendee
 	0, // [0:5] is the sub-list for field type_name

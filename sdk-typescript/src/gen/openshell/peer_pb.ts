@@ -9,7 +9,7 @@
 
 import type { GenFile, GenMessage, GenService } from "@bufbuild/protobuf/codegenv2";
 import { fileDesc, messageDesc, serviceDesc } from "@bufbuild/protobuf/codegenv2";
-import type { RelayFrame, RelayOpen } from "./openshell_pb.js";
+import type { RelayFrame, RelayFrameSchema, RelayOpen } from "./openshell_pb.js";
 import { file_openshell_openshell } from "./openshell_pb.js";
 import type { Message } from "@bufbuild/protobuf";
 
@@ -17,7 +17,7 @@ import type { Message } from "@bufbuild/protobuf";
  * Describes the file openshell/peer.proto.
  */
 export const file_openshell_peer: GenFile = /*@__PURE__*/
-  fileDesc("ChRvcGVuc2hlbGwvcGVlci5wcm90bxIRb3BlbnNoZWxsLnBlZXIudjEigwEKDVBlZXJSZWxheUluaXQSEgoKc2FuZGJveF9pZBgBIAEoCRIrCgpyZWxheV9vcGVuGAIgASgLMhcub3BlbnNoZWxsLnYxLlJlbGF5T3BlbhIcChRyZXF1ZXN0ZXJfcmVwbGljYV9pZBgDIAEoCRITCgtzc2hfc2Vzc2lvbhgUIAEoCSJ4Cg5QZWVyUmVsYXlGcmFtZRIwCgRpbml0GAEgASgLMiAub3BlbnNoZWxsLnBlZXIudjEuUGVlclJlbGF5SW5pdEgAEikKBWZyYW1lGBQgASgLMhgub3BlbnNoZWxsLnYxLlJlbGF5RnJhbWVIAEIJCgdwYXlsb2FkIkEKF1BlZXJDb25maWdTYW5kYm94VGFyZ2V0EhIKCnNhbmRib3hfaWQYASABKAkSEgoKc2Vzc2lvbl9pZBgCIAEoCSI7ChhQZWVyQ29uZmlnUHJvdmlkZXJUYXJnZXQSEQoJd29ya3NwYWNlGAEgASgJEgwKBG5hbWUYAiABKAkijAIKHVBlZXJOb3RpZnlDb25maWdVcGRhdGVSZXF1ZXN0Ej0KB3NhbmRib3gYASABKAsyKi5vcGVuc2hlbGwucGVlci52MS5QZWVyQ29uZmlnU2FuZGJveFRhcmdldEgAEhMKCXdvcmtzcGFjZRgCIAEoCUgAEhcKDWFsbF9jb25uZWN0ZWQYAyABKAhIABI/Cghwcm92aWRlchgGIAEoCzIrLm9wZW5zaGVsbC5wZWVyLnYxLlBlZXJDb25maWdQcm92aWRlclRhcmdldEgAEhYKDnNhbmRib3hfY29uZmlnGAQgASgIEhwKFHByb3ZpZGVyX2Vudmlyb25tZW50GAUgASgIQgcKBXNjb3BlIjUKHlBlZXJOb3RpZnlDb25maWdVcGRhdGVSZXNwb25zZRITCgtzdGFsZV9vd25lchgBIAEoCDLcAQoEUGVlchJVCglQZWVyUmVsYXkSIS5vcGVuc2hlbGwucGVlci52MS5QZWVyUmVsYXlGcmFtZRohLm9wZW5zaGVsbC5wZWVyLnYxLlBlZXJSZWxheUZyYW1lKAEwARJ9ChZQZWVyTm90aWZ5Q29uZmlnVXBkYXRlEjAub3BlbnNoZWxsLnBlZXIudjEuUGVlck5vdGlmeUNvbmZpZ1VwZGF0ZVJlcXVlc3QaMS5vcGVuc2hlbGwucGVlci52MS5QZWVyTm90aWZ5Q29uZmlnVXBkYXRlUmVzcG9uc2ViBnByb3RvMw", [file_openshell_openshell]);
+  fileDesc("ChRvcGVuc2hlbGwvcGVlci5wcm90bxIRb3BlbnNoZWxsLnBlZXIudjEigwEKDVBlZXJSZWxheUluaXQSEgoKc2FuZGJveF9pZBgBIAEoCRIrCgpyZWxheV9vcGVuGAIgASgLMhcub3BlbnNoZWxsLnYxLlJlbGF5T3BlbhIcChRyZXF1ZXN0ZXJfcmVwbGljYV9pZBgDIAEoCRITCgtzc2hfc2Vzc2lvbhgUIAEoCSJ4Cg5QZWVyUmVsYXlGcmFtZRIwCgRpbml0GAEgASgLMiAub3BlbnNoZWxsLnBlZXIudjEuUGVlclJlbGF5SW5pdEgAEikKBWZyYW1lGBQgASgLMhgub3BlbnNoZWxsLnYxLlJlbGF5RnJhbWVIAEIJCgdwYXlsb2FkIkEKF1BlZXJDb25maWdTYW5kYm94VGFyZ2V0EhIKCnNhbmRib3hfaWQYASABKAkSEgoKc2Vzc2lvbl9pZBgCIAEoCSI7ChhQZWVyQ29uZmlnUHJvdmlkZXJUYXJnZXQSEQoJd29ya3NwYWNlGAEgASgJEgwKBG5hbWUYAiABKAkijAIKHVBlZXJOb3RpZnlDb25maWdVcGRhdGVSZXF1ZXN0Ej0KB3NhbmRib3gYASABKAsyKi5vcGVuc2hlbGwucGVlci52MS5QZWVyQ29uZmlnU2FuZGJveFRhcmdldEgAEhMKCXdvcmtzcGFjZRgCIAEoCUgAEhcKDWFsbF9jb25uZWN0ZWQYAyABKAhIABI/Cghwcm92aWRlchgGIAEoCzIrLm9wZW5zaGVsbC5wZWVyLnYxLlBlZXJDb25maWdQcm92aWRlclRhcmdldEgAEhYKDnNhbmRib3hfY29uZmlnGAQgASgIEhwKFHByb3ZpZGVyX2Vudmlyb25tZW50GAUgASgIQgcKBXNjb3BlIjUKHlBlZXJOb3RpZnlDb25maWdVcGRhdGVSZXNwb25zZRITCgtzdGFsZV9vd25lchgBIAEoCDKnAgoEUGVlchJVCglQZWVyUmVsYXkSIS5vcGVuc2hlbGwucGVlci52MS5QZWVyUmVsYXlGcmFtZRohLm9wZW5zaGVsbC5wZWVyLnYxLlBlZXJSZWxheUZyYW1lKAEwARJJCg9QZWVyUmVsYXlGcmFtZXMSGC5vcGVuc2hlbGwudjEuUmVsYXlGcmFtZRoYLm9wZW5zaGVsbC52MS5SZWxheUZyYW1lKAEwARJ9ChZQZWVyTm90aWZ5Q29uZmlnVXBkYXRlEjAub3BlbnNoZWxsLnBlZXIudjEuUGVlck5vdGlmeUNvbmZpZ1VwZGF0ZVJlcXVlc3QaMS5vcGVuc2hlbGwucGVlci52MS5QZWVyTm90aWZ5Q29uZmlnVXBkYXRlUmVzcG9uc2ViBnByb3RvMw", [file_openshell_openshell]);
 
 /**
  * @generated from message openshell.peer.v1.PeerRelayInit
@@ -222,6 +222,21 @@ export const Peer: GenService<{
     methodKind: "bidi_streaming";
     input: typeof PeerRelayFrameSchema;
     output: typeof PeerRelayFrameSchema;
+  },
+  /**
+   * Ours: the same relay without a wrapper around each frame, so that
+   * neither replica decodes or encodes the frames it passes on. The init
+   * travels in the request header `x-openshell-peer-relay-init-bin` (an
+   * encoded PeerRelayInit); both directions carry the relay's frames as
+   * they are. A replica that does not serve it answers UNIMPLEMENTED and is
+   * asked with PeerRelay instead.
+   *
+   * @generated from rpc openshell.peer.v1.Peer.PeerRelayFrames
+   */
+  peerRelayFrames: {
+    methodKind: "bidi_streaming";
+    input: typeof RelayFrameSchema;
+    output: typeof RelayFrameSchema;
   },
   /**
    * Tells the replica holding a sandbox's session (or every replica, for
