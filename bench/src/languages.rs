@@ -582,7 +582,8 @@ fn print_table(t: &TableInput) {
     };
     let p50 = |c: &Collected| median(&c.p50);
     let fwd = |c: &Collected| median(&c.forward);
-    let targets: [(&str, Option<f64>, bool, f64); 11] = [
+    let conc = |c: &Collected| median(&c.concurrent);
+    let targets: [(&str, Option<f64>, bool, f64); 14] = [
         (
             "Rust SDK unary p50 / tonic <= 1.05",
             ratio(fig("rust", "sdk", p50), fig("rust", "tonic", p50)),
@@ -639,6 +640,24 @@ fn print_table(t: &TableInput) {
             ratio(fig("go", "sdk-raw", p50), fig("go", "grpc-go", p50)),
             false,
             1.3,
+        ),
+        (
+            "Go curated Get unary p50 / grpc-go <= 1.3",
+            ratio(fig("go", "sdk", p50), fig("go", "grpc-go", p50)),
+            false,
+            1.3,
+        ),
+        (
+            "Go curated Get, 100 callers / grpc-go >= 0.9",
+            ratio(fig("go", "sdk", conc), fig("go", "grpc-go", conc)),
+            true,
+            0.9,
+        ),
+        (
+            "Go raw stub, 100 callers / grpc-go >= 0.9",
+            ratio(fig("go", "sdk-raw", conc), fig("go", "grpc-go", conc)),
+            true,
+            0.9,
         ),
         (
             "Go forward / grpc-go pump >= 0.95",
