@@ -48,7 +48,7 @@ use openshell_testkit::netns::SandboxNet;
 use crate::iperf::{free_port, iperf3_server, iperf3_server_in, relay_chain};
 use crate::isolation;
 use crate::loopback::sandbox_net;
-use crate::measure::interleaved;
+use crate::measure::{cpu_seconds, interleaved};
 
 fn env_or(name: &str, default: u64) -> u64 {
     std::env::var(name)
@@ -104,19 +104,6 @@ fn iperf_once(port: u16, seconds: u64) -> Result<f64, String> {
     report["end"]["sum_received"]["bits_per_second"]
         .as_f64()
         .ok_or_else(|| report["error"].as_str().unwrap_or("no result").to_owned())
-}
-
-/// utime + stime of a process, in seconds.
-fn cpu_seconds(pid: i32) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0.0;
-    };
-    // Fields after the command name (which may contain spaces).
-    let rest = &stat[stat.rfind(')').map_or(0, |i| i + 2)..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = fields[11].parse::<f64>().unwrap_or(0.0) + fields[12].parse().unwrap_or(0.0);
-    // USER_HZ is 100 on Linux.
-    ticks / 100.0
 }
 
 struct Arm {

@@ -21,8 +21,10 @@ use openshell_sdk::{CallOptions, Client, ClientConfig, CreateSandbox};
 use openshell_testkit::cluster::{ClusterOptions, TestCluster, ring_owner};
 use openshell_testkit::edge::Edge;
 
-use crate::loopback::{rate, sandbox_net, sink_server_in, tcp_copy};
-use crate::measure::{exec_round_trips, interleaved, mean, ms, p50_p99, percentile, sorted};
+use crate::loopback::{forward_bytes, rate, sandbox_net, sink_server_in, tcp_copy};
+use crate::measure::{
+    cpu_seconds, exec_round_trips, interleaved, mean, ms, p50_p99, percentile, sorted,
+};
 
 const EXEC_ROUNDS: usize = 80;
 const EXEC_BATCH: usize = 5;
@@ -112,10 +114,25 @@ pub async fn run() {
         tcp_copy(forward.local_addr().port()).await;
         forwards.push(forward);
     }
+    // CPU each process spent per GB moved, per arm: the replicas, both
+    // edges, the supervisor (the sandbox's), summed over the arm's copies.
+    let mut watched: Vec<(String, i32)> = ids
+        .iter()
+        .zip(&cluster.replicas)
+        .filter_map(|(id, gw)| Some((id.clone(), gw.pid()?)))
+        .collect();
+    watched.extend(edge.pid().map(|pid| ("edge".to_owned(), pid)));
+    watched.extend(relaying_edge.pid().map(|pid| ("relaying edge".to_owned(), pid)));
+    let mut cpu = [vec![0.0; watched.len()], vec![0.0; watched.len()]];
     let mut best = [Duration::MAX; 2];
     for arm in interleaved(2, COPY_ROUNDS) {
+        let before: Vec<f64> = watched.iter().map(|(_, pid)| cpu_seconds(*pid)).collect();
         best[arm] = best[arm].min(tcp_copy(forwards[arm].local_addr().port()).await);
+        for (i, (_, pid)) in watched.iter().enumerate() {
+            cpu[arm][i] += cpu_seconds(*pid) - before[i];
+        }
     }
+    let gb = (forward_bytes() * COPY_ROUNDS) as f64 / 1e9;
     for forward in &forwards {
         forward.close();
     }
@@ -170,9 +187,19 @@ pub async fn run() {
     );
     println!("  forward relayed:  {:.0} MiB/s", rates[1]);
     println!(
-        "  ratio forward hinted / relayed: {:.3}",
+        "  ratio forward relayed / hinted: {:.3} (hinted / relayed {:.3})",
+        rates[1] / rates[0],
         rates[0] / rates[1]
     );
+    println!("  CPU seconds per GB forwarded ({COPY_ROUNDS} copies per arm):");
+    for (i, (name, _)) in watched.iter().enumerate() {
+        let role = if *name == owner { " (owner)" } else { "" };
+        println!(
+            "    {name}{role}: hinted {:.2}, relayed {:.2}",
+            cpu[0][i] / gb,
+            cpu[1][i] / gb
+        );
+    }
     println!(
         "  owner lookup, {execs} execs per client in {LOOKUP_ROUNDS} rounds of a batch of {LOOKUP_BATCH}, random order per round, over {:.1} s:",
         sequence.as_secs_f64()
