@@ -74,6 +74,19 @@ pub async fn exec_round_trips(client: &Client, sandbox: &str, rounds: usize) -> 
     latencies
 }
 
+/// utime + stime of a process, in seconds (0 once it is gone).
+pub fn cpu_seconds(pid: i32) -> f64 {
+    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // Fields after the command name (which may contain spaces).
+    let rest = &stat[stat.rfind(')').map_or(0, |i| i + 2)..];
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: f64 = fields[11].parse::<f64>().unwrap_or(0.0) + fields[12].parse().unwrap_or(0.0);
+    // USER_HZ is 100 on Linux.
+    ticks / 100.0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -90,17 +103,4 @@ mod tests {
         // 50 shuffled rounds of three all in one order: about 1 in 6^49.
         assert!(order.chunks(3).any(|round| round != order[..3].to_vec()));
     }
-}
-
-/// utime + stime of a process, in seconds (0 once it is gone).
-pub fn cpu_seconds(pid: i32) -> f64 {
-    let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-        return 0.0;
-    };
-    // Fields after the command name (which may contain spaces).
-    let rest = &stat[stat.rfind(')').map_or(0, |i| i + 2)..];
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = fields[11].parse::<f64>().unwrap_or(0.0) + fields[12].parse().unwrap_or(0.0);
-    // USER_HZ is 100 on Linux.
-    ticks / 100.0
 }
