@@ -26,6 +26,7 @@ use openshell_sdk::wire::write_all_vectored;
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpSocket, TcpStream};
 use tokio::sync::{mpsc, oneshot};
+use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use crate::relay::{self, RelayContext};
@@ -165,6 +166,24 @@ pub async fn pump<T, S>(
     T: AsyncRead + AsyncWrite + Send + 'static,
     S: Stream<Item = Result<RelayFrame, tonic::Status>> + Unpin,
 {
+    pump_watching(socket, out, inbound, cancel, CancellationToken::new()).await;
+}
+
+/// [`pump`], cancelling `outbound_gone` once the gateway dropped the
+/// request stream (the relay ended on its side), even while the socket is
+/// quiet: the inbound direction may be stuck behind a socket that does not
+/// read (the SSH server stops reading past its input budget), and this is
+/// how its owner learns the relay is over.
+pub async fn pump_watching<T, S>(
+    socket: T,
+    out: mpsc::Sender<RelayFrame>,
+    inbound: S,
+    cancel: impl Future<Output = ()>,
+    outbound_gone: CancellationToken,
+) where
+    T: AsyncRead + AsyncWrite + Send + 'static,
+    S: Stream<Item = Result<RelayFrame, tonic::Status>> + Unpin,
+{
     let (mut reader, mut writer) = tokio::io::split(socket);
     let (inbound_eof_tx, inbound_eof_rx) = oneshot::channel::<()>();
 
@@ -179,10 +198,18 @@ pub async fn pump<T, S>(
             if buf.capacity() < CHUNK {
                 buf.reserve(4 * CHUNK);
             }
-            let n = reader
-                .read_buf(&mut (&mut buf).limit(CHUNK))
-                .await
-                .map_err(|err| format!("socket read: {err}"))?;
+            // Nothing can be sent once the request stream is gone: this side
+            // is done, what the gateway still sends goes on to the socket.
+            let mut room = (&mut buf).limit(CHUNK);
+            let n = tokio::select! {
+                read = reader.read_buf(&mut room) => {
+                    read.map_err(|err| format!("socket read: {err}"))?
+                }
+                () = out.closed() => {
+                    outbound_gone.cancel();
+                    return Ok(());
+                }
+            };
             if n == 0 {
                 break;
             }

@@ -140,6 +140,8 @@ struct Cli {
     /// what the network namespace alone costs.
     #[arg(long, hide = true)]
     host_network: bool,
+    #[command(flatten)]
+    ssh: ssh::input_budget::BudgetArgs,
 }
 
 fn parse_net(text: &str) -> Result<egress::Net, String> {
@@ -182,6 +184,7 @@ fn main() -> ExitCode {
     }
     let cli = Cli::parse();
     init_logging();
+    cli.ssh.install();
     match prepare(&cli).and_then(|(secret, sandbox)| run(cli, secret, sandbox)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {

@@ -24,8 +24,13 @@
 //! first start and kept in the sandbox's directory outside its working
 //! directory (hidden from sandbox processes); its fingerprint goes to the
 //! gateway in the session's hello, so clients can pin it.
+//!
+//! Input sent to channels and not read yet is bounded by one budget per
+//! process ([`input_budget`]): past it, the connections sending more are
+//! not read until programs read.
 
 mod channel;
+pub mod input_budget;
 
 use std::collections::HashMap;
 use std::future::Future;
@@ -42,6 +47,7 @@ use russh::keys::ssh_key::LineEnding;
 use russh::keys::{HashAlg, PrivateKey};
 use russh::server::{Auth, Msg, Session};
 use russh::{Channel, ChannelId, ChannelOpenFailure, MethodKind, MethodSet};
+use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
 use crate::exec::ExecSettings;
@@ -51,8 +57,8 @@ use crate::transport;
 /// Bytes buffered in memory between the relay and the SSH server.
 const PIPE_BUFFER: usize = 256 * 1024;
 /// Session channels open at once on one SSH connection; more are refused
-/// (`resource shortage`). Bounds the processes and the unread input
-/// ([`channel::STDIN_BACKLOG`] each) one connection can hold.
+/// (`resource shortage`). Bounds the processes one connection can hold
+/// (their unread input is the budget's, [`input_budget`]).
 const MAX_CHANNELS: usize = 16;
 
 /// The sandbox's SSH host key.
@@ -149,9 +155,12 @@ pub fn config(host_key: &HostKey) -> Arc<russh::server::Config> {
         auth_rejection_time: Duration::from_millis(100),
         auth_rejection_time_initial: Some(Duration::ZERO),
         inactivity_timeout: None,
-        // A client that vanished without closing is noticed.
-        keepalive_interval: Some(Duration::from_secs(30)),
-        keepalive_max: 4,
+        // A client that vanished without closing is noticed by the gateway
+        // (HTTP/2 keepalive), which ends the relay and with it this
+        // connection. No SSH keepalive: a connection stopped by the input
+        // budget reads nothing, answers included, and must not be
+        // mistaken for a dead one.
+        keepalive_interval: None,
         nodelay: true,
         ..Default::default()
     })
@@ -197,10 +206,17 @@ pub async fn run(
     // ends, the pipe closes, the connection ends, and every channel's
     // process is killed (its channel task sees the channel gone).
     let (ours, theirs) = tokio::io::duplex(PIPE_BUFFER);
+    // Russh reads its end only while the connection is within the input
+    // budget; `ended` lets a stopped connection end with the relay.
+    let input = input_budget::budget().connection();
+    let ended = CancellationToken::new();
+    let theirs = input_budget::GatedStream::new(theirs, input.clone(), ended.clone());
     let connection = Connection {
         exec,
         environment: Arc::new(environment),
         channels: Arc::new(AtomicUsize::new(0)),
+        input,
+        inputs: HashMap::new(),
     };
     let id = channel_id.to_owned();
     // Its version exchange needs the pump running: a task of its own.
@@ -213,7 +229,17 @@ pub async fn run(
             debug!(channel_id = id, error = %err, "ssh connection ended with an error");
         }
     });
-    crate::forward::pump(ours, claimed.out, claimed.inbound, cancel.as_mut()).await;
+    let pumping = crate::forward::pump_watching(
+        ours,
+        claimed.out,
+        claimed.inbound,
+        cancel.as_mut(),
+        ended.clone(),
+    );
+    // `ended` fires when the gateway ended the relay: a connection stopped
+    // by the budget then reads EOF, and the pipe's end it held goes away.
+    pumping.await;
+    ended.cancel();
     debug!(channel_id, "ssh relay finished");
 }
 
@@ -225,6 +251,17 @@ struct Connection {
     environment: Arc<HashMap<String, String>>,
     /// Session channels open now.
     channels: Arc<AtomicUsize>,
+    /// This connection's share of the input budget, and each channel's.
+    input: Arc<input_budget::ConnectionInput>,
+    inputs: HashMap<ChannelId, Arc<input_budget::ChannelInput>>,
+}
+
+impl Connection {
+    fn charge(&self, channel: ChannelId, cost: usize) {
+        if let Some(input) = self.inputs.get(&channel) {
+            input.charge(cost);
+        }
+    }
 }
 
 /// Counts one open channel until dropped.
@@ -263,10 +300,47 @@ impl russh::server::Handler for Connection {
         }
         reply.accept().await;
         let (exec, environment) = (self.exec.clone(), self.environment.clone());
+        let input = input_budget::ChannelInput::new(self.input.clone());
+        self.inputs.retain(|_, input| !input.is_closed());
+        self.inputs.insert(channel.id(), input.clone());
         tokio::spawn(async move {
             let _counted = counted;
-            channel::serve(channel, exec, &environment).await;
+            channel::serve(channel, exec, &environment, input).await;
         });
+        Ok(())
+    }
+
+    // Input is counted here, in the connection's loop, before it reads the
+    // next packet: the channel's task may not have run yet.
+    async fn data(
+        &mut self,
+        channel: ChannelId,
+        data: &[u8],
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        self.charge(channel, input_budget::data_cost(data.len()));
+        Ok(())
+    }
+
+    async fn channel_eof(
+        &mut self,
+        channel: ChannelId,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        self.charge(channel, input_budget::FRAME_CHARGE);
+        Ok(())
+    }
+
+    async fn window_change_request(
+        &mut self,
+        channel: ChannelId,
+        _col_width: u32,
+        _row_height: u32,
+        _pix_width: u32,
+        _pix_height: u32,
+        _session: &mut Session,
+    ) -> Result<(), Self::Error> {
+        self.charge(channel, input_budget::FRAME_CHARGE);
         Ok(())
     }
 

@@ -122,6 +122,9 @@ struct HostCli {
     #[arg(long, value_name = "N", default_value_t = 1,
           value_parser = clap::value_parser!(u16).range(1..=256))]
     worker_threads: u16,
+    /// One budget for the whole host: all its sandboxes together.
+    #[command(flatten)]
+    ssh: crate::ssh::input_budget::BudgetArgs,
 }
 
 /// Runs host mode; `args` are the arguments after the program name, the
@@ -129,6 +132,7 @@ struct HostCli {
 pub fn main(args: &[OsString]) -> ExitCode {
     let cli = HostCli::parse_from(args);
     crate::init_logging();
+    cli.ssh.install();
     let started = prepare(&cli).and_then(|(secret, spawner)| {
         let runtime = runtime_builder(cli.worker_threads)
             .enable_all()

@@ -6,10 +6,20 @@
 //! relay. Stdout goes out as channel data, stderr as extended data (1), the
 //! exit code as `exit-status`, then EOF and close. The client closing the
 //! channel (or the connection ending) kills the process.
+//!
+//! Input the process has not read yet is counted against the process's
+//! budget ([`input_budget`](super::input_budget)): the connection charges
+//! each message as russh hands it over, and the channel gives the cost
+//! back once the program's stdin took it (or it was dropped, the program
+//! being gone). The channel itself never waits: it takes every message
+//! russh delivers, so one channel never stalls the connection's loop.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
+use futures::Stream;
 use openshell_proto::{
     ExecSandboxInput, ExecSandboxRequest, ExecSandboxWindowResize, RelayEof, RelayFrame,
     exec_sandbox_event, exec_sandbox_input, relay_frame,
@@ -17,10 +27,10 @@ use openshell_proto::{
 use russh::server::Msg;
 use russh::{Channel, ChannelMsg};
 use tokio::sync::mpsc;
-use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tracing::debug;
 
+use super::input_budget::{ChannelInput, FRAME_CHARGE, data_cost};
 use crate::exec::{self, ExecSettings, Program};
 
 /// The one subsystem served.
@@ -28,16 +38,6 @@ pub const SFTP: &str = "sftp";
 /// `env` requests kept per channel, and the longest value kept.
 const MAX_ENV: usize = 64;
 const MAX_ENV_VALUE: usize = 4096;
-/// Input messages handed to the process ahead of its reading them.
-const INPUT_FRAMES: usize = 16;
-/// Stdin bytes a channel holds for a process that is not reading them.
-/// russh delivers every channel's data from one connection loop, which
-/// waits while a channel's queue is full, and it opens the client's window
-/// again as data arrives, not as it is consumed. So a channel keeps reading
-/// whatever its process does, and one whose process leaves this much
-/// unread is closed instead of stalling its connection's other channels.
-pub(crate) const STDIN_BACKLOG: usize = 16 << 20;
-
 /// Names an `env` request may set: shell identifiers, none of ours.
 pub fn acceptable_env_name(name: &str) -> bool {
     let mut bytes = name.bytes();
@@ -83,35 +83,57 @@ fn eof_frame() -> RelayFrame {
     }
 }
 
-/// What a queued frame counts against [`STDIN_BACKLOG`]: its stdin bytes
-/// plus a fixed charge, so that many tiny frames (or window changes) are
-/// bounded too.
-fn queued_cost(frame: &RelayFrame) -> usize {
-    const FRAME_CHARGE: usize = 128;
-    FRAME_CHARGE
-        + match &frame.payload {
-            Some(relay_frame::Payload::ExecInput(ExecSandboxInput {
-                payload: Some(exec_sandbox_input::Payload::Stdin(data)),
-            })) => data.len(),
-            _ => 0,
-        }
+/// The program's stdin as the exec machinery reads it: frames with their
+/// cost, given back to the budget once the exec asks for the next frame
+/// (it writes one frame to the program before it asks again), or when the
+/// exec is gone.
+struct BudgetedInput {
+    frames: mpsc::UnboundedReceiver<(RelayFrame, usize)>,
+    input: Arc<ChannelInput>,
+    /// The cost of the frame the exec is writing now.
+    current: usize,
 }
 
-/// Why the client side of a channel stopped.
-enum InputEnd {
-    /// The client closed the channel, or the connection ended.
-    Closed,
-    /// The process left more than [`STDIN_BACKLOG`] bytes unread.
-    Backlog,
+impl Stream for BudgetedInput {
+    type Item = Result<RelayFrame, tonic::Status>;
+
+    fn poll_next(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Self::Item>> {
+        let done = std::mem::take(&mut self.current);
+        if done > 0 {
+            self.input.release(done);
+        }
+        match self.frames.poll_recv(cx) {
+            Poll::Ready(Some((frame, cost))) => {
+                self.current = cost;
+                Poll::Ready(Some(Ok(frame)))
+            }
+            Poll::Ready(None) => Poll::Ready(None),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}
+
+impl Drop for BudgetedInput {
+    fn drop(&mut self) {
+        self.frames.close();
+        let mut cost = std::mem::take(&mut self.current);
+        while let Ok((_, queued)) = self.frames.try_recv() {
+            cost += queued;
+        }
+        self.input.release(cost);
+    }
 }
 
 /// Serves one session channel to its end. `base_env`: the sandbox's spec
-/// environment, under what the client's `env` requests set.
+/// environment, under what the client's `env` requests set. `input`: the
+/// channel's account, which the connection charges.
 pub async fn serve(
     channel: Channel<Msg>,
     settings: Arc<ExecSettings>,
     base_env: &HashMap<String, String>,
+    input: Arc<ChannelInput>,
 ) {
+    let _give_back = CloseOnDrop(input.clone());
     let (mut read, write) = channel.split();
     let mut env: HashMap<String, String> = HashMap::new();
     let mut pty: Option<Pty> = None;
@@ -119,7 +141,12 @@ pub async fn serve(
     let request = loop {
         match read.wait().await {
             None | Some(ChannelMsg::Close) => return,
-            Some(ChannelMsg::Eof) => eof_early = true,
+            // Input before the program starts goes nowhere.
+            Some(ChannelMsg::Data { data }) => input.release(data_cost(data.len())),
+            Some(ChannelMsg::Eof) => {
+                input.release(FRAME_CHARGE);
+                eof_early = true;
+            }
             Some(ChannelMsg::RequestPty {
                 term,
                 col_width,
@@ -149,6 +176,7 @@ pub async fn serve(
                 row_height,
                 ..
             }) => {
+                input.release(FRAME_CHARGE);
                 if let Some(pty) = &mut pty {
                     pty.cols = col_width;
                     pty.rows = row_height;
@@ -192,7 +220,14 @@ pub async fn serve(
         ..Default::default()
     };
 
-    let (in_tx, in_rx) = mpsc::channel::<Result<RelayFrame, tonic::Status>>(INPUT_FRAMES);
+    // Unbounded: what it holds is charged to the budget, which stops the
+    // connection's reading instead.
+    let (in_tx, in_rx) = mpsc::unbounded_channel::<(RelayFrame, usize)>();
+    let stdin = BudgetedInput {
+        frames: in_rx,
+        input: input.clone(),
+        current: 0,
+    };
     let (out_tx, mut out_rx) = mpsc::channel::<RelayFrame>(16);
     let cancel = CancellationToken::new();
     let _kill_on_return = cancel.clone().drop_guard();
@@ -204,65 +239,47 @@ pub async fn serve(
                 request,
                 &settings,
                 out_tx,
-                ReceiverStream::new(in_rx),
+                stdin,
                 cancel.cancelled_owned(),
             )
             .await;
         });
     }
 
-    // Client -> process: until the client closes the channel. The channel
-    // is read without waiting on the process (see STDIN_BACKLOG).
-    let input = async move {
-        let mut queue: VecDeque<RelayFrame> = VecDeque::new();
-        let mut queued = 0usize;
-        let mut process_gone = false;
+    // Client -> process: until the client closes the channel. Every message
+    // is taken at once; a frame the process can no longer take is given
+    // back.
+    let client_input = async move {
         if eof_early {
-            queue.push_back(eof_frame());
+            let _ = in_tx.send((eof_frame(), 0));
         }
         loop {
-            tokio::select! {
-                message = read.wait() => {
-                    let frame = match message {
-                        None | Some(ChannelMsg::Close) => return InputEnd::Closed,
-                        Some(ChannelMsg::Data { data }) => input_frame(
-                            exec_sandbox_input::Payload::Stdin(bytes::Bytes::copy_from_slice(&data)),
-                        ),
-                        Some(ChannelMsg::Eof) => eof_frame(),
-                        Some(ChannelMsg::WindowChange {
-                            col_width,
-                            row_height,
-                            ..
-                        }) => input_frame(exec_sandbox_input::Payload::Resize(
-                            ExecSandboxWindowResize {
-                                cols: col_width,
-                                rows: row_height,
-                            },
-                        )),
-                        Some(_) => continue,
-                    };
-                    // The process is gone: keep reading until the close.
-                    if process_gone {
-                        continue;
-                    }
-                    queued += queued_cost(&frame);
-                    if queued > STDIN_BACKLOG {
-                        return InputEnd::Backlog;
-                    }
-                    queue.push_back(frame);
-                }
-                permit = in_tx.reserve(), if !queue.is_empty() && !process_gone => match permit {
-                    Ok(permit) => {
-                        let frame = queue.pop_front().expect("a queued frame");
-                        queued -= queued_cost(&frame);
-                        permit.send(Ok(frame));
-                    }
-                    Err(_) => {
-                        process_gone = true;
-                        queue.clear();
-                        queued = 0;
-                    }
-                },
+            let (frame, cost) = match read.wait().await {
+                None | Some(ChannelMsg::Close) => return,
+                Some(ChannelMsg::Data { data }) => (
+                    input_frame(exec_sandbox_input::Payload::Stdin(
+                        bytes::Bytes::copy_from_slice(&data),
+                    )),
+                    data_cost(data.len()),
+                ),
+                Some(ChannelMsg::Eof) => (eof_frame(), FRAME_CHARGE),
+                Some(ChannelMsg::WindowChange {
+                    col_width,
+                    row_height,
+                    ..
+                }) => (
+                    input_frame(exec_sandbox_input::Payload::Resize(
+                        ExecSandboxWindowResize {
+                            cols: col_width,
+                            rows: row_height,
+                        },
+                    )),
+                    FRAME_CHARGE,
+                ),
+                Some(_) => continue,
+            };
+            if in_tx.send((frame, cost)).is_err() {
+                input.release(cost);
             }
         }
     };
@@ -294,23 +311,19 @@ pub async fn serve(
         let _ = write.close().await;
     };
 
-    let end = tokio::select! {
-        end = input => Some(end),
-        _ = output => None,
-    };
-    match end {
-        None => debug!("ssh channel finished"),
-        Some(InputEnd::Closed) => debug!("ssh channel closed by the client"),
-        Some(InputEnd::Backlog) => {
-            debug!("ssh channel closed: its process left too much input unread");
-            let message = format!(
-                "openshell: closing the channel: the program left more than {} MiB of input unread\r\n",
-                STDIN_BACKLOG >> 20
-            );
-            let _ = write.extended_data(1, message.as_bytes()).await;
-            let _ = write.eof().await;
-            let _ = write.close().await;
-        }
+    tokio::select! {
+        () = client_input => debug!("ssh channel closed by the client"),
+        () = output => debug!("ssh channel finished"),
+    }
+}
+
+/// Gives the channel's holding back to the budget when the channel's task
+/// ends, however it ends.
+struct CloseOnDrop(Arc<ChannelInput>);
+
+impl Drop for CloseOnDrop {
+    fn drop(&mut self) {
+        self.0.close();
     }
 }
 
