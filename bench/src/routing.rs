@@ -14,6 +14,10 @@
 //!   lookups per exec (its routing counters) times that is the cost per exec
 //!   of a real sequence, and its mean minus warm's measures the same
 //!   directly.
+//!
+//! `OPENSHELL_BENCH_PEER_RELAY=wrapped` runs the replicas with
+//! `--no-peer-relay-frames`, so the relayed arm takes the wrapped
+//! `PeerRelay`: the comparison for CPU per GB on the relaying replica.
 
 use std::time::{Duration, Instant};
 
@@ -47,8 +51,16 @@ pub async fn run() {
         replicas: 3,
         supervisor_url: Some(edge.url.clone()),
         extra_args: ["--dev", "--allow-test-flags", "--member-refresh-ms", "300"]
+            .into_iter()
             .map(String::from)
-            .to_vec(),
+            // `OPENSHELL_BENCH_PEER_RELAY=wrapped`: the owner answers
+            // PeerRelayFrames UNIMPLEMENTED, so relays take the wrapped
+            // PeerRelay (the comparison for the raw one).
+            .chain(
+                (std::env::var("OPENSHELL_BENCH_PEER_RELAY").as_deref() == Ok("wrapped"))
+                    .then(|| "--no-peer-relay-frames".to_owned()),
+            )
+            .collect(),
         ..ClusterOptions::default()
     });
     let ids = cluster.ids();
@@ -167,7 +179,13 @@ pub async fn run() {
     let lookups_per_exec = lookups[1] as f64 / execs;
     let exec_p50 = percentile(&hinted_exec, 0.5);
 
-    println!("routing benchmark (3 replicas behind the built-in edge; sandbox owned by {owner})");
+    let relay_form = match std::env::var("OPENSHELL_BENCH_PEER_RELAY").as_deref() {
+        Ok("wrapped") => "PeerRelay (wrapped frames)",
+        _ => "PeerRelayFrames",
+    };
+    println!(
+        "routing benchmark (3 replicas behind the built-in edge; sandbox owned by {owner}; peer relay: {relay_form})"
+    );
     println!(
         "  exec `true` hinted:    {} ({} execs in {EXEC_ROUNDS} rounds of a batch of {EXEC_BATCH} per arm, random order per round)",
         p50_p99(&hinted_exec),
