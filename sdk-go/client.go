@@ -286,7 +286,7 @@ func (c *Client) unary(ctx context.Context, op uint32, req, resp proto.Message, 
 		return invalid("encoding the request: %v", err)
 	}
 	o, release := callOpts(ctx, outputLimit)
-	comp := c.n.Call(op, body, o)
+	comp := c.n.Unary(op, body, o)
 	release()
 	if err := c.done(ctx, comp); err != nil {
 		return err
@@ -317,7 +317,7 @@ func (c *Client) unaryRaw(ctx context.Context, path string, req, resp proto.Mess
 		return invalid("encoding the request: %v", err)
 	}
 	o, release := callOpts(ctx, 0)
-	comp := c.n.RawUnary(path, body, nil, o)
+	comp := c.n.RawUnaryAny(path, body, nil, false, o)
 	release()
 	if err := c.done(ctx, comp); err != nil {
 		return err

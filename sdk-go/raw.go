@@ -58,7 +58,7 @@ func (r *Raw) unary(ctx context.Context, path string, req, resp proto.Message, o
 		return invalid("encoding the request: %v", err)
 	}
 	o, release := callOpts(ctx, 0)
-	comp := r.c.n.RawUnary(path, body, s.metadata, o)
+	comp := r.c.n.RawUnaryAny(path, body, s.metadata, true, o)
 	release()
 	if err := r.c.done(ctx, comp); err != nil {
 		return err

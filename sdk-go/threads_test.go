@@ -7,7 +7,9 @@ package openshell_test
 // threads the Go runtime created meanwhile (the "threadcreate" profile). A
 // call that waited in a blocking cgo call would take a thread of its own:
 // about 100 then. Completions through the library's queue leave every
-// waiting goroutine parked, so the count stays near GOMAXPROCS.
+// waiting goroutine parked (at most one call, one started while no other
+// was in flight, runs on its own thread), so the count stays near
+// GOMAXPROCS.
 
 import (
 	"encoding/json"

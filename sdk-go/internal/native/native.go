@@ -8,7 +8,8 @@
 //   - every async export completes exactly once, through the library's
 //     completion queue (queue.go; openshellGoComplete where the queue is
 //     unavailable); the goroutine waiting on the completion's channel is
-//     released by it, also when the call is cancelled;
+//     released by it, also when the call is cancelled; a unary call alone
+//     in flight runs on its caller's thread instead (inline.go);
 //   - every handle the library returns is freed exactly once by its Free
 //     method.
 package native
