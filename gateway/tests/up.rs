@@ -680,3 +680,79 @@ async fn up_killed_with_sigkill_takes_its_sandbox_supervisors_too() {
     pids.push(up.pid());
     assert_all_stopped(&pids).await;
 }
+
+/// `up --hosts 2 --restart never --host-lost-after 20`: a killed host stays
+/// down, and after 20 s its sandbox starts again on the other host, with a
+/// `HostLost` condition saying so; `--host-lost-after` needs `--hosts`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn up_restarts_a_dead_hosts_sandbox_on_a_live_host() {
+    let dir = tempfile::tempdir().unwrap();
+    let refused = Command::new(bin("openshell-gateway"))
+        .args(["up", "--host-lost-after", "20", "--data-dir"])
+        .arg(dir.path())
+        .stdout(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!refused.status.success());
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--hosts"));
+
+    let mut up = Up::start(&[
+        "--replicas",
+        "2",
+        "--hosts",
+        "2",
+        "--restart",
+        "never",
+        "--host-lost-after",
+        "20",
+        "--isolation",
+        "none",
+    ]);
+    let client = sdk_client(&up).await;
+    let name = sdk_create_ready(&client).await;
+    let id = client
+        .sandboxes()
+        .get(&name, CallOptions::new())
+        .await
+        .unwrap()
+        .id;
+    let on = |host: &str| up.data_dir().join("hosts").join(host).join(&id).exists();
+    let (victim, survivor) = if on("h-0") {
+        ("h-0", "h-1")
+    } else {
+        ("h-1", "h-0")
+    };
+    assert!(on(victim), "{name} is under no host");
+    let mut seen = every_pid(&up);
+    signal(up.pid_of(victim).unwrap(), libc::SIGKILL);
+    up.wait_state(victim, "down", Duration::from_secs(10));
+
+    let moved = tokio::time::timeout(Duration::from_secs(90), async {
+        loop {
+            let sandbox = client.sandboxes().get(&name, CallOptions::new()).await;
+            if let Ok(sandbox) = sandbox
+                && sandbox.is_ready()
+                && let Some(lost) = sandbox
+                    .proto
+                    .status
+                    .as_ref()
+                    .and_then(|s| s.conditions.iter().find(|c| c.r#type == "HostLost"))
+            {
+                break lost.clone();
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    })
+    .await
+    .expect("the sandbox never came back on the live host");
+    assert_eq!(moved.reason, "Restarted", "{moved:?}");
+    assert!(moved.message.contains(survivor), "{moved:?}");
+    assert_eq!(
+        echo_within(&client, &name, Duration::from_secs(30)).await,
+        "back\n"
+    );
+    assert!(on(survivor));
+    seen.extend(every_pid(&up));
+    assert_eq!(up.interrupt(), Some(0));
+    assert_all_stopped(&seen).await;
+}

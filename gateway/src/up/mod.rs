@@ -83,6 +83,16 @@ pub struct UpArgs {
     #[arg(long, value_name = "N", requires = "hosts",
           value_parser = clap::value_parser!(u16).range(1..=256))]
     host_threads: Option<u16>,
+    /// With --hosts: the replicas' `--host-lost-after` (seconds a host may
+    /// be gone before its sandboxes are restarted elsewhere or wait in
+    /// ERROR; default 45, at least 20).
+    #[arg(long, value_name = "SECONDS", requires = "hosts",
+          value_parser = clap::value_parser!(u64).range(20..=86_400))]
+    host_lost_after: Option<u64>,
+    /// With --hosts: the replicas' `--host-lost-policy` (`restart` or
+    /// `error`).
+    #[arg(long, value_enum, requires = "hosts")]
+    host_lost_policy: Option<crate::sandboxes::HostLostPolicy>,
     /// What to do with a replica, host or the edge that exits without
     /// being asked to: `always` starts it again after a backoff (1 s,
     /// doubling to 30 s), `never` leaves it down (for failover tests).
@@ -228,6 +238,22 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
             .arg(args.database_timeout_ms.to_string())
             .args(["--isolation", isolation])
             .args(["--driver", if args.hosts > 0 { "hosts" } else { "process" }])
+            .args(
+                args.host_lost_after
+                    .map(|secs| ["--host-lost-after".to_owned(), secs.to_string()])
+                    .into_iter()
+                    .flatten(),
+            )
+            .args(
+                args.host_lost_policy
+                    .map(|policy| match policy {
+                        crate::sandboxes::HostLostPolicy::Restart => "restart",
+                        crate::sandboxes::HostLostPolicy::Error => "error",
+                    })
+                    .map(|policy| ["--host-lost-policy", policy])
+                    .into_iter()
+                    .flatten(),
+            )
             .args(
                 (args.expose_sandbox_tokens || args.control == Control::Stdin)
                     .then_some("--allow-test-flags"),
