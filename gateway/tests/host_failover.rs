@@ -26,7 +26,7 @@ use openshell_sdk::{CallOptions, Client, ClientConfig, ExecRequest, WatchEvent, 
 use openshell_testkit::cluster::Postgres;
 use openshell_testkit::{
     Gateway, GatewayOptions, HostOptions, SupervisorHost, eventually, is_running, issue_host_token,
-    marker, pids_with_env, signal,
+    signal,
 };
 
 const LOST_AFTER_MS: &str = "3000";
@@ -107,31 +107,7 @@ async fn restarts_on_a_live_host(database_url: Option<String>) {
     setup.holder().await;
     let client = setup.client().await;
     let id = ready_sandbox(&client, "moving").await;
-    let mark = marker();
-    let out = client
-        .exec(
-            ExecRequest::new(
-                "moving",
-                [
-                    "sh",
-                    "-c",
-                    "echo kept > kept; setsid sleep 600 </dev/null >/dev/null 2>&1 & echo started",
-                ],
-            )
-            .env("OPENSHELL_TEST_MARK", &mark),
-            CallOptions::new(),
-        )
-        .await
-        .expect("exec");
-    assert_eq!(out.stdout, b"started\n");
-    let mut copy = Vec::new();
-    assert!(
-        eventually(Duration::from_secs(5), || {
-            copy = pids_with_env("OPENSHELL_TEST_MARK", &mark);
-            !copy.is_empty()
-        })
-        .await
-    );
+    let copy = keep_a_file_and_a_sleeper(&client, "moving").await;
     assert!(std::fs::metadata(first.workdir(&id)).is_ok());
 
     let second = setup.host("h-second", "namespaces");
@@ -291,6 +267,22 @@ fn single(driver: &str) -> Vec<String> {
     .to_vec()
 }
 
+/// Waits (at most 60 s) for `switch` to be READY after a driver change;
+/// returns its `HostLost` message, whose reason must be `DriverChanged`.
+async fn adopted(client: &Client, what: &str) -> String {
+    let sandbox = client
+        .sandboxes()
+        .wait_ready(
+            "switch",
+            CallOptions::new().deadline(Duration::from_secs(60)),
+        )
+        .await
+        .unwrap_or_else(|err| panic!("{what}: {err}"));
+    let (reason, message) = host_lost(&sandbox).expect("a HostLost condition");
+    assert_eq!(reason, "DriverChanged", "{message}");
+    message
+}
+
 async fn direct_client(gw: &Gateway) -> Client {
     let config = ClientConfig::builder(gw.url.clone())
         .token(TOKEN)
@@ -326,17 +318,7 @@ async fn switching_the_driver_adopts_sandboxes_both_ways() {
         extra_args: Vec::new(),
     });
     let client = direct_client(&gw).await;
-    client
-        .sandboxes()
-        .wait_ready(
-            "switch",
-            CallOptions::new().deadline(Duration::from_secs(60)),
-        )
-        .await
-        .expect("adopted by the host");
-    let adopted = get(&client, "switch").await;
-    let (reason, message) = host_lost(&adopted).expect("a HostLost condition");
-    assert_eq!(reason, "DriverChanged", "{message}");
+    let message = adopted(&client, "adopted by the host").await;
     assert!(message.contains("\"h-switch\""), "{message}");
     assert!(
         eventually(Duration::from_secs(10), || !is_running(supervisor[0])).await,
@@ -353,17 +335,7 @@ async fn switching_the_driver_adopts_sandboxes_both_ways() {
     gw.set_extra_args(single("process"));
     gw.restart();
     let client = direct_client(&gw).await;
-    client
-        .sandboxes()
-        .wait_ready(
-            "switch",
-            CallOptions::new().deadline(Duration::from_secs(60)),
-        )
-        .await
-        .expect("adopted by the process driver");
-    let back = get(&client, "switch").await;
-    let (reason, message) = host_lost(&back).expect("a HostLost condition");
-    assert_eq!(reason, "DriverChanged", "{message}");
+    let message = adopted(&client, "adopted by the process driver").await;
     assert!(message.contains("--driver process"), "{message}");
     assert_eq!(gw.supervisor_pids().len(), 1);
     assert_eq!(sh_soon(&client, "switch", "echo local").await, "local\n");

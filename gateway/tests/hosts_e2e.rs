@@ -438,31 +438,7 @@ async fn a_host_restart_restarts_its_sandboxes(isolation: &str) {
     for name in names {
         ids.push(ready_sandbox(&client, name).await);
     }
-    let mark = marker();
-    let out = client
-        .exec(
-            ExecRequest::new(
-                names[0],
-                [
-                    "sh",
-                    "-c",
-                    "echo kept > kept; setsid sleep 600 </dev/null >/dev/null 2>&1 & echo started",
-                ],
-            )
-            .env("OPENSHELL_TEST_MARK", &mark),
-            CallOptions::new(),
-        )
-        .await
-        .expect("exec");
-    assert_eq!(out.stdout, b"started\n");
-    let mut old = Vec::new();
-    assert!(
-        eventually(Duration::from_secs(5), || {
-            old = pids_with_env("OPENSHELL_TEST_MARK", &mark);
-            !old.is_empty()
-        })
-        .await
-    );
+    let old = keep_a_file_and_a_sleeper(&client, names[0]).await;
     let old_pid = host.pid().unwrap();
 
     // kill -9: the sandboxes' processes die with the host.
@@ -511,7 +487,7 @@ async fn a_host_restart_restarts_its_sandboxes(isolation: &str) {
         assert_eq!(String::from_utf8_lossy(&out.stdout), want);
     }
     assert_eq!(
-        pids_with_env("OPENSHELL_TEST_MARK", &mark).is_empty(),
+        old.iter().all(|pid| !is_running(*pid)),
         isolated,
         "{isolation}: {old:?}"
     );

@@ -1,5 +1,6 @@
-//! The peer relay between real replicas: a stream opened on a replica that
-//! does not hold the sandbox's session is relayed by the owner with
+//! The peer relay between real replicas: a stream (a forward, an
+//! interactive exec) opened on a replica that does not hold the sandbox's
+//! session is relayed by the owner with
 //! `PeerRelayFrames` (frames pass as the bytes they came in); an owner that
 //! answers it UNIMPLEMENTED (`--no-peer-relay-frames`, as a replica from
 //! before it) is asked with `PeerRelay`, and the stream works the same.
@@ -129,6 +130,13 @@ async fn relay_through_the_other_replica(cluster: &TestCluster) {
     .unwrap();
     assert_eq!(out.stdout_text().trim(), "4321");
     assert_eq!(out.exit_code, Some(3));
+    for kind in ["tcp", "exec"] {
+        let sample = format!(
+            r#"openshell_server_routed_request_attempts_total{{operation="relay",route="peer",relay_kind="{kind}",outcome="success"}}"#
+        );
+        let relayed = metric_value(&cluster.replicas[0].metrics(), &sample).unwrap_or(0.0);
+        assert!(relayed >= 1.0, "{kind}: {relayed}");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -50,6 +50,24 @@ async fn set(client: &Client, sandbox: &str, key: &str, value: &str) -> UpdateCo
     UpdateConfigResponse::decode(response.bytes).unwrap()
 }
 
+/// Stops (SIGSTOP) the sandbox's real supervisor; returns its PID and the
+/// sandbox token a test session takes over with.
+fn freeze_supervisor(gw: &Gateway, sandbox_id: &str) -> (i32, String) {
+    let pid: i32 = std::fs::read_to_string(
+        gw.store_dir()
+            .join("sandboxes")
+            .join(sandbox_id)
+            .join("supervisor.pid"),
+    )
+    .unwrap()
+    .trim()
+    .parse()
+    .unwrap();
+    let token = sandbox_token(&gw.store_dir(), sandbox_id).expect("sandbox token");
+    signal(pid, libc::SIGSTOP);
+    (pid, token)
+}
+
 fn setting(snapshot: &ConfigSnapshot, key: &str) -> Option<String> {
     match snapshot
         .sandbox_config
@@ -94,19 +112,8 @@ async fn drive(mode: &str, announce_push: bool) -> Run {
     let gw = gateway(mode);
     let client = client(&gw).await;
     let sandbox = create_ready(&client, "session").await;
-    let pid: i32 = std::fs::read_to_string(
-        gw.store_dir()
-            .join("sandboxes")
-            .join(&sandbox.id)
-            .join("supervisor.pid"),
-    )
-    .unwrap()
-    .trim()
-    .parse()
-    .unwrap();
-    let token = sandbox_token(&gw.store_dir(), &sandbox.id).expect("sandbox token");
     // Freeze the real supervisor: this test's session supersedes its one.
-    signal(pid, libc::SIGSTOP);
+    let (pid, token) = freeze_supervisor(&gw, &sandbox.id);
 
     let bootstraps = |gw: &Gateway| {
         metric_value(
@@ -278,18 +285,8 @@ async fn run_returns_only_after_the_apply_call_in_flight() {
     let gw = gateway("push");
     let client = client(&gw).await;
     let sandbox = create_ready(&client, "in-flight").await;
-    let pid: i32 = std::fs::read_to_string(
-        gw.store_dir()
-            .join("sandboxes")
-            .join(&sandbox.id)
-            .join("supervisor.pid"),
-    )
-    .unwrap()
-    .trim()
-    .parse()
-    .unwrap();
-    let token = sandbox_token(&gw.store_dir(), &sandbox.id).expect("sandbox token");
-    signal(pid, libc::SIGSTOP);
+    // Freeze the real supervisor: this test's session supersedes its one.
+    let (pid, token) = freeze_supervisor(&gw, &sandbox.id);
 
     let (started_tx, started_rx) = std::sync::mpsc::channel::<()>();
     let started_tx = Mutex::new(started_tx);

@@ -236,3 +236,36 @@ pub async fn sh(client: &Client, sandbox: &str, script: &str) -> String {
     assert_eq!(out.exit_code, 0, "{script}: {out:?}");
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
+
+/// Writes `kept` into `sandbox`'s working directory and starts a detached
+/// `sleep 600` there, marked with a fresh `OPENSHELL_TEST_MARK`; returns
+/// the sleep's host PIDs once they show (at most 5 s).
+pub async fn keep_a_file_and_a_sleeper(client: &Client, sandbox: &str) -> Vec<i32> {
+    let mark = openshell_testkit::marker();
+    let out = client
+        .exec(
+            ExecRequest::new(
+                sandbox,
+                [
+                    "sh",
+                    "-c",
+                    "echo kept > kept; setsid sleep 600 </dev/null >/dev/null 2>&1 & echo started",
+                ],
+            )
+            .env("OPENSHELL_TEST_MARK", &mark),
+            CallOptions::new(),
+        )
+        .await
+        .expect("exec");
+    assert_eq!(out.stdout, b"started\n");
+    let mut pids = Vec::new();
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            pids = openshell_testkit::pids_with_env("OPENSHELL_TEST_MARK", &mark);
+            !pids.is_empty()
+        })
+        .await,
+        "the marked sleep never showed"
+    );
+    pids
+}
