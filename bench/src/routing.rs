@@ -134,7 +134,11 @@ pub async fn run() {
         .filter_map(|(id, gw)| Some((id.clone(), gw.pid()?)))
         .collect();
     watched.extend(edge.pid().map(|pid| ("edge".to_owned(), pid)));
-    watched.extend(relaying_edge.pid().map(|pid| ("relaying edge".to_owned(), pid)));
+    watched.extend(
+        relaying_edge
+            .pid()
+            .map(|pid| ("relaying edge".to_owned(), pid)),
+    );
     let mut cpu = [vec![0.0; watched.len()], vec![0.0; watched.len()]];
     let mut best = [Duration::MAX; 2];
     for arm in interleaved(2, COPY_ROUNDS) {
