@@ -57,8 +57,9 @@ fn requests(gw: &Gateway, method: &str) -> f64 {
 }
 
 /// A forward (200 kB echoed) and an interactive exec opened on gw-0 for a
-/// sandbox whose session gw-1 holds; returns after checking both.
-async fn relay_through_the_other_replica(cluster: &TestCluster) {
+/// sandbox whose session gw-1 holds; returns the sandbox's name after
+/// checking both.
+async fn relay_through_the_other_replica(cluster: &TestCluster) -> String {
     let mut gw0 = client(&cluster.replicas[0]).await;
     let mut name = None;
     for i in 0..12 {
@@ -137,13 +138,14 @@ async fn relay_through_the_other_replica(cluster: &TestCluster) {
         let relayed = metric_value(&cluster.replicas[0].metrics(), &sample).unwrap_or(0.0);
         assert!(relayed >= 1.0, "{kind}: {relayed}");
     }
+    name
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_relayed_stream_crosses_the_owner_with_peer_relay_frames() {
     let cluster = cluster(&[]);
     wait_ring(&cluster).await;
-    relay_through_the_other_replica(&cluster).await;
+    let name = relay_through_the_other_replica(&cluster).await;
     let owner = &cluster.replicas[1];
     assert!(
         requests(owner, "PeerRelayFrames") >= 2.0,
@@ -151,6 +153,19 @@ async fn a_relayed_stream_crosses_the_owner_with_peer_relay_frames() {
         owner.metrics()
     );
     assert_eq!(requests(owner, "PeerRelay"), 0.0);
+
+    // An init too large for a header (an exec whose command line is 40 kB)
+    // goes in the wrapped PeerRelay, whose init is a message.
+    let mut gw0 = client(&cluster.replicas[0]).await;
+    let long = "x".repeat(40_000);
+    let out = exec(
+        &mut gw0,
+        exec_request(&name, &["sh", "-c", "echo ${#1}", "sh", &long]),
+    )
+    .await
+    .expect("a relayed exec with a long command line");
+    assert_eq!(out.stdout_text().trim(), "40000");
+    assert_eq!(requests(owner, "PeerRelay"), 1.0, "{}", owner.metrics());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

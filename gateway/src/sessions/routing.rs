@@ -47,6 +47,11 @@ const MAX_PEER_FRAME: usize = 8 << 20;
 /// How long an owner that answered `PeerRelayFrames` with UNIMPLEMENTED is
 /// asked with `PeerRelay` only (it may be upgraded meanwhile).
 const LEGACY_PEER_TTL: Duration = Duration::from_secs(60);
+/// The largest encoded init sent in a header (base64 makes it a third
+/// larger; HTTP/2 peers take header lists of 16 KiB by default). A larger
+/// one (an exec with a long command line or environment) goes in the
+/// wrapped `PeerRelay`, whose init is a message.
+const MAX_HEADER_INIT: usize = 8 * 1024;
 
 pub struct RelayRouter {
     pub sessions: Arc<Sessions>,
@@ -176,8 +181,9 @@ impl RelayRouter {
             .unwrap()
             .get(endpoint)
             .is_some_and(|since| since.elapsed() < LEGACY_PEER_TTL);
-        if !legacy {
-            match self.open_peer_frames(cluster, endpoint, &init).await {
+        let encoded = init.encode_to_vec();
+        if !legacy && encoded.len() <= MAX_HEADER_INIT {
+            match self.open_peer_frames(cluster, endpoint, &encoded).await {
                 Err(status) if status.code() == Code::Unimplemented => {
                     tracing::info!(
                         endpoint,
@@ -226,13 +232,13 @@ impl RelayRouter {
         &self,
         cluster: &Cluster,
         endpoint: &str,
-        init: &PeerRelayInit,
+        init: &[u8],
     ) -> Result<Relay, Status> {
         let mut channel = cluster.peer_channel(endpoint)?;
         let mut metadata = Self::peer_metadata(cluster)?;
         metadata.insert_bin(
             PEER_RELAY_INIT_HEADER,
-            tonic::metadata::MetadataValue::from_bytes(&init.encode_to_vec()),
+            tonic::metadata::MetadataValue::from_bytes(init),
         );
         let (tx, rx) = mpsc::channel::<Result<Outbound, Status>>(16);
         // A failed local frame ends the request stream (the owner then
