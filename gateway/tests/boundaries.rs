@@ -500,6 +500,42 @@ fn test_flags_need_allow_test_flags() {
     assert!(!gw.log().contains("--allow-test-flags"));
 }
 
+/// A lost-host bound the seat renewals could not keep up with, or a policy
+/// that does not exist, is refused before anything starts, naming the flag.
+#[test]
+fn bad_lost_host_flags_are_refused() {
+    for (args, says) in [
+        (
+            &["--dev", "--driver", "hosts", "--host-lost-after", "5"][..],
+            "--host-lost-after",
+        ),
+        (
+            &["--dev", "--driver", "hosts", "--host-lost-after", "x"],
+            "--host-lost-after",
+        ),
+        (
+            &["--dev", "--driver", "hosts", "--host-lost-policy", "ignore"],
+            "--host-lost-policy",
+        ),
+        // The test knob below the renewal period (5 s at the default heartbeat).
+        (
+            &[
+                "--dev",
+                "--allow-test-flags",
+                "--driver",
+                "hosts",
+                "--host-lost-after-ms",
+                "3000",
+            ],
+            "more than twice the host seat renewal period",
+        ),
+    ] {
+        let (status, stderr) = serve_refusal(args);
+        assert!(!status.success(), "{args:?}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+    }
+}
+
 #[tokio::test]
 async fn test_flags_run_with_allow_test_flags() {
     let gw = Gateway::start(openshell_testkit::GatewayOptions {

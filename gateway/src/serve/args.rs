@@ -287,7 +287,6 @@ fn optional(text: &str, parse: fn(&str) -> Result<u64, String>) -> Result<Option
     parse(text.trim()).map(Some)
 }
 
-/// The `--sandbox-*` defaults.
 impl ServeArgs {
     /// `--host-lost-after` (or its test knob in milliseconds).
     pub fn host_lost_after(&self) -> std::time::Duration {
@@ -298,6 +297,7 @@ impl ServeArgs {
     }
 }
 
+/// The `--sandbox-*` defaults.
 pub fn default_limits(args: &ServeArgs) -> Limits {
     Limits {
         memory: args.sandbox_memory,
