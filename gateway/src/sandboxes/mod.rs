@@ -3,6 +3,7 @@
 //!
 //! Folder: this module (lifecycle: create, delete, recover, phases),
 //! `driver` (the process driver: directories, supervisors, isolation),
+//! `failover` (sandboxes of lost supervisor hosts and of the other driver),
 //! `limits` (resource limits), `logs` (sandbox log lines) and `watch`
 //! (WatchSandbox streams over the store's event log). May import
 //! `auth`, `cluster`, `sessions`, `store` and `validate`; never `config`,

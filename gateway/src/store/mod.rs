@@ -26,7 +26,8 @@
 //!
 //! Folder: this module (the sandbox statements, the pool, the deadline),
 //! `events` (the event log and its trimming), `schema` (every version's DDL), `hosts`, `members` and
-//! `ssh_sessions` (their tables' statements), `fault` (the test fault) and
+//! `ssh_sessions` (their tables' statements), `failover` (moving sandboxes
+//! off lost supervisor hosts), `fault` (the test fault) and
 //! `layout` (the data directory). The lowest layer: imports no other module.
 //! Each function is one statement (or one transaction) with its dialect
 //! differences.
