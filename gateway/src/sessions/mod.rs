@@ -30,6 +30,7 @@
 //! through `ConfigSink` and channels).
 
 pub mod caps;
+mod epochs;
 pub mod frames;
 pub mod hosts;
 pub mod routing;
@@ -163,14 +164,7 @@ struct Session {
 }
 
 pub use crate::store::is_stale;
-
-/// The refusal of a stale hello.
-pub fn stale_status(epoch: u64, newer: u64) -> Status {
-    Status::aborted(format!(
-        "connection epoch {epoch} is older than this supervisor's live session \
-         (epoch {newer}): a newer connection holds the session"
-    ))
-}
+pub use epochs::stale_status;
 
 struct Pending {
     sandbox_id: String,
@@ -359,24 +353,6 @@ impl Sessions {
 
     pub fn has_session(&self, sandbox_id: &str) -> bool {
         self.sessions.lock().unwrap().contains_key(sandbox_id)
-    }
-
-    /// Refuses a hello from an attempt older than the live session of the
-    /// same supervisor instance here (see [`is_stale`]), before any work is
-    /// done for it. [`Sessions::accept`] checks again as it registers.
-    pub fn refuse_stale(&self, sandbox_id: &str, hello: &SupervisorHello) -> Result<(), Status> {
-        match self.sessions.lock().unwrap().get(sandbox_id) {
-            Some(live)
-                if is_stale(
-                    (&live.instance_id, live.epoch),
-                    &hello.instance_id,
-                    hello.connection_epoch,
-                ) =>
-            {
-                Err(stale_status(hello.connection_epoch, live.epoch))
-            }
-            _ => Ok(()),
-        }
     }
 
     /// Reads the hello of a new session.
