@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 pub mod cluster;
 pub mod edge;
 pub mod host;
+pub mod lab;
 pub mod netns;
 pub mod outside;
 pub mod tls;
