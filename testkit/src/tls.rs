@@ -1,6 +1,8 @@
-//! A throwaway CA and a server certificate for 127.0.0.1/localhost, written
-//! as PEM files, for TLS tests.
+//! A throwaway CA and a server certificate for 127.0.0.1/localhost (and,
+//! through [`make_pki_for`], further IP addresses such as a lab host's),
+//! written as PEM files, for TLS tests.
 
+use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use rcgen::{BasicConstraints, CertificateParams, DnType, IsCa, KeyPair, SanType};
@@ -13,7 +15,15 @@ pub struct TestPki {
     pub server_key: PathBuf,
 }
 
+/// A CA and a server certificate for `localhost` and `127.0.0.1`.
 pub fn make_pki(dir: &Path) -> TestPki {
+    make_pki_for(dir, &[])
+}
+
+/// A CA and a server certificate whose names are `localhost`, `127.0.0.1`
+/// and each of `ips` (the addresses a gateway serves on in a
+/// [`Lab`](crate::lab::Lab), for example).
+pub fn make_pki_for(dir: &Path, ips: &[IpAddr]) -> TestPki {
     let ca_key = KeyPair::generate().expect("ca key");
     let mut ca_params = CertificateParams::new(Vec::<String>::new()).expect("ca params");
     ca_params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
@@ -24,9 +34,10 @@ pub fn make_pki(dir: &Path) -> TestPki {
 
     let key = KeyPair::generate().expect("server key");
     let mut params = CertificateParams::new(vec!["localhost".to_owned()]).expect("server params");
-    params
-        .subject_alt_names
-        .push(SanType::IpAddress("127.0.0.1".parse().unwrap()));
+    let loopback = IpAddr::from([127, 0, 0, 1]);
+    for ip in std::iter::once(&loopback).chain(ips.iter().filter(|ip| **ip != loopback)) {
+        params.subject_alt_names.push(SanType::IpAddress(*ip));
+    }
     params
         .distinguished_name
         .push(DnType::CommonName, "openshell test gateway");

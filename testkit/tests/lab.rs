@@ -3,7 +3,7 @@
 //! why and returns when the machine cannot host a lab (not root).
 
 use std::io::{self, Read, Write};
-use std::net::{Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
+use std::net::{IpAddr, Ipv4Addr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::sync::Arc;
@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use openshell_testkit::lab::Lab;
 use openshell_testkit::netns::SandboxNet;
+use openshell_testkit::tls::make_pki_for;
 
 const PORT: u16 = 7000;
 /// Long enough for a frame through two cables and a bridge, short enough
@@ -449,4 +450,51 @@ fn reaches_nothing_yet(lab: &Lab) -> bool {
         .connect("zz0", SocketAddr::from((lab.addr("zz1"), PORT)), CONNECT)
         .unwrap_err();
     err.kind() == io::ErrorKind::ConnectionRefused
+}
+
+#[test]
+fn a_certificate_for_a_lab_address_verifies_from_another_host() {
+    let Some(lab) = start(&["a", "b"]) else {
+        return;
+    };
+    let tools = ["/usr/bin/openssl", "/usr/bin/curl"];
+    if let Some(tool) = tools.iter().find(|tool| !Path::new(tool).exists()) {
+        eprintln!("{tool} is missing: skipped");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let pki = make_pki_for(dir.path(), &[IpAddr::V4(lab.addr("b"))]);
+    let mut server = lab
+        .command("b", "openssl")
+        .args(["s_server", "-quiet", "-www", "-accept"])
+        .arg(PORT.to_string())
+        .arg("-cert")
+        .arg(&pki.server_cert)
+        .arg("-key")
+        .arg(&pki.server_key)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let url = format!("https://{}:{PORT}/", lab.addr("b"));
+    let fetch = |ca: &Path| {
+        lab.command("a", "curl")
+            .args(["--silent", "--output", "/dev/null", "--max-time", "2"])
+            .arg("--cacert")
+            .arg(ca)
+            .arg(&url)
+            .status()
+            .unwrap()
+    };
+    let verified =
+        openshell_testkit::wait_until(Duration::from_secs(10), || fetch(&pki.ca_cert).success());
+    // Another CA's certificate does not verify: the check is real.
+    let other = tempfile::tempdir().unwrap();
+    let stranger = make_pki_for(other.path(), &[IpAddr::V4(lab.addr("b"))]);
+    let refused = fetch(&stranger.ca_cert);
+    let _ = server.kill();
+    let _ = server.wait();
+    assert!(verified, "curl from a did not verify b's certificate");
+    assert!(!refused.success(), "a stranger CA verified: {refused}");
 }
