@@ -103,6 +103,8 @@ impl EdgeMetrics {
 /// What `/metrics` answers.
 pub(crate) type Render = Arc<dyn Fn() -> String + Send + Sync>;
 
+/// Serves `GET /metrics`, and `/healthz` and `/readyz` for probes, until
+/// `stop`.
 pub(crate) async fn serve_metrics(listener: TcpListener, render: Render, stop: CancellationToken) {
     loop {
         let stream = tokio::select! {
@@ -125,6 +127,12 @@ pub(crate) async fn serve_metrics(listener: TcpListener, render: Render, stop: C
                         Response::builder()
                             .header(header::CONTENT_TYPE, "text/plain; version=0.0.4")
                             .body(Full::new(Bytes::from(render())))
+                    } else if matches!(req.uri().path(), "/healthz" | "/readyz") {
+                        // The edge keeps no state that could make it unready:
+                        // serving this listener is being alive and ready.
+                        Response::builder()
+                            .header(header::CONTENT_TYPE, "text/plain; charset=utf-8")
+                            .body(Full::new(Bytes::from_static(b"ok\n")))
                     } else {
                         Response::builder()
                             .status(StatusCode::NOT_FOUND)

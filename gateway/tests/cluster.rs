@@ -358,18 +358,30 @@ async fn dead_replicas_leave_the_ring_and_a_hung_database_clears_it() {
     );
 
     // A database that hangs (SIGSTOP) makes every membership call time out;
-    // after the TTL the ring is cleared rather than trusted.
+    // after the TTL the ring is cleared rather than trusted, and the replica
+    // is fenced: not ready, and its gRPC port refuses connections.
+    let ready = |gw: &Gateway| openshell_testkit::http_get(gw.metrics_addr, "/readyz");
+    assert_eq!(ready(gw0), "ready\n");
+    assert!(std::net::TcpStream::connect(gw0.grpc_addr).is_ok());
     pg.pause();
     let cleared = eventually(Duration::from_secs(20), || {
         metric(gw0, "openshell_server_ring_members") == 0.0
     })
     .await;
+    let fenced = cleared
+        && eventually(Duration::from_secs(5), || {
+            std::net::TcpStream::connect(gw0.grpc_addr).is_err()
+        })
+        .await;
+    let not_ready = ready(gw0);
     pg.resume();
     assert!(
         cleared,
         "ring not cleared while the database hung:\n{}",
         gw0.metrics()
     );
+    assert!(fenced, "a fenced replica still accepts connections");
+    assert_eq!(not_ready, "not ready\n");
     assert!(
         eventually(Duration::from_secs(15), || metric(
             gw0,
@@ -378,6 +390,19 @@ async fn dead_replicas_leave_the_ring_and_a_hung_database_clears_it() {
         .await,
         "ring did not come back after the database did"
     );
+    assert!(
+        eventually(Duration::from_secs(5), || {
+            std::net::TcpStream::connect(gw0.grpc_addr).is_ok()
+        })
+        .await,
+        "the replica did not listen again once its membership was back"
+    );
+    assert_eq!(ready(gw0), "ready\n");
+    client(gw0)
+        .await
+        .list_sandboxes(ListSandboxesRequest::default())
+        .await
+        .expect("calls are served again");
 }
 
 #[tokio::test]

@@ -638,6 +638,10 @@ async fn builtin_route_removed_by_sighup_is_not_found() {
         is_running(edge.pid().unwrap()),
         "SIGHUP must not stop the edge"
     );
+    // Probes (a Kubernetes deployment's) read its metrics listener.
+    for path in ["/healthz", "/readyz"] {
+        assert_eq!(openshell_testkit::http_get(edge.metrics_addr, path), "ok\n");
+    }
 }
 
 #[tokio::test]

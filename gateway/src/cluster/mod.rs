@@ -6,8 +6,11 @@
 //! live while its row was refreshed within the 30 s TTL by the database's
 //! clock. Every store call of the membership worker has a timeout, so a
 //! hung database cannot keep a stale ring: if the ring could not be
-//! refreshed for longer than the TTL it is cleared, and an empty ring means
-//! "serve everything locally".
+//! refreshed for longer than the TTL it is cleared and the replica is
+//! **fenced** ([`Cluster::fenced`]): the others have dropped it from their
+//! rings by then, so it must stop acting as an owner. `serve::fence` hands
+//! its sessions to the replicas of its last ring and stops listening until
+//! a refresh succeeds again.
 //!
 //! The ring is a view up to one refresh old. Whoever must reach every
 //! member right now (config notifications) reads the store instead
@@ -87,6 +90,11 @@ pub struct Cluster {
     /// Bumped each time this replica becomes visible as a member: its first
     /// refresh, and the first one after its view was cleared.
     joined: watch::Sender<u64>,
+    /// Whether the view was cleared for want of a refresh (fenced), and the
+    /// ring (without this replica) and endpoints it had before, where the
+    /// sessions held here are sent.
+    fenced: watch::Sender<bool>,
+    before_fence: Mutex<(Ring, HashMap<String, String>)>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -112,6 +120,8 @@ impl Cluster {
             metrics,
             peers: Mutex::new(HashMap::new()),
             joined: watch::channel(0).0,
+            fenced: watch::channel(false).0,
+            before_fence: Mutex::new((Ring::default(), HashMap::new())),
         });
         if let Err(err) = cluster.refresh().await {
             tracing::warn!(%err, "first membership refresh failed");
@@ -203,6 +213,15 @@ impl Cluster {
         if !was_member && view.endpoints.contains_key(&self.config.replica_id) {
             self.joined.send_modify(|n| *n += 1);
         }
+        drop(view);
+        self.fenced.send_if_modified(|fenced| {
+            let was = *fenced;
+            if was {
+                tracing::info!("membership refreshed again; no longer fenced");
+            }
+            *fenced = false;
+            was
+        });
     }
 
     /// Counts this replica's joins (see the field); a receiver that sees a
@@ -228,15 +247,40 @@ impl Cluster {
         Ok(())
     }
 
-    /// A ring that could not be refreshed within the TTL is not trusted.
+    /// A ring that could not be refreshed within the TTL is not trusted:
+    /// it is cleared and this replica fenced (see the module docs).
     fn clear_if_stale(&self) {
         let mut view = self.view.write().unwrap();
         if view.refreshed.elapsed() > self.config.member_ttl && !view.ring.is_empty() {
-            tracing::warn!("membership stale for longer than the TTL; clearing the ring");
-            view.ring = Ring::default();
-            view.endpoints.clear();
+            tracing::warn!(
+                "membership stale for longer than the TTL; clearing the ring and fencing this replica"
+            );
+            let ring = std::mem::take(&mut view.ring).without(&self.config.replica_id);
+            let endpoints = std::mem::take(&mut view.endpoints);
+            *self.before_fence.lock().unwrap() = (ring, endpoints);
             self.metrics.ring_members.set(0);
+            drop(view);
+            self.fenced.send_replace(true);
         }
+    }
+
+    /// True while fenced; changes when this replica is fenced or refreshes
+    /// its membership again.
+    pub fn fenced(&self) -> watch::Receiver<bool> {
+        self.fenced.subscribe()
+    }
+
+    pub fn is_fenced(&self) -> bool {
+        *self.fenced.borrow()
+    }
+
+    /// Where a session held here goes when this replica is fenced: the
+    /// sandbox's owner on the last ring this replica had, without itself.
+    pub fn placement_before_fence(&self, sandbox_id: &str) -> Option<(String, String)> {
+        let before = self.before_fence.lock().unwrap();
+        let owner = before.0.owner(sandbox_id)?.to_owned();
+        let endpoint = before.1.get(&owner)?.clone();
+        Some((owner, endpoint))
     }
 
     /// Whether this replica is the cluster's only live member. The ring

@@ -37,8 +37,8 @@ pub struct RelayLabels {
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RedirectLabels {
-    /// connect, shutdown, or rebalance (an idle session sent home to its
-    /// ring owner).
+    /// connect, shutdown, rebalance (an idle session sent home to its
+    /// ring owner), or fenced (this replica's membership lapsed).
     pub reason: &'static str,
 }
 
@@ -344,20 +344,34 @@ pub fn code_name(code: tonic::Code) -> &'static str {
     }
 }
 
-/// Serves `GET /metrics` over HTTP/1.1 until `stop` fires.
-pub async fn serve(listener: TcpListener, metrics: Arc<Metrics>, stop: CancellationToken) {
-    let pages: Pages = Arc::new(move |path: &str| {
-        (path == "/metrics").then(|| (PROMETHEUS_TEXT, metrics.render()))
+/// Serves over HTTP/1.1 until `stop` fires: `GET /metrics`; `/healthz`
+/// (200 while the process serves this listener: liveness); `/readyz` (200
+/// while `ready` says so, else 503: a fenced or stopping replica takes no
+/// new calls).
+pub async fn serve(
+    listener: TcpListener,
+    metrics: Arc<Metrics>,
+    ready: impl Fn() -> bool + Send + Sync + 'static,
+    stop: CancellationToken,
+) {
+    let pages: Pages = Arc::new(move |path: &str| match path {
+        "/metrics" => Some((200, PROMETHEUS_TEXT, metrics.render())),
+        "/healthz" => Some((200, PLAIN_TEXT, "ok\n".into())),
+        "/readyz" if ready() => Some((200, PLAIN_TEXT, "ready\n".into())),
+        "/readyz" => Some((503, PLAIN_TEXT, "not ready\n".into())),
+        _ => None,
     });
     serve_pages(listener, pages, stop).await
 }
 
+const PLAIN_TEXT: &str = "text/plain; charset=utf-8";
+
 /// The content type of the Prometheus text format.
 pub const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
-/// What a small read-only HTTP listener answers: for a path, its content
-/// type and body; `None` is 404.
-pub type Pages = Arc<dyn Fn(&str) -> Option<(&'static str, String)> + Send + Sync>;
+/// What a small read-only HTTP listener answers: for a path, its status,
+/// content type and body; `None` is 404.
+pub type Pages = Arc<dyn Fn(&str) -> Option<(u16, &'static str, String)> + Send + Sync>;
 
 /// Serves `pages` to `GET`s over HTTP/1.1 until `stop` fires (the
 /// replicas' metrics, `up`'s status and metrics).
@@ -379,7 +393,8 @@ pub async fn serve_pages(listener: TcpListener, pages: Pages, stop: Cancellation
                 let page = pages(req.uri().path());
                 async move {
                     let response = match page {
-                        Some((content_type, body)) => hyper::Response::builder()
+                        Some((status, content_type, body)) => hyper::Response::builder()
+                            .status(status)
                             .header("content-type", content_type)
                             .body(Full::new(Bytes::from(body))),
                         None => hyper::Response::builder()

@@ -6,6 +6,7 @@
 //! This is the top of the replica: it may import every other module.
 
 pub mod args;
+mod fence;
 pub mod flag_policy;
 
 use std::sync::Arc;
@@ -392,16 +393,50 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
         )
         .add_service(peer_routes);
-    let stop = server_stop.clone();
-    let server = tokio::spawn(async move {
+    let serve_one = move |listener: TcpListener, stop: CancellationToken| {
         router
+            .clone()
             .serve_with_incoming_shutdown(accept_nodelay(listener), stop.cancelled_owned())
-            .await
-    });
+    };
+    let on_fence = {
+        let (cluster, sessions, hosts, metrics) = (
+            cluster.clone(),
+            sessions.clone(),
+            host_sessions.clone(),
+            metrics.clone(),
+        );
+        move || {
+            let Some(cluster) = &cluster else { return };
+            let sent = sessions.hand_off_all(|sandbox_id| {
+                let (owner, endpoint) = cluster.placement_before_fence(sandbox_id)?;
+                Some(SessionRedirect {
+                    peer_endpoint: endpoint,
+                    owner_replica_id: owner,
+                })
+            });
+            hosts.close_all();
+            metrics
+                .session_redirects
+                .get_or_create(&crate::metrics::RedirectLabels { reason: "fenced" })
+                .inc_by(sent as u64);
+        }
+    };
+    let server = tokio::spawn(fence::serve(
+        serve_one,
+        listener,
+        cluster.as_ref().map(|c| c.fenced()),
+        on_fence,
+        server_stop.clone(),
+    ));
     let metrics_stop = CancellationToken::new();
+    let ready = {
+        let (cluster, sessions) = (cluster.clone(), sessions.clone());
+        move || !sessions.is_shutting_down() && !cluster.as_ref().is_some_and(|c| c.is_fenced())
+    };
     tokio::spawn(crate::metrics::serve(
         metrics_listener,
         metrics.clone(),
+        ready,
         metrics_stop.clone(),
     ));
 
@@ -472,8 +507,7 @@ pub async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     }
     server_stop.cancel();
     match tokio::time::timeout(Duration::from_secs(5), server).await {
-        Ok(Ok(Ok(()))) => {}
-        Ok(Ok(Err(err))) => tracing::warn!(%err, "server ended with an error"),
+        Ok(Ok(())) => {}
         Ok(Err(err)) => tracing::warn!(%err, "server task failed"),
         Err(_) => tracing::warn!("connections still open after 5 s; exiting anyway"),
     }

@@ -32,6 +32,7 @@
 pub mod caps;
 mod epochs;
 pub mod frames;
+mod hand_off;
 pub mod hosts;
 pub mod routing;
 
@@ -680,68 +681,6 @@ impl Sessions {
     /// sessions are handed off, ending the sandbox sessions inside them).
     pub fn refuse_new(&self) {
         self.shutting_down.store(true, Ordering::SeqCst);
-    }
-
-    /// Refuses new sessions, sends each held session that can follow one the
-    /// redirect `redirect_for` computes, and closes every session. Returns
-    /// how many redirects were sent.
-    pub fn shutdown(&self, redirect_for: impl Fn(&str) -> Option<SessionRedirect>) -> usize {
-        self.shutting_down.store(true, Ordering::SeqCst);
-        let mut sent = 0;
-        for (sandbox_id, session) in self.sessions.lock().unwrap().iter() {
-            if session.supports_redirect
-                && let Some(redirect) = redirect_for(sandbox_id)
-            {
-                let message = GatewayMessage {
-                    payload: Some(gateway_message::Payload::SessionRedirect(redirect)),
-                };
-                // A full queue means a supervisor that is not reading; it
-                // reconnects through the edge instead.
-                if session.tx.try_send(Ok(message)).is_ok() {
-                    sent += 1;
-                }
-            }
-            session.closed.cancel();
-        }
-        sent
-    }
-
-    /// Sends idle sessions home: each session held here for at least
-    /// `min_age`, with no relay open (moving would cut its streams), whose
-    /// supervisor can follow a redirect and for which `redirect_for` names
-    /// another replica (its live ring owner), is redirected there. This is
-    /// how sessions that a shutdown or an outage moved off their ring owner
-    /// return once it is back. Returns how many were sent.
-    pub fn send_home(
-        &self,
-        min_age: Duration,
-        redirect_for: impl Fn(&str) -> Option<SessionRedirect>,
-    ) -> usize {
-        if self.is_shutting_down() {
-            return 0;
-        }
-        let busy = self.busy.lock().unwrap().clone();
-        let mut sent = 0;
-        for (sandbox_id, session) in self.sessions.lock().unwrap().iter() {
-            if !session.supports_redirect
-                || session.accepted_at.elapsed() < min_age
-                || busy.get(sandbox_id).is_some_and(|n| *n > 0)
-            {
-                continue;
-            }
-            let Some(redirect) = redirect_for(sandbox_id) else {
-                continue;
-            };
-            let message = GatewayMessage {
-                payload: Some(gateway_message::Payload::SessionRedirect(redirect)),
-            };
-            if session.tx.try_send(Ok(message)).is_ok() {
-                session.moving.store(true, Ordering::SeqCst);
-                session.closed.cancel();
-                sent += 1;
-            }
-        }
-        sent
     }
 
     /// Waits up to `wait` for a local session of the sandbox.

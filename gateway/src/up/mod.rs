@@ -198,10 +198,11 @@ pub async fn run(args: UpArgs) -> anyhow::Result<()> {
     let pages_board = board.clone();
     let pages: crate::metrics::Pages = Arc::new(move |path: &str| match path {
         "/metrics" => Some((
+            200,
             crate::metrics::PROMETHEUS_TEXT,
             pages_board.render_metrics(),
         )),
-        "/status" => Some(("application/json", pages_board.render_json())),
+        "/status" => Some((200, "application/json", pages_board.render_json())),
         _ => None,
     });
     tokio::spawn(crate::metrics::serve_pages(
