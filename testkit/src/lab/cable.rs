@@ -22,9 +22,12 @@ use std::time::{Duration, Instant};
 const POLL: Duration = Duration::from_millis(20);
 /// Frames read in a row before the thread polls again and serves its queue.
 const BATCH: usize = 64;
-/// A frame never exceeds this: the TAPs carry no offloads, so the kernel
-/// hands over frames of at most the MTU (plus the Ethernet header).
-const FRAME_MAX: usize = 65_536;
+/// Each frame on a TAP descriptor starts with a `struct virtio_net_hdr`
+/// (its segmentation and checksum offload state), passed on unread.
+pub const OFFLOAD_HEADER: usize = 10;
+/// The largest read: a header and a segmentation-offload frame of up to
+/// 64 KiB plus its Ethernet header.
+const FRAME_MAX: usize = 1 << 17;
 
 const ETHERTYPE_IPV4: [u8; 2] = [0x08, 0x00];
 
@@ -246,6 +249,7 @@ fn verdict(frame: &[u8], direction: Direction, rules: &SharedRules) -> Verdict {
 
 /// Source and destination of an untagged Ethernet frame carrying IPv4.
 fn ipv4_addresses(frame: &[u8]) -> Option<(Ipv4Addr, Ipv4Addr)> {
+    let frame = frame.get(OFFLOAD_HEADER..)?;
     if frame.get(12..14)? != ETHERTYPE_IPV4 {
         return None;
     }
@@ -291,12 +295,15 @@ fn wait_readable(fd: &OwnedFd, wait: Duration) -> io::Result<bool> {
 mod tests {
     use super::*;
 
+    const ETHERTYPE: std::ops::Range<usize> = OFFLOAD_HEADER + 12..OFFLOAD_HEADER + 14;
+
     fn ipv4_frame(source: [u8; 4], destination: [u8; 4]) -> Vec<u8> {
-        let mut frame = vec![0u8; 60];
-        frame[12..14].copy_from_slice(&ETHERTYPE_IPV4);
-        frame[14] = 0x45;
-        frame[26..30].copy_from_slice(&source);
-        frame[30..34].copy_from_slice(&destination);
+        let mut frame = vec![0u8; OFFLOAD_HEADER + 60];
+        let ethernet = &mut frame[OFFLOAD_HEADER..];
+        ethernet[12..14].copy_from_slice(&ETHERTYPE_IPV4);
+        ethernet[14] = 0x45;
+        ethernet[26..30].copy_from_slice(&source);
+        ethernet[30..34].copy_from_slice(&destination);
         frame
     }
 
@@ -311,9 +318,9 @@ mod tests {
             ))
         );
         let mut arp = frame.clone();
-        arp[12..14].copy_from_slice(&[0x08, 0x06]);
+        arp[ETHERTYPE].copy_from_slice(&[0x08, 0x06]);
         assert_eq!(ipv4_addresses(&arp), None);
-        assert_eq!(ipv4_addresses(&frame[..20]), None);
+        assert_eq!(ipv4_addresses(&frame[..OFFLOAD_HEADER + 20]), None);
     }
 
     #[test]
@@ -345,7 +352,7 @@ mod tests {
         ));
         lock(&rules).isolated = true;
         let mut arp = back.clone();
-        arp[12..14].copy_from_slice(&[0x08, 0x06]);
+        arp[ETHERTYPE].copy_from_slice(&[0x08, 0x06]);
         assert!(matches!(
             verdict(&arp, Direction::Inbound, &rules),
             Verdict::Drop
