@@ -316,6 +316,7 @@ async fn switching_the_driver_adopts_sandboxes_both_ways() {
         token,
         isolation: "namespaces".into(),
         extra_args: Vec::new(),
+        launcher: Vec::new(),
     });
     let client = direct_client(&gw).await;
     let message = adopted(&client, "adopted by the host").await;

@@ -143,6 +143,10 @@ impl TestCluster {
 pub struct Postgres {
     child: Option<Child>,
     pub port: u16,
+    /// The address it listens on (`listen_addresses`).
+    host: std::net::Ipv4Addr,
+    /// The command prefix it runs through (a lab host's launcher).
+    launcher: Vec<String>,
     /// The `postgres` role's password: TCP connections authenticate with
     /// SCRAM, as in a real deployment (sandboxes share the host's loopback).
     password: String,
@@ -181,6 +185,12 @@ fn as_postgres(program: &Path) -> Command {
 
 impl Postgres {
     pub fn start() -> Self {
+        Self::start_in(&[], std::net::Ipv4Addr::LOCALHOST)
+    }
+
+    /// A server listening on `host`, run through `launcher` (a lab host's,
+    /// see [`crate::lab::Lab::launcher`]; empty: none).
+    pub fn start_in(launcher: &[String], host: std::net::Ipv4Addr) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("openshell-pg-")
             .tempdir()
@@ -225,37 +235,87 @@ impl Postgres {
             "initdb failed: {}",
             String::from_utf8_lossy(&init.stderr)
         );
-        let port = crate::free_port();
-        let log = std::fs::File::create(dir.path().join("postgres.log")).unwrap();
-        let child = as_postgres(&postgres_bin("postgres"))
-            .arg("-D")
-            .arg(&data)
-            .arg("-p")
-            .arg(port.to_string())
-            .arg("-k")
-            .arg(dir.path())
-            .args(["-c", "listen_addresses=127.0.0.1", "-c", "fsync=off"])
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("start postgres");
         std::fs::remove_file(&pwfile).unwrap();
+        if !host.is_loopback() {
+            // initdb admits loopback only; peers on the host's /24 (a lab's
+            // other hosts) authenticate with the password too.
+            let [a, b, c, _] = host.octets();
+            let mut hba = std::fs::OpenOptions::new()
+                .append(true)
+                .open(data.join("pg_hba.conf"))
+                .expect("pg_hba.conf");
+            use std::io::Write as _;
+            writeln!(hba, "host all all {a}.{b}.{c}.0/24 scram-sha-256").unwrap();
+        }
         let mut pg = Self {
-            child: Some(child),
-            port,
+            child: None,
+            port: crate::free_port(),
+            host,
+            launcher: launcher.to_vec(),
             password,
             dir,
         };
-        pg.wait_ready();
+        pg.spawn();
         pg
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("postgres.log"))
+            .unwrap();
+        let mut command = match self.launcher.split_first() {
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args);
+                command
+            }
+            None => Command::new("env"),
+        };
+        // `setpriv` (as_postgres) runs inside the launcher, so the server's
+        // pid is the child's.
+        let server = as_postgres(&postgres_bin("postgres"));
+        command
+            .arg(server.get_program())
+            .args(server.get_args())
+            .arg("-D")
+            .arg(self.dir.path().join("pgdata"))
+            .arg("-p")
+            .arg(self.port.to_string())
+            .arg("-k")
+            .arg(self.dir.path())
+            .args(["-c", &format!("listen_addresses={}", self.host)])
+            .args(["-c", "fsync=off"])
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        self.child = Some(command.spawn().expect("start postgres"));
+        self.wait_ready();
+    }
+
+    /// Stops the server at once (SIGQUIT: no checkpoint, as a crash of its
+    /// host leaves it), on the next [`Postgres::start_again`] it recovers.
+    pub fn stop_immediately(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            signal(child.id() as i32, libc::SIGQUIT);
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts a stopped server again on the same data, address and port.
+    pub fn start_again(&mut self) {
+        assert!(self.child.is_none(), "postgres is still running");
+        self.spawn();
     }
 
     fn wait_ready(&mut self) {
         let started = Instant::now();
         loop {
             let ready = as_postgres(&postgres_bin("pg_isready"))
-                .args(["-h", "127.0.0.1", "-p", &self.port.to_string(), "-q"])
+                .arg("-h")
+                .arg(self.dir.path())
+                .args(["-p", &self.port.to_string(), "-q"])
                 .status()
                 .map(|s| s.success())
                 .unwrap_or(false);
@@ -282,8 +342,8 @@ impl Postgres {
 
     pub fn url(&self) -> String {
         format!(
-            "postgres://postgres:{}@127.0.0.1:{}/postgres",
-            self.password, self.port
+            "postgres://postgres:{}@{}:{}/postgres",
+            self.password, self.host, self.port
         )
     }
 

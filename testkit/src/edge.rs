@@ -48,6 +48,19 @@ impl Edge {
     /// Like [`Edge::start`] with further `edge` arguments (for example
     /// `--replica ID=URL`).
     pub fn start_with(replicas: &[(&str, &str)], extra_args: &[&str]) -> Self {
+        Self::start_in(&[], "127.0.0.1:0".parse().unwrap(), replicas, extra_args)
+    }
+
+    /// Like [`Edge::start_with`], started through `launcher` (a lab host's,
+    /// see [`crate::lab::Lab::launcher`]) and listening on `listen` (the
+    /// metrics listener on a free port of the same address). A
+    /// non-loopback address needs `--allow-public` in `extra_args`.
+    pub fn start_in(
+        launcher: &[String],
+        listen: SocketAddr,
+        replicas: &[(&str, &str)],
+        extra_args: &[&str],
+    ) -> Self {
         let dir = tempfile::Builder::new()
             .prefix("openshell-edge-")
             .tempdir()
@@ -56,9 +69,21 @@ impl Edge {
         write_atomically(&routes, &routes_json(replicas));
         let ready = dir.path().join("ready.json");
         let log = std::fs::File::create(dir.path().join("edge.log")).expect("edge log");
-        let mut child = Command::new(bin("openshell-gateway"))
+        let mut command = match launcher.split_first() {
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(bin("openshell-gateway"));
+                command
+            }
+            None => Command::new(bin("openshell-gateway")),
+        };
+        let metrics_listen = SocketAddr::new(listen.ip(), 0);
+        let mut child = command
             .arg("edge")
-            .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+            .arg("--listen")
+            .arg(listen.to_string())
+            .arg("--metrics-listen")
+            .arg(metrics_listen.to_string())
             .arg("--routes-file")
             .arg(&routes)
             .arg("--ready-file")

@@ -20,6 +20,9 @@ pub struct HostOptions {
     pub isolation: String,
     /// Further arguments.
     pub extra_args: Vec<String>,
+    /// A command the host is started through (a lab host's
+    /// [`launcher`](crate::lab::Lab::launcher)); empty: none.
+    pub launcher: Vec<String>,
 }
 
 /// A running host with its own `--root` directory, kept across
@@ -56,7 +59,15 @@ impl SupervisorHost {
             .append(true)
             .open(self.dir.path().join("host.log"))
             .expect("host log");
-        let child = Command::new(bin("openshell-supervisor"))
+        let mut command = match self.options.launcher.split_first() {
+            Some((program, args)) => {
+                let mut command = Command::new(program);
+                command.args(args).arg(bin("openshell-supervisor"));
+                command
+            }
+            None => Command::new(bin("openshell-supervisor")),
+        };
+        let child = command
             .args(["host", "--gateway", &self.options.gateway])
             .args(["--host-id", &self.options.host_id])
             .arg("--token-file")

@@ -75,6 +75,9 @@ pub struct GatewayOptions {
     pub launcher: Vec<String>,
     /// Extra environment variables of the gateway process.
     pub env: Vec<(String, String)>,
+    /// `--listen` (default `127.0.0.1:0`); the metrics listener takes a
+    /// free port on the same address.
+    pub listen: Option<SocketAddr>,
 }
 
 impl GatewayOptions {
@@ -120,7 +123,11 @@ impl Gateway {
             metrics_addr: "127.0.0.1:0".parse().unwrap(),
             data,
         };
-        gateway.spawn("127.0.0.1:0".parse().unwrap());
+        let listen = gateway
+            .options
+            .listen
+            .unwrap_or_else(|| "127.0.0.1:0".parse().unwrap());
+        gateway.spawn(listen);
         gateway
     }
 
@@ -160,7 +167,7 @@ impl Gateway {
             .arg("--listen")
             .arg(listen.to_string())
             .arg("--metrics-listen")
-            .arg("127.0.0.1:0")
+            .arg(SocketAddr::new(listen.ip(), 0).to_string())
             .arg("--data-dir")
             .arg(self.store_dir())
             .arg("--ready-file")

@@ -41,6 +41,8 @@ use crate::store::{Member, Store, StoreError};
 /// Largest HTTP/2 frame a peer may send on a peer channel: one relayed
 /// 64 KiB data frame fits one HTTP/2 frame (the replicas' own setting).
 const PEER_H2_MAX_FRAME_SIZE: u32 = 256 * 1024;
+/// HTTP/2 keepalive of peer channels: ping interval and answer timeout.
+const PEER_KEEPALIVE: Duration = Duration::from_secs(5);
 /// How long after start the view is re-read often, and how often.
 const STARTUP_WINDOW: Duration = Duration::from_secs(30);
 const STARTUP_RESYNC: Duration = Duration::from_millis(500);
@@ -351,6 +353,11 @@ impl Cluster {
         let mut builder = Endpoint::from_shared(endpoint.to_owned())
             .map_err(|_| tonic::Status::internal("invalid peer endpoint"))?
             .connect_timeout(Duration::from_secs(3))
+            // A peer cut off (its link, not its process) is noticed within
+            // PEER_KEEPALIVE twice, and the channel dials again.
+            .http2_keep_alive_interval(PEER_KEEPALIVE)
+            .keep_alive_timeout(PEER_KEEPALIVE)
+            .keep_alive_while_idle(true)
             .tcp_nodelay(true)
             .initial_stream_window_size(2 << 20)
             .initial_connection_window_size(16 << 20)

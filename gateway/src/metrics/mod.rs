@@ -176,6 +176,7 @@ impl Metrics {
             "connect",
             "shutdown",
             "rebalance",
+            "fenced",
             "host_connect",
             "host_shutdown",
         ] {

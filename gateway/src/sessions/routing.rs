@@ -120,15 +120,29 @@ impl RelayRouter {
             } else if let Ok(Some(owner)) = self.store.owner(sandbox_id, OWNER_TTL).await
                 && owner.replica_id != cluster.replica_id()
             {
-                let result = self
-                    .open_peer(
+                // A peer cut off after its connection was made answers
+                // nothing: the open budget bounds the wait, as it bounds
+                // the retries.
+                let opened = tokio::time::timeout_at(
+                    deadline,
+                    self.open_peer(
                         cluster,
                         &owner.peer_endpoint,
                         sandbox_id,
                         target.clone(),
                         ssh_session,
-                    )
-                    .await;
+                    ),
+                )
+                .await;
+                let Ok(result) = opened else {
+                    let timed_out = Err(Status::unavailable(format!(
+                        "relay to the owner replica failed: {} did not answer within {} s",
+                        owner.replica_id,
+                        OPEN_BUDGET.as_secs()
+                    )));
+                    self.count("peer", kind, &timed_out);
+                    return timed_out;
+                };
                 self.count("peer", kind, &result);
                 match result {
                     Err(status) if retryable(&status) => {

@@ -99,6 +99,7 @@ impl Setup {
             token,
             isolation: isolation.to_owned(),
             extra_args: Vec::new(),
+            launcher: Vec::new(),
         })
     }
 
