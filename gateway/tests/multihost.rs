@@ -342,6 +342,22 @@ async fn scenario(world: &World) {
         .build()
         .unwrap();
     let client = Client::connect(config).await.expect("connect to the edge");
+    let hosts_held = || -> f64 {
+        REPLICAS
+            .iter()
+            .map(|r| world.metric(r, "openshell_server_supervisor_hosts"))
+            .sum()
+    };
+    if until(Duration::from_secs(30), || hosts_held() == 2.0)
+        .await
+        .is_none()
+    {
+        let logs: Vec<String> = world.hosts.iter().map(SupervisorHost::log).collect();
+        panic!(
+            "the supervisor hosts did not connect:\n{}",
+            logs.join("\n---\n")
+        );
+    }
     let mut ids = Vec::new();
     let names: Vec<String> = (0..SANDBOXES).map(|i| format!("multi-{i}")).collect();
     for name in &names {
@@ -521,14 +537,30 @@ async fn scenario(world: &World) {
     let since = Instant::now();
     world.lab.cut("db", &victim);
     let fenced = until(MEMBER_TTL * 4, || !world.ready(&victim)).await;
+    let fenced_at = since.elapsed();
     let others_moved = until(Duration::from_secs(60), || {
         world.metric(&victim, "openshell_server_supervisor_hosts") == 0.0
     })
     .await;
+    let hosts_gone_at = since.elapsed();
     assert!(fenced.is_some(), "{victim} was not fenced");
     assert!(
         others_moved.is_some(),
         "{victim} kept its hosts while fenced"
+    );
+    let sessions_elsewhere = until(Duration::from_secs(90), || {
+        let held: f64 = REPLICAS
+            .iter()
+            .filter(|r| **r != victim)
+            .map(|r| world.metric(r, "openshell_server_supervisor_sessions"))
+            .sum();
+        held == SANDBOXES as f64
+    })
+    .await;
+    println!(
+        "  {victim} cut from the database: fenced {fenced_at:?}, hosts gone {hosts_gone_at:?}, \
+         every sandbox session on another replica {:?} after the cut",
+        sessions_elsewhere.map(|_| since.elapsed())
     );
     assert!(
         steady(&log, 2, Duration::from_secs(60)).await,
