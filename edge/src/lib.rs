@@ -1,6 +1,9 @@
 //! `openshell-gateway edge`: the local edge proxy in front of gateway replicas.
 //!
-//! An HTTP/2 (h2c, prior knowledge) reverse proxy for gRPC. A request that
+//! An HTTP/2 reverse proxy for gRPC: h2c (prior knowledge) or, with
+//! `--tls-cert`/`--tls-key`, TLS with ALPN `h2`, on both sides; an
+//! `https://` replica route is dialled with TLS verified against
+//! `--upstream-ca` (else the system's roots). See `tls`. A request that
 //! names a replica in `x-openshell-replica` goes to that replica; one without
 //! the header goes to any live replica (round robin, skipping replicas whose
 //! connect failed a moment ago). The header only ever selects an entry of the
@@ -17,7 +20,7 @@
 //! | case | answer | `x-openshell-edge` |
 //! |---|---|---|
 //! | header names no configured replica | NOT_FOUND "unknown replica" | `not-forwarded` |
-//! | the named replica cannot be reached (connect refused or timed out, or its connection closed before the request was sent) | UNAVAILABLE with an empty message | `not-forwarded` |
+//! | the named replica cannot be reached (connect refused or timed out, its TLS certificate did not verify, or its connection closed before the request was sent) | UNAVAILABLE with an empty message | `not-forwarded` |
 //! | no header and no replica reachable | UNAVAILABLE "no healthy upstream" | `not-forwarded` |
 //! | the replica failed after the request was sent, before answering | UNAVAILABLE "upstream failed before response headers" | absent (the call may have run) |
 //! | the peer service (`/openshell.peer.v1.*`) | PERMISSION_DENIED | `not-forwarded` |
@@ -35,6 +38,7 @@
 mod metrics;
 mod proxy;
 mod routes;
+mod tls;
 mod upstream;
 
 use crate::metrics::serve_metrics;
@@ -56,8 +60,10 @@ use http_body_util::combinators::UnsyncBoxBody;
 use hyper::body::Incoming;
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinSet;
+use tokio_rustls::{TlsAcceptor, TlsConnector};
 use tokio_util::sync::CancellationToken;
 
 /// Request header naming the replica a call should be routed to.
@@ -79,6 +85,8 @@ const CONNECTION_WINDOW: u32 = 16 << 20;
 /// HTTP/2 frame instead of five (the 16 KiB default).
 const MAX_FRAME_SIZE: u32 = 256 * 1024;
 const KEEPALIVE: Duration = Duration::from_secs(20);
+/// How long a client may take over its TLS handshake.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long open client connections may drain after SIGTERM.
 const DRAIN: Duration = Duration::from_secs(5);
 /// HTTP/2 connections per replica: another one is opened only when every
@@ -92,14 +100,27 @@ type ClientBuilder = hyper::client::conn::http2::Builder<TokioExecutor>;
 
 #[derive(Args, Debug)]
 pub struct EdgeArgs {
-    /// gRPC (h2c) listen address. Loopback only, unless --allow-public.
+    /// gRPC listen address (h2c, or TLS with --tls-cert). Loopback only,
+    /// unless --allow-public.
     #[arg(long, default_value = "127.0.0.1:17670")]
     listen: SocketAddr,
     /// Allow a non-loopback --listen. The edge authenticates nobody: every
     /// replica behind it must require authentication (no --dev).
     #[arg(long)]
     allow_public: bool,
-    /// A replica route `ID=URL`, e.g. `gw-0=http://127.0.0.1:50061` (repeatable).
+    /// Serve TLS (HTTP/2 by ALPN) to clients with this PEM certificate
+    /// chain instead of h2c. Needs --tls-key.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// Verify `https://` replicas against the CA certificates in this PEM
+    /// bundle instead of the system's roots.
+    #[arg(long, value_name = "FILE")]
+    upstream_ca: Option<PathBuf>,
+    /// A replica route `ID=URL`, e.g. `gw-0=http://127.0.0.1:50061` (h2c)
+    /// or `gw-0=https://gw-0.example:50061` (TLS) (repeatable).
     #[arg(long = "replica", value_name = "ID=URL")]
     replicas: Vec<String>,
     /// JSON routes `{"replicas":{"gw-0":"http://127.0.0.1:50061",...}}`, re-read
@@ -152,7 +173,22 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
     if routes.is_empty() {
         tracing::warn!("no replicas configured yet: every call answers UNAVAILABLE");
     }
-    let edge = Arc::new(Edge::new(&args, cli_routes));
+    let (upstream_tls, trusted) = tls::upstream_config(args.upstream_ca.as_deref())?;
+    if trusted == 0 && routes.iter().any(|(_, t)| t.tls.is_some()) {
+        tracing::warn!(
+            "no system root certificates found: https replicas will not verify (pass --upstream-ca)"
+        );
+    }
+    let acceptor = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(TlsAcceptor::from(tls::serving_config(cert, key)?)),
+        (None, None) => None,
+        _ => bail!("--tls-cert and --tls-key go together"),
+    };
+    let edge = Arc::new(Edge::new(
+        &args,
+        cli_routes,
+        TlsConnector::from(upstream_tls),
+    ));
     edge.install(routes);
 
     // Handlers first: SIGHUP's default action would end the process, and a
@@ -190,9 +226,10 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
         None => None,
     };
 
+    let scheme = if acceptor.is_some() { "https" } else { "http" };
     if let Some(path) = &args.ready_file {
         let ready = serde_json::json!({
-            "url": format!("http://{addr}"),
+            "url": format!("{scheme}://{addr}"),
             "grpc": addr.to_string(),
             "metrics": metrics_addr.map(|a| a.to_string()),
             "pid": std::process::id(),
@@ -200,7 +237,7 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
         write_atomically(path, ready.to_string().as_bytes())?;
     }
     println!(
-        "openshell-gateway edge serving http://{addr} -> {}",
+        "openshell-gateway edge serving {scheme}://{addr} -> {}",
         edge.routes().describe()
     );
 
@@ -214,7 +251,12 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
                     if let Err(err) = stream.set_nodelay(true) {
                         tracing::debug!(%peer, %err, "TCP_NODELAY on an accepted socket");
                     }
-                    connections.spawn(serve_connection(edge.clone(), stream, stop.clone()));
+                    connections.spawn(accept_connection(
+                        edge.clone(),
+                        acceptor.clone(),
+                        stream,
+                        stop.clone(),
+                    ));
                 }
                 Err(err) => {
                     // Out of descriptors and the like: back off instead of spinning.
@@ -238,7 +280,43 @@ pub async fn run(args: EdgeArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn serve_connection(edge: Arc<Edge>, stream: TcpStream, stop: CancellationToken) {
+/// A client connection: TLS first when the edge serves it, then HTTP/2.
+async fn accept_connection(
+    edge: Arc<Edge>,
+    acceptor: Option<TlsAcceptor>,
+    stream: TcpStream,
+    stop: CancellationToken,
+) {
+    let Some(acceptor) = acceptor else {
+        return serve_connection(edge, stream, stop).await;
+    };
+    let peer = stream.peer_addr().ok();
+    let handshake = tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream));
+    let stream = tokio::select! {
+        accepted = handshake => match accepted {
+            Ok(Ok(stream)) => stream,
+            Ok(Err(err)) => {
+                tracing::debug!(?peer, %err, "client TLS handshake failed");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(?peer, "client TLS handshake timed out");
+                return;
+            }
+        },
+        () = stop.cancelled() => return,
+    };
+    if let Err(err) = tls::check_alpn(stream.get_ref().1.alpn_protocol()) {
+        tracing::debug!(?peer, %err, "client connection refused");
+        return;
+    }
+    serve_connection(edge, stream, stop).await;
+}
+
+async fn serve_connection<T>(edge: Arc<Edge>, stream: T, stop: CancellationToken)
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
     let server = edge.server.clone();
     let service = service_fn(move |req: Request<Incoming>| {
         let edge = edge.clone();
@@ -271,13 +349,28 @@ mod tests {
     use crate::routes::*;
 
     #[test]
-    fn replica_urls_must_be_plain_http_host_port() {
+    fn replica_urls_are_http_or_https_host_port() {
         let t = parse_url("http://127.0.0.1:50061").unwrap();
         assert_eq!((t.host.as_str(), t.port), ("127.0.0.1", 50061));
+        assert!(t.tls.is_none());
         let t = parse_url("http://[::1]:7/").unwrap();
         assert_eq!((t.host.as_str(), t.port), ("::1", 7));
+        // https: the certificate must name the URL's host, IP or DNS name.
+        let t = parse_url("https://127.0.0.1:50061").unwrap();
+        assert_eq!(t.tls.unwrap().to_str(), "127.0.0.1");
+        let t = parse_url("https://[::1]:7").unwrap();
+        assert_eq!(t.tls.unwrap().to_str(), "::1");
+        let t = parse_url("https://gw-0.example:443").unwrap();
+        assert_eq!(t.tls.unwrap().to_str(), "gw-0.example");
+        assert_ne!(
+            parse_url("http://127.0.0.1:1").unwrap(),
+            parse_url("https://127.0.0.1:1").unwrap(),
+            "a scheme change is a new route"
+        );
         for bad in [
-            "https://127.0.0.1:1",
+            "ftp://127.0.0.1:1",
+            "https://127.0.0.1",
+            "https://bad_name!:1",
             "127.0.0.1:1",
             "http://127.0.0.1",
             "http://a@127.0.0.1:1",

@@ -34,14 +34,22 @@ use std::time::Duration;
 use anyhow::{Context, anyhow};
 use bytes::Bytes;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use http::uri::{Authority, PathAndQuery, Scheme};
+use http::uri::PathAndQuery;
 use http::{Request, Response, Uri};
 use http_body_util::{BodyExt, Empty};
 use hyper::body::Incoming;
 use hyper::client::conn::http2::SendRequest;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
 use tonic::Code;
+
+/// HTTP/2 keepalive of connections to replicas (ping interval and answer
+/// timeout): a replica cut off silently (its link, not its process) is
+/// noticed within twice this, its connection dropped and dialled again,
+/// instead of new calls waiting on it until TCP gives up.
+const UPSTREAM_KEEPALIVE: std::time::Duration = std::time::Duration::from_secs(5);
 
 pub(crate) enum Attempt {
     /// A response to relay (the upstream's, or an error the edge produced
@@ -67,11 +75,17 @@ pub(crate) struct Edge {
     pub(crate) fail_timeout: Duration,
     pub(crate) server: ServerBuilder,
     pub(crate) client: ClientBuilder,
+    /// Dials `https://` routes (`--upstream-ca`, else the system's roots).
+    pub(crate) upstream_tls: TlsConnector,
     pub(crate) metrics: Arc<EdgeMetrics>,
 }
 
 impl Edge {
-    pub(crate) fn new(args: &EdgeArgs, cli_routes: Vec<(String, Target)>) -> Self {
+    pub(crate) fn new(
+        args: &EdgeArgs,
+        cli_routes: Vec<(String, Target)>,
+        upstream_tls: TlsConnector,
+    ) -> Self {
         let mut server = ServerBuilder::new(TokioExecutor::new());
         server
             .timer(TokioTimer::new())
@@ -91,8 +105,8 @@ impl Edge {
             .initial_connection_window_size(CONNECTION_WINDOW)
             .adaptive_window(false)
             .max_frame_size(MAX_FRAME_SIZE)
-            .keep_alive_interval(KEEPALIVE)
-            .keep_alive_timeout(KEEPALIVE)
+            .keep_alive_interval(UPSTREAM_KEEPALIVE)
+            .keep_alive_timeout(UPSTREAM_KEEPALIVE)
             .keep_alive_while_idle(true);
         Self {
             routes: RwLock::new(Arc::new(Routes {
@@ -106,6 +120,7 @@ impl Edge {
             fail_timeout: Duration::from_millis(args.fail_timeout_ms),
             server,
             client,
+            upstream_tls,
             metrics: Arc::default(),
         }
     }
@@ -245,7 +260,7 @@ impl Edge {
                     return Attempt::NotSent(req);
                 }
             };
-            *req.uri_mut() = upstream_uri(&replica.target.authority, req.uri());
+            *req.uri_mut() = upstream_uri(&replica.target, req.uri());
             match sender.try_send_request(req).await {
                 Ok(response) => {
                     self.metrics.count(route, Outcome::Forwarded);
@@ -326,12 +341,13 @@ impl Edge {
         drop(dialing);
         let replica = replica.clone();
         let client = self.client.clone();
+        let tls = self.upstream_tls.clone();
         let metrics = self.metrics.clone();
         let timeout = self.connect_timeout;
         tokio::spawn(async move {
-            let dialled = tokio::time::timeout(timeout, dial(&client, &metrics, &replica))
+            let dialled = tokio::time::timeout(timeout, dial(&client, &tls, &metrics, &replica))
                 .await
-                .unwrap_or_else(|_| Err(anyhow!("connect timed out after {timeout:?}")));
+                .unwrap_or_else(|_| Err(anyhow!("connect timed out after {timeout:?}").into()));
             let result = match dialled {
                 Ok((sender, limit)) => {
                     replica.pool().push(Upstream {
@@ -340,12 +356,25 @@ impl Edge {
                         limit,
                     });
                     replica.set_failed(false);
+                    replica.tls_failure_logged(None);
                     Ok(())
                 }
                 Err(err) => {
                     replica.set_failed(true);
                     metrics.connect_failures.fetch_add(1, Ordering::Relaxed);
-                    Err(format!("{err:#}"))
+                    let reason = format!("{:#}", err.error);
+                    // A certificate that does not verify is configuration
+                    // to fix: said at warn level, once per distinct reason.
+                    if err.tls && replica.tls_failure_logged(Some(&reason)) {
+                        tracing::warn!(
+                            replica = %replica.id,
+                            addr = %replica.target.authority,
+                            error = %reason,
+                            "TLS handshake with the replica failed; check --upstream-ca and the \
+                             replica's certificate (its names must include the route's host)"
+                        );
+                    }
+                    Err(reason)
                 }
             };
             *replica
@@ -358,17 +387,61 @@ impl Edge {
     }
 }
 
-/// A new connection to the replica and its (live) concurrent-stream limit.
+/// Why a dial failed, and whether it got as far as TLS (then the cause is
+/// most likely a certificate, which the log should say once).
+pub(crate) struct DialError {
+    pub(crate) error: anyhow::Error,
+    pub(crate) tls: bool,
+}
+
+impl From<anyhow::Error> for DialError {
+    fn from(error: anyhow::Error) -> Self {
+        Self { error, tls: false }
+    }
+}
+
+/// A new connection to the replica (TLS for an `https://` route) and its
+/// (live) concurrent-stream limit.
 async fn dial(
     client: &ClientBuilder,
+    tls: &TlsConnector,
     metrics: &Arc<EdgeMetrics>,
     replica: &Replica,
-) -> anyhow::Result<(SendRequest<Incoming>, Arc<AtomicUsize>)> {
+) -> Result<(SendRequest<Incoming>, Arc<AtomicUsize>), DialError> {
     let target = &replica.target;
     let stream = TcpStream::connect((target.host.as_str(), target.port))
         .await
         .with_context(|| format!("connecting to {}", target.authority))?;
-    stream.set_nodelay(true)?;
+    stream.set_nodelay(true).context("TCP_NODELAY")?;
+    let Some(server_name) = &target.tls else {
+        return Ok(handshake(client, metrics, replica, stream).await?);
+    };
+    let stream = tls
+        .connect(server_name.clone(), stream)
+        .await
+        .map_err(|err| DialError {
+            error: anyhow::Error::new(err)
+                .context(format!("TLS handshake with {}", target.authority)),
+            tls: true,
+        })?;
+    crate::tls::check_alpn(stream.get_ref().1.alpn_protocol()).map_err(|err| DialError {
+        error: err.context(format!("TLS handshake with {}", target.authority)),
+        tls: true,
+    })?;
+    Ok(handshake(client, metrics, replica, stream).await?)
+}
+
+/// HTTP/2 over an open connection; its driver runs in its own task.
+async fn handshake<T>(
+    client: &ClientBuilder,
+    metrics: &Arc<EdgeMetrics>,
+    replica: &Replica,
+    stream: T,
+) -> anyhow::Result<(SendRequest<Incoming>, Arc<AtomicUsize>)>
+where
+    T: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let target = &replica.target;
     let (sender, conn) = client
         .handshake(TokioIo::new(stream))
         .await
@@ -416,10 +489,10 @@ pub(crate) fn truncate(text: &str) -> &str {
     }
 }
 
-pub(crate) fn upstream_uri(authority: &Authority, uri: &Uri) -> Uri {
+pub(crate) fn upstream_uri(target: &Target, uri: &Uri) -> Uri {
     let mut parts = http::uri::Parts::default();
-    parts.scheme = Some(Scheme::HTTP);
-    parts.authority = Some(authority.clone());
+    parts.scheme = Some(target.scheme());
+    parts.authority = Some(target.authority.clone());
     parts.path_and_query = Some(
         uri.path_and_query()
             .cloned()

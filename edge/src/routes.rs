@@ -8,6 +8,7 @@ use std::path::Path;
 use anyhow::{Context, bail};
 use http::Uri;
 use http::uri::{Authority, Scheme};
+use tokio_rustls::rustls::pki_types::ServerName;
 
 /// Where a replica is reached: always taken from configuration.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -15,6 +16,18 @@ pub(crate) struct Target {
     pub(crate) host: String,
     pub(crate) port: u16,
     pub(crate) authority: Authority,
+    /// `https://` routes: the name the replica's certificate must carry
+    /// (the URL's host, a DNS name or an IP address). `None`: h2c.
+    pub(crate) tls: Option<ServerName<'static>>,
+}
+
+impl Target {
+    pub(crate) fn scheme(&self) -> Scheme {
+        match self.tls {
+            Some(_) => Scheme::HTTPS,
+            None => Scheme::HTTP,
+        }
+    }
 }
 
 pub(crate) fn validate_id(id: &str) -> anyhow::Result<()> {
@@ -34,9 +47,11 @@ pub(crate) fn parse_url(url: &str) -> anyhow::Result<Target> {
     let uri: Uri = url
         .parse()
         .with_context(|| format!("invalid replica URL {url:?}"))?;
-    if uri.scheme() != Some(&Scheme::HTTP) {
-        bail!("replica URL {url:?}: only http://host:port (h2c) is supported");
-    }
+    let https = match uri.scheme() {
+        Some(s) if *s == Scheme::HTTP => false,
+        Some(s) if *s == Scheme::HTTPS => true,
+        _ => bail!("replica URL {url:?}: use http://host:port (h2c) or https://host:port (TLS)"),
+    };
     let authority = uri
         .authority()
         .with_context(|| format!("replica URL {url:?} has no host"))?
@@ -58,10 +73,18 @@ pub(crate) fn parse_url(url: &str) -> anyhow::Result<Target> {
     if host.is_empty() {
         bail!("replica URL {url:?} has no host");
     }
+    let tls = match https {
+        true => Some(
+            ServerName::try_from(host.clone())
+                .with_context(|| format!("replica URL {url:?}: {host:?} is no TLS server name"))?,
+        ),
+        false => None,
+    };
     Ok(Target {
         host,
         port,
         authority,
+        tls,
     })
 }
 

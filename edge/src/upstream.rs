@@ -32,6 +32,8 @@ pub(crate) struct Replica {
     pool: Mutex<Vec<Upstream>>,
     pub(crate) dialing: Mutex<Option<DialOutcome>>,
     pub(crate) failed_at: Mutex<Option<Instant>>,
+    /// The TLS failure last logged at warn level (not repeated per dial).
+    tls_failure: Mutex<Option<String>>,
 }
 
 /// One HTTP/2 connection to a replica, the streams open on it, and the
@@ -108,6 +110,7 @@ impl Replica {
             pool: Mutex::new(Vec::new()),
             dialing: Mutex::new(None),
             failed_at: Mutex::new(None),
+            tls_failure: Mutex::new(None),
         }
     }
 
@@ -136,6 +139,20 @@ impl Replica {
             .is_some_and(|at| at.elapsed() < window)
     }
 
+    /// Records the latest TLS failure (`None`: a dial succeeded); true when
+    /// it differs from the one before, i.e. the log should say it.
+    pub(crate) fn tls_failure_logged(&self, reason: Option<&str>) -> bool {
+        let mut last = self
+            .tls_failure
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if last.as_deref() == reason {
+            return false;
+        }
+        *last = reason.map(str::to_owned);
+        true
+    }
+
     pub(crate) fn set_failed(&self, failed: bool) {
         *self
             .failed_at
@@ -157,7 +174,7 @@ impl Routes {
         }
         self.list
             .iter()
-            .map(|r| format!("{}=http://{}", r.id, r.target.authority))
+            .map(|r| format!("{}={}://{}", r.id, r.target.scheme(), r.target.authority))
             .collect::<Vec<_>>()
             .join(", ")
     }
