@@ -38,8 +38,9 @@
 //! descriptors), then kills and reaps every holder by its pid, which removes
 //! the namespaces and the bridge. Stop the processes started in a host
 //! first (declare the lab before them): a namespace lives as long as a
-//! process or a socket is inside it. A test process that dies without unwinding leaves
-//! only the `sleep` holders, which end by themselves after 30 minutes.
+//! process or a socket is inside it. A test process that dies without
+//! unwinding leaves only the `sleep` holders, which end by themselves after
+//! 30 minutes.
 //!
 //! Needs root, `/dev/net/tun`, `unshare`, `nsenter` and `ip`; tests call
 //! [`Lab::skip_reason`] first.
@@ -96,9 +97,10 @@ impl Holder {
         }
     }
 
-    /// The child's namespace, once it is no longer ours.
+    /// The child's namespace, once it is no longer the one it was forked
+    /// in (this thread's, which may not be the process's).
     fn open_namespace(child: &mut Child) -> Result<OwnedFd, String> {
-        let own = std::fs::read_link("/proc/self/ns/net").map_err(|e| e.to_string())?;
+        let own = std::fs::read_link("/proc/thread-self/ns/net").map_err(|e| e.to_string())?;
         let path = format!("/proc/{}/ns/net", child.id());
         let deadline = Instant::now() + Duration::from_secs(5);
         loop {
