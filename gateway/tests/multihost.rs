@@ -49,6 +49,8 @@ struct World {
     /// Locked only to restart it.
     pg: Mutex<Postgres>,
     _pki_dir: tempfile::TempDir,
+    /// The private CA's certificate, when TLS is on.
+    ca_pem: Option<Vec<u8>>,
     lab: Lab,
 }
 
@@ -57,9 +59,13 @@ impl World {
     /// edge verify it); else everything is cleartext h2c.
     fn start(lab: Lab, tls: bool) -> Self {
         let pki_dir = tempfile::tempdir().unwrap();
-        let replica_ips: Vec<std::net::IpAddr> =
-            REPLICAS.iter().map(|r| lab.addr(r).into()).collect();
-        let pki = make_pki_for(pki_dir.path(), &replica_ips);
+        // One certificate names every replica's and the edge's address.
+        let named: Vec<std::net::IpAddr> = REPLICAS
+            .iter()
+            .chain(&["edge"])
+            .map(|host| lab.addr(host).into())
+            .collect();
+        let pki = make_pki_for(pki_dir.path(), &named);
         let pg = Postgres::start_in(&lab.launcher("db"), lab.addr("db"));
         let peer_token = format!("peer-{}", std::process::id());
         let replicas: Vec<Gateway> = REPLICAS
@@ -106,6 +112,10 @@ impl World {
                     "--allow-public",
                     "--upstream-ca",
                     pki.ca_cert.to_str().unwrap(),
+                    "--tls-cert",
+                    pki.server_cert.to_str().unwrap(),
+                    "--tls-key",
+                    pki.server_key.to_str().unwrap(),
                 ]
             } else {
                 vec!["--allow-public"]
@@ -116,6 +126,7 @@ impl World {
             _edge: edge,
             replicas,
             pg: Mutex::new(pg),
+            ca_pem: tls.then(|| std::fs::read(&pki.ca_cert).unwrap()),
             _pki_dir: pki_dir,
             lab,
         };
@@ -139,7 +150,27 @@ impl World {
     }
 
     fn edge_url(&self) -> String {
-        format!("http://{}:{EDGE_PORT}", self.lab.addr("edge"))
+        let scheme = if self.ca_pem.is_some() {
+            "https"
+        } else {
+            "http"
+        };
+        format!("{scheme}://{}:{EDGE_PORT}", self.lab.addr("edge"))
+    }
+
+    /// A client of the edge from the client host: over TLS on the private
+    /// CA, or cleartext (the token allowed over it, off loopback).
+    async fn client(&self, owner_routing: bool) -> Client {
+        let mut config = ClientConfig::builder(self.edge_url())
+            .token(TOKEN)
+            .owner_routing(owner_routing);
+        config = match &self.ca_pem {
+            Some(pem) => config.ca_pem(pem.clone()),
+            None => config.allow_cleartext_token(true),
+        };
+        Client::connect(config.build().unwrap())
+            .await
+            .expect("connect to the edge")
     }
 
     fn replica(&self, id: &str) -> &Gateway {
@@ -336,12 +367,7 @@ fn a_cluster_across_hosts_survives_partitions() {
 }
 
 async fn scenario(world: &World) {
-    let config = ClientConfig::builder(world.edge_url())
-        .token(TOKEN)
-        .allow_cleartext_token(true)
-        .build()
-        .unwrap();
-    let client = Client::connect(config).await.expect("connect to the edge");
+    let client = world.client(true).await;
     let hosts_held = || -> f64 {
         REPLICAS
             .iter()
@@ -457,16 +483,7 @@ async fn scenario(world: &World) {
 
     // 2. The victim cut from its peers only: relays to it fail with a clear
     //    UNAVAILABLE, never hang; hinted execs still reach it directly.
-    let unhinted = Client::connect(
-        ClientConfig::builder(world.edge_url())
-            .token(TOKEN)
-            .allow_cleartext_token(true)
-            .owner_routing(false)
-            .build()
-            .unwrap(),
-    )
-    .await
-    .unwrap();
+    let unhinted = world.client(false).await;
     let since = Instant::now();
     for other in REPLICAS.iter().filter(|r| **r != victim) {
         world.lab.cut(&victim, other);
