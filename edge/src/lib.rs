@@ -137,7 +137,10 @@ pub struct EdgeArgs {
     #[arg(long, default_value_t = 3000, value_name = "MS")]
     connect_timeout_ms: u64,
     /// Unrouted calls try a replica whose connect failed within this many
-    /// milliseconds only after every other replica.
+    /// milliseconds only after every other replica; a hinted call to a
+    /// replica whose connect timed out within it (and that has no open
+    /// connection) is answered `not-forwarded` at once while a dial retries
+    /// in the background.
     #[arg(long, default_value_t = 3000, value_name = "MS")]
     fail_timeout_ms: u64,
     /// Concurrent HTTP/2 streams one client connection may open (further

@@ -192,6 +192,17 @@ impl Edge {
                     tracing::debug!(path = %req.uri().path(), replica = ?truncate(&id), "unknown replica");
                     return not_forwarded(Code::NotFound, "unknown replica");
                 };
+                // A replica whose connect timed out a moment ago, with no
+                // connection open, is answered at once (never forwarded),
+                // instead of each hinted call waiting out a connect timeout
+                // while it is cut off; a dial keeps trying in the
+                // background, and the first that succeeds ends this.
+                if replica.unreachable(self.fail_timeout) {
+                    drop(self.join_or_start_dial(replica));
+                    self.metrics.count(Route::Hinted, Outcome::Unavailable);
+                    tracing::debug!(replica = %replica.id, "replica unreachable (a connect timed out a moment ago)");
+                    return not_forwarded(Code::Unavailable, "");
+                }
                 tracing::debug!(path = %req.uri().path(), replica = %replica.id, "routing by header");
                 match self.attempt(replica, req, Route::Hinted).await {
                     Attempt::Answered(response) => response,
@@ -345,8 +356,10 @@ impl Edge {
         let metrics = self.metrics.clone();
         let timeout = self.connect_timeout;
         tokio::spawn(async move {
-            let dialled = tokio::time::timeout(timeout, dial(&client, &tls, &metrics, &replica))
-                .await
+            let dialled =
+                tokio::time::timeout(timeout, dial(&client, &tls, &metrics, &replica)).await;
+            let timed_out = dialled.is_err();
+            let dialled = dialled
                 .unwrap_or_else(|_| Err(anyhow!("connect timed out after {timeout:?}").into()));
             let result = match dialled {
                 Ok((sender, limit)) => {
@@ -355,12 +368,12 @@ impl Edge {
                         streams: Arc::new(AtomicUsize::new(0)),
                         limit,
                     });
-                    replica.set_failed(false);
+                    replica.set_dial_outcome(None);
                     replica.tls_failure_logged(None);
                     Ok(())
                 }
                 Err(err) => {
-                    replica.set_failed(true);
+                    replica.set_dial_outcome(Some(timed_out));
                     metrics.connect_failures.fetch_add(1, Ordering::Relaxed);
                     let reason = format!("{:#}", err.error);
                     // A certificate that does not verify is configuration

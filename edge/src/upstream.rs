@@ -32,6 +32,9 @@ pub(crate) struct Replica {
     pool: Mutex<Vec<Upstream>>,
     pub(crate) dialing: Mutex<Option<DialOutcome>>,
     pub(crate) failed_at: Mutex<Option<Instant>>,
+    /// When a connect last timed out (the replica answers nothing: a cut
+    /// link, a dropped SYN), cleared by a connect that succeeds.
+    timed_out_at: Mutex<Option<Instant>>,
     /// The TLS failure last logged at warn level (not repeated per dial).
     tls_failure: Mutex<Option<String>>,
 }
@@ -110,6 +113,7 @@ impl Replica {
             pool: Mutex::new(Vec::new()),
             dialing: Mutex::new(None),
             failed_at: Mutex::new(None),
+            timed_out_at: Mutex::new(None),
             tls_failure: Mutex::new(None),
         }
     }
@@ -151,6 +155,26 @@ impl Replica {
         }
         *last = reason.map(str::to_owned);
         true
+    }
+
+    /// A connect timed out within `window` and no connection is open: a
+    /// hinted call would only wait out another connect timeout.
+    pub(crate) fn unreachable(&self, window: Duration) -> bool {
+        self.timed_out_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_some_and(|at| at.elapsed() < window)
+            && self.pool().is_empty()
+    }
+
+    /// Records how the last connect ended: `None` success, else whether it
+    /// timed out.
+    pub(crate) fn set_dial_outcome(&self, failure: Option<bool>) {
+        self.set_failed(failure.is_some());
+        *self
+            .timed_out_at
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = (failure == Some(true)).then(Instant::now);
     }
 
     pub(crate) fn set_failed(&self, failed: bool) {

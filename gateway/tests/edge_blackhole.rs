@@ -159,6 +159,28 @@ async fn a_blackholed_replica_delays_no_other_call() {
         .metric("openshell_edge_connect_failures_total")
         .unwrap_or(0.0);
     assert!(failures >= 1.0);
+
+    // Right after a connect timed out, a hinted call is answered at once,
+    // not forwarded, rather than waiting out another connect timeout.
+    let begun = Instant::now();
+    let status = client
+        .clone()
+        .health(hinted(HealthRequest {}, "gw-2"))
+        .await
+        .expect_err("the blackholed replica cannot answer");
+    let quick = begun.elapsed();
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert_eq!(
+        status
+            .metadata()
+            .get("x-openshell-edge")
+            .map(|v| v.to_str().unwrap()),
+        Some("not-forwarded")
+    );
+    assert!(
+        quick < CONNECT_TIMEOUT / 2,
+        "a hinted call right after a timed-out connect took {quick:?}"
+    );
     eprintln!(
         "FIGURE blackholed replica: 8 concurrent calls failed within {latest:?} (connect timeout \
          {CONNECT_TIMEOUT:?}, {failures} dial failures); {calls} calls to other replicas, slowest \
