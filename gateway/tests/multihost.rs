@@ -603,6 +603,18 @@ async fn scenario(world: &World) {
         .is_some(),
         "the ring did not grow back"
     );
+    // Host sessions stay where they landed (no host rebalancer): shown,
+    // not asserted.
+    let placement: Vec<String> = REPLICAS
+        .iter()
+        .map(|r| {
+            format!(
+                "{r}: {}",
+                world.metric(r, "openshell_server_supervisor_hosts")
+            )
+        })
+        .collect();
+    println!("  hosts held after the heal: {}", placement.join(", "));
     let (outcomes, recover) = window(&log, healed);
     rows.push(row(
         "  ... and the link healed",
