@@ -641,13 +641,21 @@ impl ConfigDelivery {
         scope: peer_notify_config_update_request::Scope,
     ) -> &'static str {
         let mut outcome = "error";
+        // Every attempt together within one timeout: a connection that a
+        // hung peer's missed keepalive broke is not a reason to wait again.
+        let deadline = tokio::time::Instant::now() + PEER_NOTIFY_TIMEOUT;
         for attempt in 0..3u64 {
             if attempt > 0 {
-                tokio::time::sleep(Duration::from_millis(100 * attempt)).await;
+                let pause = Duration::from_millis(100 * attempt);
+                if tokio::time::Instant::now() + pause >= deadline {
+                    break;
+                }
+                tokio::time::sleep(pause).await;
             }
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
             let retry;
             (outcome, retry) = match self
-                .send_notify_once(cluster, endpoint, scope.clone())
+                .send_notify_once(cluster, endpoint, scope.clone(), left)
                 .await
             {
                 Ok(_) => return "ok",
@@ -667,18 +675,20 @@ impl ConfigDelivery {
         endpoint: &str,
         scope: peer_notify_config_update_request::Scope,
     ) -> Result<PeerNotifyConfigUpdateResponse, &'static str> {
-        self.send_notify_once(cluster, endpoint, scope)
+        self.send_notify_once(cluster, endpoint, scope, PEER_NOTIFY_TIMEOUT)
             .await
             .map_err(|(outcome, _)| outcome)
     }
 
-    /// One PeerNotifyConfigUpdate; an error is its metric outcome and
-    /// whether the channel failed to carry the call (worth one more try).
+    /// One PeerNotifyConfigUpdate within `timeout`; an error is its metric
+    /// outcome and whether the channel failed to carry the call (worth one
+    /// more try).
     async fn send_notify_once(
         &self,
         cluster: &Cluster,
         endpoint: &str,
         scope: peer_notify_config_update_request::Scope,
+        timeout: Duration,
     ) -> Result<PeerNotifyConfigUpdateResponse, (&'static str, bool)> {
         let channel = cluster
             .peer_channel(endpoint)
@@ -689,7 +699,7 @@ impl ConfigDelivery {
             sandbox_config: true,
             provider_environment: true,
         });
-        request.set_timeout(PEER_NOTIFY_TIMEOUT);
+        request.set_timeout(timeout);
         let bearer: MetadataValue<_> = format!("Bearer {}", cluster.config.peer_token.expose())
             .parse()
             .map_err(|_| ("error", false))?;
@@ -697,12 +707,7 @@ impl ConfigDelivery {
         let replica: MetadataValue<_> =
             cluster.replica_id().parse().map_err(|_| ("error", false))?;
         request.metadata_mut().insert(PEER_REPLICA_HEADER, replica);
-        match tokio::time::timeout(
-            PEER_NOTIFY_TIMEOUT,
-            client.peer_notify_config_update(request),
-        )
-        .await
-        {
+        match tokio::time::timeout(timeout, client.peer_notify_config_update(request)).await {
             Ok(Ok(response)) => Ok(response.into_inner()),
             Ok(Err(status)) if status.code() == tonic::Code::Unimplemented => {
                 Err(("unsupported_peer", false))
