@@ -26,7 +26,7 @@ up: build
 status:
 	./target/debug/openshell-gateway status --data-dir $(RUN_DIR)/data
 
-test: setup build lint check-modules check-generated lint-python lint-typescript test-rust test-python test-typescript conformance check-docs check-wheel check-npm-install lint-go test-go check-go-release
+test: setup build lint check-modules check-generated lint-python lint-typescript test-rust test-python test-typescript conformance check-docs check-wheel check-npm-install lint-go test-go check-go-release check-helm
 
 setup:
 	@bash scripts/setup.sh
@@ -230,3 +230,14 @@ bench-go: go-deps
 
 clean-run:
 	rm -rf $(RUN_DIR)
+
+# The Helm chart (deploy/helm/openshell): gofmt and go vet of its check
+# module, then `go test` there, which builds the helm binary its go.mod pins
+# (from the Go module proxy), runs helm lint and helm template for every
+# value set in deploy/helm/values, decodes every rendered object strictly
+# into its Kubernetes API type and checks what each value set promises.
+# -count=1: helm reads the chart, which go test's cache does not track.
+.PHONY: check-helm
+check-helm:
+	@out="$$($(GOFMT) -l deploy/helm/check)"; if [ -n "$$out" ]; then echo "gofmt -l:"; echo "$$out"; exit 1; fi
+	cd deploy/helm/check && $(GO) vet ./... && $(GO) test -count=1 ./...
