@@ -1,0 +1,45 @@
+//! uniffi exports of the OpenShell core client: the native half of the JVM
+//! SDK (`sdk-jvm`, Kotlin and Java).
+//!
+//! # Runtime
+//!
+//! Every async export is marked `async_runtime = "tokio"`: uniffi wraps the
+//! core's future so it is polled inside a tokio context (one global
+//! multi-threaded runtime, started on first use), while the *JVM* drives it:
+//! the generated Kotlin code polls the Rust future from a coroutine and
+//! suspends until Rust wakes it. No thread of the JVM blocks on a call.
+//!
+//! # Who frees what
+//!
+//! Objects ([`OpenShellClient`], [`ExecSession`], [`LocalCluster`]) are `Arc`
+//! handles; the Kotlin wrapper frees its reference on `close()` (or a
+//! `Cleaner` after garbage collection). Records, strings and byte arrays are
+//! copied across the boundary in a `RustBuffer`.
+//!
+//! # Cancellation
+//!
+//! A cancelled coroutine frees its Rust future, which drops the core future:
+//! the RPC is reset on the wire (for exec, the gateway kills the process
+//! group). `OpenShellClient::close` cancels every call of the client, now
+//! and later; `ExecSession::cancel` ends one exec.
+//!
+//! # Errors
+//!
+//! [`OpenShellError`]: one variant per stable error code of the core
+//! (`not_found`, `unavailable`, `deadline_exceeded`, ...); Kotlin sees a
+//! sealed `OpenShellException` hierarchy.
+
+mod client;
+mod errors;
+mod exec;
+mod testing;
+
+pub use client::{
+    ClientOptions, CreateSandboxRequest, ExecOutput, ExecRequest, HealthInfo, OpenShellClient,
+    RoutingStats, SandboxInfo, SandboxWithOwner, TokenGrant, TokenSource, connect,
+};
+pub use errors::OpenShellError;
+pub use exec::{ExecEvent, ExecSession};
+pub use testing::LocalCluster;
+
+uniffi::setup_scaffolding!();
