@@ -3,7 +3,7 @@
 //!
 //! Timeouts cross as milliseconds (`None`: the client's default deadline for
 //! unary calls and `wait_ready`, none for streams; `0`: no deadline). Every
-//! call's cancellation token is a child of the client's, so `close()` ends
+//! call's cancellation token is a child of the client's, so `cancel_all()` ends
 //! calls in flight with `cancelled`.
 
 use std::collections::HashMap;
@@ -98,7 +98,7 @@ pub struct SandboxInfo {
     pub phase: String,
     pub labels: HashMap<String, String>,
     pub exit_code: Option<i32>,
-    pub resource_version: u64,
+    pub resource_version: i64,
 }
 
 /// A sandbox and the replica holding its session (`None` on a single
@@ -146,7 +146,7 @@ pub struct ExecOutput {
 /// What `Health` answered.
 #[derive(Debug, Clone, uniffi::Record)]
 pub struct HealthInfo {
-    /// `SERVING`, `NOT_SERVING`, ...
+    /// `HEALTHY`, ...
     pub status: String,
     pub version: String,
     /// The replica that answered, if it said.
@@ -157,15 +157,20 @@ pub struct HealthInfo {
 #[derive(Debug, Clone, uniffi::Record)]
 pub struct RoutingStats {
     /// Owner-routed attempts sent with a replica hint.
-    pub hinted: u64,
+    pub hinted: i64,
     /// Owner-routed attempts sent without one.
-    pub unhinted: u64,
+    pub unhinted: i64,
     /// Hinted attempts that never reached a gateway and were retried unhinted.
-    pub unrouted_retries: u64,
+    pub unrouted_retries: i64,
     /// `GetSandbox` owner lookups sent.
-    pub owner_lookups: u64,
+    pub owner_lookups: i64,
     /// Attempts answered from the owner cache.
-    pub cache_hits: u64,
+    pub cache_hits: i64,
+}
+
+/// A counter as a signed long (what Java reads without unsigned types).
+fn counter(value: u64) -> i64 {
+    i64::try_from(value).unwrap_or(i64::MAX)
 }
 
 fn millis(value: Option<u64>) -> Option<Duration> {
@@ -183,7 +188,7 @@ pub(crate) fn sandbox_info(sandbox: Sandbox) -> SandboxInfo {
         name: sandbox.name,
         labels: sandbox.labels.into_iter().collect(),
         exit_code: sandbox.exit_code,
-        resource_version: sandbox.resource_version,
+        resource_version: i64::try_from(sandbox.resource_version).unwrap_or(i64::MAX),
     }
 }
 
@@ -295,11 +300,12 @@ impl OpenShellClient {
     }
 
     /// Cancels every call and exec of this client, now and later. Idempotent.
-    pub fn close(&self) {
+    /// (Not `close`: that name is the generated class's `AutoCloseable`.)
+    pub fn cancel_all(&self) {
         self.closed.cancel();
     }
 
-    /// Whether `close()` was called.
+    /// Whether `cancel_all()` was called.
     pub fn is_closed(&self) -> bool {
         self.closed.is_cancelled()
     }
@@ -381,7 +387,7 @@ impl OpenShellClient {
         Ok(list.into_iter().map(sandbox_info).collect())
     }
 
-    /// Deletes a sandbox; the outcome's name (`DELETED`, ...).
+    /// Deletes a sandbox; the outcome's name (`COMPLETED`, `ACCEPTED`, `ALREADY_ABSENT`).
     pub async fn delete_sandbox(
         &self,
         name: String,
@@ -464,11 +470,11 @@ impl OpenShellClient {
     pub fn routing_stats(&self) -> RoutingStats {
         let s = self.client.routing_stats();
         RoutingStats {
-            hinted: s.hinted,
-            unhinted: s.unhinted,
-            unrouted_retries: s.unrouted_retries,
-            owner_lookups: s.owner_lookups,
-            cache_hits: s.cache_hits,
+            hinted: counter(s.hinted),
+            unhinted: counter(s.unhinted),
+            unrouted_retries: counter(s.unrouted_retries),
+            owner_lookups: counter(s.owner_lookups),
+            cache_hits: counter(s.cache_hits),
         }
     }
 }

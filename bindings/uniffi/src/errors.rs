@@ -299,89 +299,217 @@ impl From<uniffi::UnexpectedUniFFICallbackError> for OpenShellError {
 }
 
 impl OpenShellError {
-    /// The core error again (for a token source's error going back in).
-    pub(crate) fn into_core(self) -> openshell_sdk::Error {
-        let (detail, retryable) = match self {
+    /// The fields every variant carries.
+    fn parts(&self) -> (&str, &str, i32, bool, Option<&str>) {
+        match self {
             OpenShellError::Cancelled {
-                detail, retryable, ..
+                code,
+                detail,
+                grpc_status,
+                retryable,
+                served_by,
             }
             | OpenShellError::Unknown {
-                detail, retryable, ..
+                code,
+                detail,
+                grpc_status,
+                retryable,
+                served_by,
             }
             | OpenShellError::InvalidArgument {
-                detail, retryable, ..
+                code,
+                detail,
+                grpc_status,
+                retryable,
+                served_by,
             }
             | OpenShellError::DeadlineExceeded {
-                detail, retryable, ..
+                code,
+                detail,
+                grpc_status,
+                retryable,
+                served_by,
             }
             | OpenShellError::NotFound {
-                detail, retryable, ..
+                code,
+                detail,
+                grpc_status,
+                retryable,
+                served_by,
             }
             | OpenShellError::AlreadyExists {
-                detail, retryable, ..
+                code,
+                detail,
+                grpc_status,
+                retryable,
+                served_by,
             }
             | OpenShellError::PermissionDenied {
-                detail, retryable, ..
+                code,
+                detail,
+                grpc_status,
+                retryable,
+                served_by,
             }
             | OpenShellError::ResourceExhausted {
-                detail, retryable, ..
+                code,
+                detail,
+                grpc_status,
+                retryable,
+                served_by,
             }
             | OpenShellError::FailedPrecondition {
-                detail, retryable, ..
+                code,
+                detail,
+                grpc_status,
+                retryable,
+                served_by,
             }
             | OpenShellError::Aborted {
-                detail, retryable, ..
+                code,
+                detail,
+                grpc_status,
+                retryable,
+                served_by,
             }
             | OpenShellError::OutOfRange {
-                detail, retryable, ..
+                code,
+                detail,
+                grpc_status,
+                retryable,
+                served_by,
             }
             | OpenShellError::Unimplemented {
-                detail, retryable, ..
+                code,
+                detail,
+                grpc_status,
+                retryable,
+                served_by,
             }
             | OpenShellError::Internal {
-                detail, retryable, ..
+                code,
+                detail,
+                grpc_status,
+                retryable,
+                served_by,
             }
             | OpenShellError::Unavailable {
-                detail, retryable, ..
+                code,
+                detail,
+                grpc_status,
+                retryable,
+                served_by,
             }
             | OpenShellError::DataLoss {
-                detail, retryable, ..
+                code,
+                detail,
+                grpc_status,
+                retryable,
+                served_by,
             }
             | OpenShellError::Unauthenticated {
-                detail, retryable, ..
+                code,
+                detail,
+                grpc_status,
+                retryable,
+                served_by,
             }
             | OpenShellError::Connect {
-                detail, retryable, ..
+                code,
+                detail,
+                grpc_status,
+                retryable,
+                served_by,
             }
             | OpenShellError::Tls {
-                detail, retryable, ..
+                code,
+                detail,
+                grpc_status,
+                retryable,
+                served_by,
             }
             | OpenShellError::InvalidConfig {
-                detail, retryable, ..
+                code,
+                detail,
+                grpc_status,
+                retryable,
+                served_by,
             }
             | OpenShellError::Protocol {
-                detail, retryable, ..
+                code,
+                detail,
+                grpc_status,
+                retryable,
+                served_by,
             }
             | OpenShellError::OutputLimit {
-                detail, retryable, ..
+                code,
+                detail,
+                grpc_status,
+                retryable,
+                served_by,
             }
             | OpenShellError::Auth {
-                detail, retryable, ..
+                code,
+                detail,
+                grpc_status,
+                retryable,
+                served_by,
             }
             | OpenShellError::StreamClosed {
-                detail, retryable, ..
+                code,
+                detail,
+                grpc_status,
+                retryable,
+                served_by,
             }
             | OpenShellError::Io {
-                detail, retryable, ..
+                code,
+                detail,
+                grpc_status,
+                retryable,
+                served_by,
             }
             | OpenShellError::Cluster {
-                detail, retryable, ..
+                code,
+                detail,
+                grpc_status,
+                retryable,
+                served_by,
             }
             | OpenShellError::Other {
-                detail, retryable, ..
-            } => (detail, retryable),
-        };
+                code,
+                detail,
+                grpc_status,
+                retryable,
+                served_by,
+            } => (code, detail, *grpc_status, *retryable, served_by.as_deref()),
+        }
+    }
+
+    /// The core error again (for a token source's error going back in).
+    pub(crate) fn into_core(self) -> openshell_sdk::Error {
+        let (_, detail, _, retryable, _) = self.parts();
         openshell_sdk::Error::auth(format!("token source failed: {detail}"), retryable)
+    }
+}
+
+/// What every variant carries, readable on the sealed base class.
+#[uniffi::export]
+impl OpenShellError {
+    /// The stable code (`not_found`, `unavailable`, ...).
+    pub fn error_code(&self) -> String {
+        self.parts().0.to_owned()
+    }
+
+    /// The gRPC status code (5 for `not_found`, 14 for `unavailable`, ...).
+    pub fn grpc_status_code(&self) -> i32 {
+        self.parts().2
+    }
+
+    /// Whether trying again may succeed.
+    pub fn is_retryable(&self) -> bool {
+        self.parts().3
     }
 }
 

@@ -20,7 +20,7 @@
 //!
 //! A cancelled coroutine frees its Rust future, which drops the core future:
 //! the RPC is reset on the wire (for exec, the gateway kills the process
-//! group). `OpenShellClient::close` cancels every call of the client, now
+//! group). `OpenShellClient::cancel_all` cancels every call of the client, now
 //! and later; `ExecSession::cancel` ends one exec.
 //!
 //! # Errors

@@ -1,0 +1,139 @@
+package dev.openshell.sdk
+
+import dev.openshell.sdk.ffi.ExecEvent
+import dev.openshell.sdk.ffi.ExecOutput
+import dev.openshell.sdk.ffi.HealthInfo
+import dev.openshell.sdk.ffi.RoutingStats
+import dev.openshell.sdk.ffi.SandboxInfo
+import dev.openshell.sdk.ffi.SandboxWithOwner
+import kotlinx.coroutines.CoroutineScope
+import kotlinx.coroutines.Dispatchers
+import kotlinx.coroutines.SupervisorJob
+import kotlinx.coroutines.cancel
+import kotlinx.coroutines.future.future
+import java.util.concurrent.CompletableFuture
+import kotlin.time.Duration
+import kotlin.time.toKotlinDuration
+
+private fun java.time.Duration?.kotlin(): Duration? = this?.toKotlinDuration()
+
+/**
+ * The Java face of [OpenShellClient]: every call returns a
+ * [CompletableFuture]; `future.cancel(true)` cancels the call (the Rust
+ * future is dropped and the RPC reset). A failed future's cause is an
+ * [dev.openshell.sdk.ffi.OpenShellException] subclass. [close] cancels every
+ * call in flight and frees the client.
+ */
+class OpenShellAsyncClient private constructor(
+    /** The Kotlin client underneath. */
+    val client: OpenShellClient,
+) : AutoCloseable {
+    private val scope = CoroutineScope(SupervisorJob() + Dispatchers.Default)
+
+    val endpoint: String get() = client.endpoint
+
+    @JvmOverloads
+    fun health(timeout: java.time.Duration? = null): CompletableFuture<HealthInfo> = scope.future { client.health(timeout.kotlin()) }
+
+    @JvmOverloads
+    fun createSandbox(
+        spec: SandboxSpec,
+        timeout: java.time.Duration? = null,
+    ): CompletableFuture<SandboxInfo> = scope.future { client.sandboxes.create(spec, timeout.kotlin()) }
+
+    @JvmOverloads
+    fun getSandbox(
+        name: String,
+        timeout: java.time.Duration? = null,
+    ): CompletableFuture<SandboxInfo> = scope.future { client.sandboxes.get(name, timeout.kotlin()) }
+
+    @JvmOverloads
+    fun getSandboxWithOwner(
+        name: String,
+        timeout: java.time.Duration? = null,
+    ): CompletableFuture<SandboxWithOwner> = scope.future { client.sandboxes.getWithOwner(name, timeout.kotlin()) }
+
+    @JvmOverloads
+    fun listSandboxes(
+        labelSelector: String? = null,
+        timeout: java.time.Duration? = null,
+    ): CompletableFuture<List<SandboxInfo>> = scope.future { client.sandboxes.list(labelSelector, timeout.kotlin()) }
+
+    @JvmOverloads
+    fun deleteSandbox(
+        name: String,
+        timeout: java.time.Duration? = null,
+    ): CompletableFuture<String> = scope.future { client.sandboxes.delete(name, timeout.kotlin()) }
+
+    @JvmOverloads
+    fun waitReady(
+        name: String,
+        timeout: java.time.Duration? = null,
+    ): CompletableFuture<SandboxInfo> = scope.future { client.sandboxes.waitReady(name, timeout.kotlin()) }
+
+    @JvmOverloads
+    fun waitDeleted(
+        name: String,
+        timeout: java.time.Duration? = null,
+    ): CompletableFuture<Void?> =
+        scope.future {
+            client.sandboxes.waitDeleted(name, timeout.kotlin())
+            null
+        }
+
+    @JvmOverloads
+    fun exec(
+        spec: ExecSpec,
+        timeout: java.time.Duration? = null,
+    ): CompletableFuture<ExecOutput> = scope.future { client.exec(spec, timeout.kotlin()) }
+
+    fun exec(
+        sandbox: String,
+        command: List<String>,
+    ): CompletableFuture<ExecOutput> = exec(ExecSpec(sandbox, command))
+
+    /** Starts a command whose events are pulled with [AsyncExecProcess.next]. */
+    @JvmOverloads
+    fun execInteractive(
+        spec: ExecSpec,
+        timeout: java.time.Duration? = null,
+    ): CompletableFuture<AsyncExecProcess> =
+        scope.future {
+            AsyncExecProcess(client.native.execInteractive(spec.request(), timeout.kotlin().millis()), scope)
+        }
+
+    fun routingStats(): RoutingStats = client.routingStats()
+
+    override fun close() {
+        scope.cancel()
+        client.close()
+    }
+
+    companion object {
+        @JvmStatic
+        fun connect(config: ClientConfig): CompletableFuture<OpenShellAsyncClient> =
+            CoroutineScope(Dispatchers.Default).future { OpenShellAsyncClient(OpenShellClient.connect(config)) }
+    }
+}
+
+/** A running command for Java: stdin and pulled events. */
+class AsyncExecProcess internal constructor(
+    native: dev.openshell.sdk.ffi.ExecSession,
+    private val scope: CoroutineScope,
+) : AutoCloseable {
+    private val session = OwnedSession(native)
+
+    /** The next event, or `null` after the exit event. */
+    fun next(): CompletableFuture<ExecEvent?> = scope.future { session.next() }
+
+    fun write(data: ByteArray): CompletableFuture<Void?> =
+        scope.future {
+            session.write(data)
+            null
+        }
+
+    fun closeStdin() = session.closeStdin()
+
+    /** Ends the command and frees the handle. Idempotent. */
+    override fun close() = session.close()
+}
