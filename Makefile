@@ -228,6 +228,36 @@ bench-go: go-deps
 		$(GO) build -tags openshell_external -o $(TARGET_DIR)/release/openshell-go-bench .
 	OPENSHELL_BIN_DIR=$(TARGET_DIR)/release $(TARGET_DIR)/release/openshell-go-bench
 
+# ---------------------------------------------------------------- JVM SDK
+# (sdk-jvm, Maven artifact dev.openshell:openshell-sdk: Kotlin and Java over
+# the uniffi exports in bindings/uniffi). `make jvm` builds the cdylib (debug,
+# on the one cargo target dir) and regenerates the Kotlin bindings from it
+# with the crate's own uniffi-bindgen (library mode) into the target dir:
+# generated, never committed or edited. Not part of `make test` (yet).
+.PHONY: jvm test-jvm check-jvm-consumer
+
+MVN ?= mvn
+JVM_GENERATED := $(TARGET_DIR)/jvm/uniffi-kotlin
+
+jvm:
+	@command -v $(MVN) >/dev/null && command -v java >/dev/null || \
+		{ echo "jvm: Maven ($(MVN)) and a JDK 17 or newer are needed"; exit 1; }
+	$(CARGO) build -q -p openshell-uniffi
+	rm -rf $(JVM_GENERATED)
+	$(TARGET_DIR)/debug/uniffi-bindgen generate --library $(TARGET_DIR)/debug/libopenshell_uniffi.so \
+		--language kotlin --no-format --out-dir $(JVM_GENERATED)
+
+# JUnit 5 (surefire) against a 3-replica cluster the tests start; Maven's
+# default local repository, so its cache persists between runs.
+test-jvm: build jvm
+	cd sdk-jvm && $(MVN) -q -B -Dopenshell.target.dir=$(TARGET_DIR) verify
+
+# The artifact installed into the local repository and a fresh Maven project
+# running the README's Kotlin and Java quick starts on a cluster
+# (scripts/check-jvm-consumer.sh).
+check-jvm-consumer: build jvm
+	CARGO_TARGET_DIR=$(TARGET_DIR) MVN=$(MVN) bash scripts/check-jvm-consumer.sh
+
 clean-run:
 	rm -rf $(RUN_DIR)
 
