@@ -234,17 +234,25 @@ bench-go: go-deps
 # on the one cargo target dir) and regenerates the Kotlin bindings from it
 # with the crate's own uniffi-bindgen (library mode) into the target dir:
 # generated, never committed or edited. Not part of `make test` (yet).
+# The cdylib comes out of `make build`'s own command, as the library of the
+# crate's uniffi-bindgen binary (cargo leaves it in deps/, not uplifted): a
+# `-p openshell-uniffi` build would unify features differently and relink
+# the unhashed .so on every switch. It is copied to $(JVM_NATIVE), where the
+# Maven build packs it.
 .PHONY: jvm test-jvm check-jvm-consumer
 
 MVN ?= mvn
 JVM_GENERATED := $(TARGET_DIR)/jvm/uniffi-kotlin
+JVM_NATIVE := $(TARGET_DIR)/jvm/native
 
 jvm:
 	@command -v $(MVN) >/dev/null && command -v java >/dev/null || \
 		{ echo "jvm: Maven ($(MVN)) and a JDK 17 or newer are needed"; exit 1; }
-	$(CARGO) build -q -p openshell-uniffi
+	$(CARGO) build -q --workspace --bins
+	mkdir -p $(JVM_NATIVE)
+	cp $(TARGET_DIR)/debug/deps/libopenshell_uniffi.so $(JVM_NATIVE)/libopenshell_uniffi.so
 	rm -rf $(JVM_GENERATED)
-	$(TARGET_DIR)/debug/uniffi-bindgen generate --library $(TARGET_DIR)/debug/libopenshell_uniffi.so \
+	$(TARGET_DIR)/debug/uniffi-bindgen generate --library $(JVM_NATIVE)/libopenshell_uniffi.so \
 		--language kotlin --no-format --out-dir $(JVM_GENERATED)
 
 # JUnit 5 (surefire) against a 3-replica cluster the tests start; Maven's
