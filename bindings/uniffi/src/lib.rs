@@ -4,10 +4,13 @@
 //! # Runtime
 //!
 //! Every async export is marked `async_runtime = "tokio"`: uniffi wraps the
-//! core's future so it is polled inside a tokio context (one global
-//! multi-threaded runtime, started on first use), while the *JVM* drives it:
-//! the generated Kotlin code polls the Rust future from a coroutine and
-//! suspends until Rust wakes it. No thread of the JVM blocks on a call.
+//! core's future in `async_compat::Compat`, so each poll runs inside a tokio
+//! context: async-compat's global runtime, multi-threaded here (its
+//! `multi-thread` feature), started on first use, which also runs the tasks
+//! the core spawns (connections, relays). The *JVM* drives each call: the
+//! generated Kotlin code polls the Rust future from a coroutine and suspends
+//! until Rust wakes it, so no JVM thread blocks on a call. A JVM token
+//! source is called on tokio's blocking pool, never on a worker.
 //!
 //! # Who frees what
 //!

@@ -4,6 +4,7 @@ import dev.openshell.sdk.ffi.ExecEvent
 import dev.openshell.sdk.ffi.ExecOutput
 import dev.openshell.sdk.ffi.ExecSession
 import dev.openshell.sdk.ffi.HealthInfo
+import dev.openshell.sdk.ffi.OpenShellException
 import dev.openshell.sdk.ffi.RoutingStats
 import dev.openshell.sdk.ffi.SandboxInfo
 import dev.openshell.sdk.ffi.SandboxWithOwner
@@ -167,7 +168,7 @@ internal class OwnedSession(
     suspend fun drain(each: suspend (ExecEvent) -> Unit) {
         try {
             while (true) {
-                val event = session.next() ?: break
+                val event = open().next() ?: break
                 each(event)
             }
         } finally {
@@ -175,11 +176,19 @@ internal class OwnedSession(
         }
     }
 
-    suspend fun write(data: ByteArray) = session.write(data)
+    suspend fun write(data: ByteArray) = open().write(data)
 
-    fun closeStdin() = session.closeStdin()
+    fun closeStdin() = open().closeStdin()
 
-    suspend fun next(): ExecEvent? = session.next()
+    suspend fun next(): ExecEvent? = open().next()
+
+    /** The session, or `Cancelled` once closed (not a destroyed-object error). */
+    private fun open(): ExecSession {
+        if (closed.get()) {
+            throw OpenShellException.Cancelled("cancelled", "the exec was closed", 1, false, null)
+        }
+        return session
+    }
 
     override fun close() {
         if (closed.compareAndSet(false, true)) {

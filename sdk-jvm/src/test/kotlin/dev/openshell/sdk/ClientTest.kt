@@ -71,7 +71,8 @@ class ClientTest {
                     assertEquals("two\n", stderr)
                     assertEquals(ExecEvent.Exit(2), events.last())
 
-                    client.execInteractive(name, listOf("sh", "-c", "while read line; do echo got:\$line; done; exit 7")).use { process ->
+                    val interactive = client.execInteractive(name, listOf("sh", "-c", "while read line; do echo got:\$line; done; exit 7"))
+                    interactive.use { process ->
                         process.write("ping\n")
                         process.write("pong\n".toByteArray())
                         process.closeStdin()
@@ -87,6 +88,9 @@ class ClientTest {
                         assertEquals("got:ping\ngot:pong\n", out.toString())
                         assertEquals(7, exit)
                     }
+                    // A closed process says cancelled, not "destroyed".
+                    val closed = assertThrows<OpenShellException.Cancelled> { interactive.write("late") }
+                    assertEquals("cancelled", closed.code)
                 } finally {
                     client.sandboxes.delete(name)
                 }
