@@ -242,8 +242,11 @@ bench-go: go-deps
 .PHONY: jvm test-jvm check-jvm-consumer
 
 MVN ?= mvn
-JVM_GENERATED := $(TARGET_DIR)/jvm/uniffi-kotlin
-JVM_NATIVE := $(TARGET_DIR)/jvm/native
+# Where `make jvm` puts the library and the bindings, and Maven its build
+# (JVM_OUT=DIR keeps several checkouts' or builds' JVM outputs apart).
+JVM_OUT ?= $(TARGET_DIR)/jvm
+JVM_GENERATED := $(JVM_OUT)/uniffi-kotlin
+JVM_NATIVE := $(JVM_OUT)/native
 
 jvm:
 	@command -v $(MVN) >/dev/null && command -v java >/dev/null || \
@@ -258,7 +261,7 @@ jvm:
 # JUnit 5 (surefire) against a 3-replica cluster the tests start; Maven's
 # default local repository, so its cache persists between runs.
 test-jvm: build jvm
-	cd sdk-jvm && $(MVN) -q -B -Dopenshell.target.dir=$(TARGET_DIR) verify
+	cd sdk-jvm && $(MVN) -q -B -Dopenshell.target.dir=$(TARGET_DIR) -Dopenshell.jvm.dir=$(JVM_OUT) verify
 
 # The artifact installed into the local repository and a fresh Maven project
 # running the README's Kotlin and Java quick starts on a cluster
