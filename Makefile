@@ -91,7 +91,7 @@ conformance: build python typescript conformance-go
 # rust blocks are compiled as binaries of a scratch crate in the target dir and
 # run, python blocks run with the venv, sh commands run, against a 3-replica
 # cluster the check starts on loopback (127.0.0.1:17670 when free).
-check-docs: build python typescript go-native
+check-docs: build python typescript go-native jvm-install
 	$(PYTHON) docs-check/check_docs.py
 
 # The wheel with the gateway's executables inside (scripts/build-wheel.sh,
@@ -239,7 +239,7 @@ bench-go: go-deps
 # `-p openshell-uniffi` build would unify features differently and relink
 # the unhashed .so on every switch. It is copied to $(JVM_NATIVE), where the
 # Maven build packs it.
-.PHONY: jvm test-jvm check-jvm-consumer
+.PHONY: jvm test-jvm jvm-install check-jvm-consumer conformance-jvm
 
 MVN ?= mvn
 # Where `make jvm` puts the library and the bindings, and Maven its build
@@ -247,6 +247,7 @@ MVN ?= mvn
 JVM_OUT ?= $(TARGET_DIR)/jvm
 JVM_GENERATED := $(JVM_OUT)/uniffi-kotlin
 JVM_NATIVE := $(JVM_OUT)/native
+JVM_MVN := cd sdk-jvm && $(MVN) -q -B -Dopenshell.target.dir=$(TARGET_DIR) -Dopenshell.jvm.dir=$(JVM_OUT)
 
 jvm:
 	@command -v $(MVN) >/dev/null && command -v java >/dev/null || \
@@ -261,13 +262,27 @@ jvm:
 # JUnit 5 (surefire) against a 3-replica cluster the tests start; Maven's
 # default local repository, so its cache persists between runs.
 test-jvm: build jvm
-	cd sdk-jvm && $(MVN) -q -B -Dopenshell.target.dir=$(TARGET_DIR) -Dopenshell.jvm.dir=$(JVM_OUT) verify
+	$(JVM_MVN) verify
 
-# The artifact installed into the local repository and a fresh Maven project
-# running the README's Kotlin and Java quick starts on a cluster
-# (scripts/check-jvm-consumer.sh).
-check-jvm-consumer: build jvm
-	CARGO_TARGET_DIR=$(TARGET_DIR) MVN=$(MVN) bash scripts/check-jvm-consumer.sh
+# The JVM conformance runner (sdk-jvm/conformance, compiled with the tests)
+# and a launcher next to the other binaries the harness runs.
+conformance-jvm: build jvm
+	$(JVM_MVN) test-compile org.apache.maven.plugins:maven-dependency-plugin:3.8.1:build-classpath \
+		-Dmdep.includeScope=test -Dmdep.outputFile=$(JVM_OUT)/conformance-classpath.txt
+	printf '#!/bin/sh\n# Written by make conformance-jvm.\nexec java -cp "%s" dev.openshell.sdk.conformance.RunnerKt "$$@"\n' \
+		"$(JVM_OUT)/maven/test-classes:$(JVM_OUT)/maven/classes:$$(cat $(JVM_OUT)/conformance-classpath.txt)" \
+		> $(TARGET_DIR)/debug/openshell-conformance-jvm
+	chmod +x $(TARGET_DIR)/debug/openshell-conformance-jvm
+
+# The artifact as users get it (the jar with the native library inside),
+# installed into the default local Maven repository (~/.m2) for check-docs'
+# Kotlin and Java blocks (docs-check/docscheck/jvm.py: scratch Maven modules
+# that depend on it). check-jvm-consumer: those blocks of sdk-jvm/README.md.
+jvm-install: build jvm
+	$(JVM_MVN) install -DskipTests
+
+check-jvm-consumer: jvm-install
+	$(PYTHON) docs-check/check_docs.py sdk-jvm/README.md
 
 clean-run:
 	rm -rf $(RUN_DIR)

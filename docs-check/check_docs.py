@@ -15,11 +15,16 @@ Fenced blocks are taken by language:
   sdk-go from the tree (a ``replace`` directive; ``make go-native`` has
   linked the static library), run with ``go run``; a block of tests
   (``func Test...``) is the module's ``readme_test.go``, run with ``go test``.
+- ``kotlin`` and ``java``: each block is the one source file of a scratch
+  Maven module that depends on ``dev.openshell:openshell-sdk`` from the local
+  Maven repository (``make jvm-install`` put it there: the jar a user gets,
+  native library inside); one reactor build compiles them all, then each
+  block's ``main`` runs with ``java``.
 - ``sh``: the blocks of one README run in order, command by command, from
   the repository root (see ``docscheck.shell.ShellRunner``).
 - ``text``: output, not run. Any other language is an error.
 
-Rust and Python blocks run against one cluster the check starts like
+Rust, Python, TypeScript, Go, Kotlin and Java blocks run against one cluster the check starts like
 ``make up`` (``openshell-gateway up --replicas 3``): on the documented
 address 127.0.0.1:17670 when it is free, else on a free loopback port; either
 way ``OPENSHELL_ENDPOINT`` names it, and snippets read it. Blocks that use
@@ -54,6 +59,7 @@ from docscheck.common import ROOT, RUN_DIR, CheckFailed
 from docscheck.context import Context
 from docscheck.gateways import start_cluster, stop_servers
 from docscheck.go import check_go
+from docscheck.jvm import JVM_LANGS, check_jvm
 from docscheck.python import check_python
 from docscheck.rust import check_rust
 from docscheck.shell import SH_LANGS, check_shell
@@ -64,6 +70,7 @@ DEFAULT_FILES = [
     "sdk-python/README.md",
     "sdk-typescript/README.md",
     "sdk-go/README.md",
+    "sdk-jvm/README.md",
     "sdkgen/README.md",
     "deploy/nginx/README.md",
     "sdk-core/README.md",
@@ -82,12 +89,12 @@ def main() -> int:
     blocks: list[Block] = []
     for relative in args.files:
         blocks.extend(extract_blocks(relative))
-    known = {"rust", "python", "go", *TS_LANGS, *SH_LANGS, *IGNORED_LANGS}
+    known = {"rust", "python", "go", *TS_LANGS, *JVM_LANGS, *SH_LANGS, *IGNORED_LANGS}
     unknown = [b for b in blocks if b.lang not in known]
     for block in unknown:
         print(
             f"check-docs: {block.where}: language {block.lang!r} is not checked "
-            f"(use rust, python, typescript, go, sh, or text for output)"
+            f"(use rust, python, typescript, go, kotlin, java, sh, or text for output)"
         )
     if args.list or unknown:
         for block in blocks:
@@ -116,6 +123,7 @@ def main() -> int:
         check_python(ctx, [b for b in blocks if b.lang == "python"])
         check_typescript(ctx, [b for b in blocks if b.lang in TS_LANGS])
         check_go(ctx, [b for b in blocks if b.lang == "go"])
+        check_jvm(ctx, [b for b in blocks if b.lang in JVM_LANGS])
         for relative in args.files:
             sh = [b for b in blocks if b.file == relative and b.lang in SH_LANGS]
             if sh:
