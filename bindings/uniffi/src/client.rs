@@ -132,6 +132,15 @@ pub struct ExecRequest {
     pub exec_timeout_ms: Option<u64>,
     /// Output cap of a buffered exec, in bytes.
     pub output_limit: Option<u64>,
+    /// Run the command on a pseudo-terminal (stdout and stderr merged).
+    #[uniffi(default = false)]
+    pub tty: bool,
+    /// The terminal's width (with `tty`).
+    #[uniffi(default = 0)]
+    pub cols: u32,
+    /// The terminal's height (with `tty`).
+    #[uniffi(default = 0)]
+    pub rows: u32,
 }
 
 /// A buffered exec's result.
@@ -169,7 +178,7 @@ pub struct RoutingStats {
 }
 
 /// A counter as a signed long (what Java reads without unsigned types).
-fn counter(value: u64) -> i64 {
+pub(crate) fn counter(value: u64) -> i64 {
     i64::try_from(value).unwrap_or(i64::MAX)
 }
 
@@ -213,6 +222,9 @@ fn exec_request(request: ExecRequest) -> Result<openshell_sdk::ExecRequest, Open
     if let Some(limit) = request.output_limit {
         let limit = usize::try_from(limit).map_err(|_| invalid("output_limit is too large"))?;
         out = out.output_limit(limit);
+    }
+    if request.tty {
+        out = out.tty(request.cols, request.rows);
     }
     Ok(out)
 }
@@ -263,12 +275,12 @@ pub async fn connect(
 /// A connected client. Cheap to share between threads and coroutines.
 #[derive(uniffi::Object)]
 pub struct OpenShellClient {
-    client: Client,
-    closed: CancellationToken,
+    pub(crate) client: Client,
+    pub(crate) closed: CancellationToken,
 }
 
 impl OpenShellClient {
-    fn options(&self, timeout_ms: Option<u64>) -> (CallOptions, CancellationToken) {
+    pub(crate) fn options(&self, timeout_ms: Option<u64>) -> (CallOptions, CancellationToken) {
         let token = self.closed.child_token();
         let mut options = CallOptions::new().cancel_token(token.clone());
         match timeout_ms {
@@ -280,7 +292,7 @@ impl OpenShellClient {
     }
 
     /// Runs `fut` until it ends or the client closes.
-    async fn run<T>(
+    pub(crate) async fn run<T>(
         &self,
         fut: impl Future<Output = Result<T, openshell_sdk::Error>>,
     ) -> Result<T, OpenShellError> {

@@ -120,6 +120,17 @@ impl ExecSession {
         }
     }
 
+    /// Resizes the terminal of a `tty` exec (interactive exec only; not
+    /// after `close_stdin`).
+    pub async fn resize(&self, cols: u32, rows: u32) -> Result<(), OpenShellError> {
+        let input = self.input()?.clone();
+        tokio::select! {
+            biased;
+            _ = self.cancel.cancelled() => Err(openshell_sdk::Error::Cancelled.into()),
+            out = input.resize(cols, rows) => Ok(out?),
+        }
+    }
+
     /// Closes stdin: the process reads EOF. Idempotent.
     pub fn close_stdin(&self) -> Result<(), OpenShellError> {
         self.input()?.close();

@@ -35,6 +35,10 @@
 mod client;
 mod errors;
 mod exec;
+mod files;
+mod forward;
+mod logs;
+mod ssh;
 mod testing;
 
 pub use client::{
@@ -43,6 +47,10 @@ pub use client::{
 };
 pub use errors::OpenShellError;
 pub use exec::{ExecEvent, ExecSession};
+pub use files::{TransferProgress, TransferProgressInfo, TransferSummary};
+pub use forward::{ForwardHandle, ForwardStats, ForwardTarget};
+pub use logs::{EventWatch, LogLine, LogQuery, SandboxLogs, WatchEvent, WatchOptions};
+pub use ssh::SshSession;
 pub use testing::LocalCluster;
 
 uniffi::setup_scaffolding!();
