@@ -487,6 +487,11 @@ impl OpenShellError {
         }
     }
 
+    /// The detail (message) of any variant.
+    pub(crate) fn detail(&self) -> String {
+        self.parts().1.to_owned()
+    }
+
     /// The core error again (for a token source's error going back in).
     pub(crate) fn into_core(self) -> openshell_sdk::Error {
         let (_, detail, _, retryable, _) = self.parts();

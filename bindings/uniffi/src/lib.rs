@@ -33,11 +33,14 @@
 //! sealed `OpenShellException` hierarchy.
 
 mod client;
+mod config_session;
 mod errors;
 mod exec;
 mod files;
 mod forward;
+mod host_session;
 mod logs;
+mod settings;
 mod ssh;
 mod testing;
 
@@ -45,11 +48,17 @@ pub use client::{
     ClientOptions, CreateSandboxRequest, ExecOutput, ExecRequest, HealthInfo, OpenShellClient,
     RoutingStats, SandboxInfo, SandboxWithOwner, TokenGrant, TokenSource, connect,
 };
+pub use config_session::{
+    ConfigApplier, ConfigSession, ConfigSessionStats, ConfigSnapshot, DeliveryMode, PendingUpdate,
+    SessionOptions, SettingValue,
+};
 pub use errors::OpenShellError;
 pub use exec::{ExecEvent, ExecSession};
 pub use files::{TransferProgress, TransferProgressInfo, TransferSummary};
 pub use forward::{ForwardHandle, ForwardStats, ForwardTarget};
+pub use host_session::{HostApplier, HostSession, HostSessionStats};
 pub use logs::{EventWatch, LogLine, LogQuery, SandboxLogs, WatchEvent, WatchOptions};
+pub use settings::SettingWrite;
 pub use ssh::SshSession;
 pub use testing::LocalCluster;
 

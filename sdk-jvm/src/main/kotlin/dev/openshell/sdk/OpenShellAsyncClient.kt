@@ -102,6 +102,22 @@ class OpenShellAsyncClient private constructor(
             AsyncExecProcess(client.native.execInteractive(spec.request(), timeout.kotlin().millis()), scope)
         }
 
+    /** Sets a string setting of sandbox [sandbox] (`null`: the global scope); see [setSetting]. */
+    @JvmOverloads
+    fun setSetting(
+        sandbox: String?,
+        key: String,
+        value: String,
+        timeout: java.time.Duration? = null,
+    ): CompletableFuture<dev.openshell.sdk.ffi.SettingWrite> = scope.future { client.setSetting(sandbox, key, value, timeout.kotlin()) }
+
+    @JvmOverloads
+    fun deleteSetting(
+        sandbox: String?,
+        key: String,
+        timeout: java.time.Duration? = null,
+    ): CompletableFuture<dev.openshell.sdk.ffi.SettingWrite> = scope.future { client.deleteSetting(sandbox, key, timeout.kotlin()) }
+
     fun routingStats(): RoutingStats = client.routingStats()
 
     override fun close() {
