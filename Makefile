@@ -269,8 +269,8 @@ test-jvm: build jvm
 conformance-jvm: build jvm
 	$(JVM_MVN) test-compile org.apache.maven.plugins:maven-dependency-plugin:3.8.1:build-classpath \
 		-Dmdep.includeScope=test -Dmdep.outputFile=$(JVM_OUT)/conformance-classpath.txt
-	printf '#!/bin/sh\n# Written by make conformance-jvm.\nexec java -cp "%s" dev.openshell.sdk.conformance.RunnerKt "$$@"\n' \
-		"$(JVM_OUT)/maven/test-classes:$(JVM_OUT)/maven/classes:$$(cat $(JVM_OUT)/conformance-classpath.txt)" \
+	printf '#!/bin/sh\n# Written by make conformance-jvm.\nexec java -Dopenshell.repo=%s -cp "%s" dev.openshell.sdk.conformance.RunnerKt "$$@"\n' \
+		"$(CURDIR)" "$(JVM_OUT)/maven/test-classes:$(JVM_OUT)/maven/classes:$$(cat $(JVM_OUT)/conformance-classpath.txt)" \
 		> $(TARGET_DIR)/debug/openshell-conformance-jvm
 	chmod +x $(TARGET_DIR)/debug/openshell-conformance-jvm
 
