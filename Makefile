@@ -174,7 +174,7 @@ conformance-go: go-native
 test-go: build go-native
 	cd sdk-go && CARGO_TARGET_DIR=$(TARGET_DIR) $(GO) test -race -count=1 -timeout 20m ./...
 
-# `make bench BENCH=config` (or sdk, routing, typescript, go, languages, dataplane, hosts, files,
+# `make bench BENCH=config` (or sdk, routing, typescript, go, jvm, languages, dataplane, hosts, files,
 # scale, isolation, egress, all) runs another benchmark; none of them is part of `make test`.
 # Every one installs iperf3 and socat first (scripts/bench-setup.sh,
 # idempotent). typescript also needs the release addon and dist/bench; go
@@ -186,6 +186,8 @@ bench: $(if $(filter typescript all,$(BENCH)),typescript)
 	bash scripts/bench-setup.sh
 ifeq ($(BENCH),go)
 	$(MAKE) bench-go
+else ifeq ($(BENCH),jvm)
+	$(MAKE) bench-jvm
 else ifeq ($(BENCH),languages)
 	$(MAKE) bench-languages
 else ifeq ($(BENCH),egress)
@@ -198,15 +200,17 @@ endif
 
 # `make bench BENCH=languages`: one table for every language (BENCHMARKS.md).
 # One release cargo build of what it runs (gateway, supervisor, the
-# benchmark, the C library for Go, the Node addon) and the Python extension
-# in release into the venv (maturin, same target dir); the Node packages
-# without a debug addon build, tsc; the Go program against the release
-# static library. Then `openshell-bench languages` starts one gateway, one
+# benchmark, the C library for Go, the Node addon, the uniffi library for the
+# JVM) and the Python extension in release into the venv (maturin, same
+# target dir); the Node packages without a debug addon build, tsc; the Go
+# program against the release static library; the JVM program
+# (jvm-bench-program) on the release uniffi library. Then `openshell-bench languages` starts one gateway, one
 # sandbox and an edge and runs every language's program.
 .PHONY: bench-languages
 bench-languages: setup go-deps
 	$(CARGO) build --release -p openshell-gateway -p openshell-supervisor -p openshell-bench \
-		-p openshell-c -p openshell-sdk-node
+		-p openshell-c -p openshell-sdk-node -p openshell-uniffi
+	$(MAKE) jvm-install jvm-bench-program
 	cd sdk-python && VIRTUAL_ENV=$(VENV) CARGO_TARGET_DIR=$(TARGET_DIR) \
 		$(VENV)/bin/maturin develop --release -q
 	cd sdk-typescript && OPENSHELL_SDK_SKIP_BUILD=1 npm ci --no-audit --no-fund -q \
@@ -215,6 +219,36 @@ bench-languages: setup go-deps
 		$(GO) build -tags openshell_external -o $(TARGET_DIR)/release/openshell-go-bench .
 	OPENSHELL_BIN_DIR=$(TARGET_DIR)/release OPENSHELL_BENCH_PYTHON=$(PYTHON) \
 		$(TARGET_DIR)/release/openshell-bench languages
+
+# `make bench BENCH=jvm`: the JVM program of the languages table alone
+# (sdk-jvm/bench, its own Maven project, never run by make test: the SDK
+# beside grpc-java) against a release gateway it starts.
+.PHONY: bench-jvm jvm-bench-program
+bench-jvm: jvm-install
+	$(CARGO) build --release -p openshell-gateway -p openshell-supervisor -p openshell-uniffi
+	$(MAKE) jvm-bench-program
+	OPENSHELL_BIN_DIR=$(TARGET_DIR)/release $(JVM_BENCH_RELEASE)/openshell-jvm-bench
+
+# The JVM benchmark program and its launcher, $(JVM_BENCH_RELEASE)/openshell-jvm-bench
+# (`make jvm-install` and a release build of openshell-uniffi first). It is
+# compiled against the installed SDK artifact and runs on the release library
+# (uniffi's libraryOverride property) in place of the artifact's debug one:
+# the Kotlin bindings generated from the release library must equal the
+# artifact's (checked here; uniffi checks its checksums again at load).
+JVM_BENCH_RELEASE ?= $(TARGET_DIR)/release
+JVM_BENCH_OUT = $(JVM_OUT)/bench
+jvm-bench-program:
+	rm -rf $(JVM_BENCH_OUT)/uniffi-kotlin
+	$(JVM_BENCH_RELEASE)/uniffi-bindgen generate --library $(JVM_BENCH_RELEASE)/libopenshell_uniffi.so \
+		--language kotlin --no-format --out-dir $(JVM_BENCH_OUT)/uniffi-kotlin
+	@diff -r -q $(JVM_GENERATED) $(JVM_BENCH_OUT)/uniffi-kotlin || \
+		{ echo "jvm-bench-program: the release library's bindings differ from the installed SDK's (make jvm-install)"; exit 1; }
+	cd sdk-jvm/bench && $(MVN) -q -B -Dopenshell.bench.dir=$(JVM_BENCH_OUT) package
+	printf '#!/bin/sh\n# Written by make jvm-bench-program: the JVM benchmark on the release library.\nexec java -Duniffi.component.openshell_uniffi.libraryOverride="%s" -cp "%s" dev.openshell.bench.MainKt "$$@"\n' \
+		"$(JVM_BENCH_RELEASE)/libopenshell_uniffi.so" \
+		"$(JVM_BENCH_OUT)/maven/classes:$$(cat $(JVM_BENCH_OUT)/maven/classpath.txt)" \
+		> $(JVM_BENCH_RELEASE)/openshell-jvm-bench
+	chmod +x $(JVM_BENCH_RELEASE)/openshell-jvm-bench
 
 # `make bench BENCH=go`: the Go program of the languages table alone
 # (sdk-go/bench, its own module so the SDK does not depend on grpc-go),

@@ -1,6 +1,6 @@
 //! The contract every per-language program of `openshell-bench languages`
 //! follows (Rust here, `sdk-python/bench/languages.py`,
-//! `sdk-typescript/bench/languages.ts`, `sdk-go/bench`).
+//! `sdk-typescript/bench/languages.ts`, `sdk-go/bench`, `sdk-jvm/bench`).
 //!
 //! Inputs, from the environment:
 //! - `OPENSHELL_ENDPOINT`: the gateway; `OPENSHELL_TOKEN` (optional);

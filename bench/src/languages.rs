@@ -8,7 +8,8 @@
 //! - one program per language (`contract`): Rust (`openshell-bench
 //!   languages-rust`), Python (`sdk-python/bench/languages.py`),
 //!   TypeScript (`sdk-typescript/dist/bench/languages.js`), Go
-//!   (`openshell-go-bench`); each interleaves its own SDK and native arms and
+//!   (`openshell-go-bench`), JVM (`openshell-jvm-bench`, the launcher of
+//!   `sdk-jvm/bench` that `make jvm-bench-program` writes); each interleaves its own SDK and native arms and
 //!   runs one round per invocation here;
 //! - the limits: iperf3 straight over loopback, iperf3 through a chain of 3
 //!   and of 4 socat relays (as many hops as the SDK's path without and with
@@ -24,7 +25,7 @@
 //! Environment: `OPENSHELL_BENCH_ROUNDS` (rounds, default 5),
 //! `OPENSHELL_BENCH_FORWARD_SECONDS` (default 3), `OPENSHELL_BENCH_EXEC_MIB`
 //! (default 64), `OPENSHELL_BENCH_LANGUAGES` (a comma-separated subset of
-//! rust,python,typescript,go), `OPENSHELL_BENCH_PYTHON` (the interpreter,
+//! rust,python,typescript,go,jvm), `OPENSHELL_BENCH_PYTHON` (the interpreter,
 //! default `.venv/bin/python`).
 
 use std::collections::BTreeMap;
@@ -51,6 +52,7 @@ fn native_of(language: &str, client: &str) -> Option<&'static str> {
         ("python", "sdk-async") => Some("grpcio-aio"),
         ("typescript", "sdk") => Some("grpc-js"),
         ("go", "sdk" | "sdk-raw") => Some("grpc-go"),
+        ("jvm", "sdk" | "sdk-java") => Some("grpc-java"),
         _ => None,
     }
 }
@@ -58,7 +60,7 @@ fn native_of(language: &str, client: &str) -> Option<&'static str> {
 fn is_native(client: &str) -> bool {
     matches!(
         client,
-        "tonic" | "grpcio-sync" | "grpcio-aio" | "grpc-js" | "grpc-go"
+        "tonic" | "grpcio-sync" | "grpcio-aio" | "grpc-js" | "grpc-go" | "grpc-java"
     )
 }
 
@@ -149,6 +151,19 @@ fn programs(scratch: &Path) -> Vec<Program> {
             Err(format!(
                 "{} is missing: make bench BENCH=languages builds it",
                 go.display()
+            ))
+        },
+    });
+
+    let jvm = bins.join("openshell-jvm-bench");
+    list.push(Program {
+        language: "jvm",
+        command: if jvm.exists() {
+            Ok(Command::new(jvm))
+        } else {
+            Err(format!(
+                "{} is missing: make bench BENCH=languages writes it (make jvm-bench-program)",
+                jvm.display()
             ))
         },
     });
@@ -583,7 +598,7 @@ fn print_table(t: &TableInput) {
     let p50 = |c: &Collected| median(&c.p50);
     let fwd = |c: &Collected| median(&c.forward);
     let conc = |c: &Collected| median(&c.concurrent);
-    let targets: [(&str, Option<f64>, bool, f64); 14] = [
+    let targets: [(&str, Option<f64>, bool, f64); 16] = [
         (
             "Rust SDK unary p50 / tonic <= 1.05",
             ratio(fig("rust", "sdk", p50), fig("rust", "tonic", p50)),
@@ -664,6 +679,18 @@ fn print_table(t: &TableInput) {
             ratio(fig("go", "sdk", fwd), fig("go", "grpc-go", fwd)),
             true,
             0.95,
+        ),
+        (
+            "JVM SDK unary p50 / grpc-java <= 1.0",
+            ratio(fig("jvm", "sdk", p50), fig("jvm", "grpc-java", p50)),
+            false,
+            1.0,
+        ),
+        (
+            "JVM SDK forward / grpc-java pump >= 1.0",
+            ratio(fig("jvm", "sdk", fwd), fig("jvm", "grpc-java", fwd)),
+            true,
+            1.0,
         ),
         (
             "Rust SDK forward direct / 3-relay chain >= 0.5",
