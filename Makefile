@@ -313,7 +313,7 @@ conformance-jvm: build jvm
 # Kotlin and Java blocks (docs-check/docscheck/jvm.py: scratch Maven modules
 # that depend on it). check-jvm-consumer: those blocks of sdk-jvm/README.md.
 jvm-install: build jvm
-	$(JVM_MVN) install -DskipTests
+	$(JVM_MVN) install -Dmaven.test.skip=true
 
 check-jvm-consumer: jvm-install
 	$(PYTHON) docs-check/check_docs.py sdk-jvm/README.md
