@@ -12,6 +12,7 @@
 //! | `sdk-typescript/src/gen/raw.ts` | typed TypeScript raw stubs for every RPC |
 //! | `sdk-go/proto/*/*.pb.go` | Go message types (`protoc-gen-go`, fed a request built from protox's descriptors) |
 //! | `sdk-go/raw_generated.go` | Go typed raw stubs for every RPC |
+//! | `sdk-jvm/src/main/kotlin/dev/openshell/sdk/raw/RawStubs.kt` | Kotlin typed raw stubs for every RPC (suspend, and `CompletableFuture` for Java) over protobuf-java classes that Maven generates |
 //! | `docs/PARITY.md` | per RPC and language: curated or raw only |
 //!
 //! The proto files are compiled with protox (no system `protoc`); only the
@@ -22,6 +23,7 @@
 //! instead of writing: it exits non-zero and names every stale file.
 
 mod golang;
+mod jvm;
 mod methods;
 mod parity;
 mod python;
@@ -126,6 +128,7 @@ fn generate(args: &Args, contract: &Contract) -> anyhow::Result<Outputs> {
         &mut out,
     )?;
     golang::generate(&args.root, contract, &mut out)?;
+    jvm::generate(contract, &mut out)?;
     out.insert(
         "docs/PARITY.md".into(),
         parity::report(&args.root, contract)?,

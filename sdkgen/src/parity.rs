@@ -353,6 +353,46 @@ const LANGUAGES: &[Language] = &[
             "func NewHostSession(",
         )],
     },
+    Language {
+        name: "JVM",
+        sources: Some("sdk-jvm/src/main"),
+        raw: "`client.raw.<method>` (Kotlin, camelCase; Java: `RawStubsAsync.of(client)`; protobuf-java messages)",
+        curated: &[
+            c("Health", "`client.health`", "suspend fun health("),
+            c(
+                "CreateSandbox",
+                "`client.sandboxes.create`",
+                "suspend fun create(spec: SandboxSpec",
+            ),
+            c("GetSandbox", "`client.sandboxes.get`", "suspend fun get("),
+            c(
+                "ListSandboxes",
+                "`client.sandboxes.list`",
+                "suspend fun list(",
+            ),
+            c(
+                "DeleteSandbox",
+                "`client.sandboxes.delete`",
+                "suspend fun delete(",
+            ),
+            c(
+                "WatchSandbox",
+                "`client.sandboxes.waitReady` / `waitDeleted`",
+                "suspend fun waitReady(",
+            ),
+            c(
+                "ExecSandbox",
+                "`client.exec` / `execStream`",
+                "fun execStream(spec: ExecSpec",
+            ),
+            c(
+                "ExecSandboxInteractive",
+                "`client.execInteractive`",
+                "suspend fun execInteractive(spec: ExecSpec",
+            ),
+        ],
+        host: &[],
+    },
 ];
 
 /// Concatenated hand-written sources of a language (generated files left out).
@@ -368,7 +408,7 @@ fn sources_text(root: &Path, dir: &str) -> anyhow::Result<String> {
                 stack.push(path);
             } else if matches!(
                 path.extension().and_then(|e| e.to_str()),
-                Some("rs" | "py" | "ts" | "go")
+                Some("rs" | "py" | "ts" | "go" | "kt" | "java")
             ) {
                 let content = std::fs::read_to_string(&path)?;
                 if !content.contains(MARKER) {
