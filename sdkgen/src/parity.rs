@@ -390,8 +390,27 @@ const LANGUAGES: &[Language] = &[
                 "`client.execInteractive`",
                 "suspend fun execInteractive(spec: ExecSpec",
             ),
+            c(
+                "GetSandboxConfig",
+                "`ConfigSession` (polls it when not pushed)",
+                "class ConfigSession private constructor(",
+            ),
+            c(
+                "GetSandboxProviderEnvironment",
+                "`ConfigSession` (polls it when not pushed)",
+                "class ConfigSession private constructor(",
+            ),
+            c(
+                "ConnectSupervisor",
+                "`ConfigSession` (supervisor side, configuration only)",
+                "class ConfigSession private constructor(",
+            ),
         ],
-        host: &[],
+        host: &[c(
+            "ConnectHost",
+            "`HostSession` (configuration only)",
+            "class HostSession private constructor(",
+        )],
     },
 ];
 
