@@ -118,6 +118,91 @@ class OpenShellAsyncClient private constructor(
         timeout: java.time.Duration? = null,
     ): CompletableFuture<dev.openshell.sdk.ffi.SettingWrite> = scope.future { client.deleteSetting(sandbox, key, timeout.kotlin()) }
 
+    // Forward, files, logs and SSH sessions (Forward.kt, Files.kt, Logs.kt, Ssh.kt).
+
+    /** Forwards connections to a local listener to [remotePort] in the sandbox; close the [Forward] to stop. */
+    @JvmOverloads
+    fun forward(
+        sandbox: String,
+        remotePort: Int,
+        localAddress: String = "127.0.0.1:0",
+        sshSessionToken: String? = null,
+        timeout: java.time.Duration? = null,
+    ): CompletableFuture<Forward> = scope.future { client.forward(sandbox, remotePort, localAddress, sshSessionToken, timeout.kotlin()) }
+
+    /** Forwards to the sandbox's SSH server. */
+    @JvmOverloads
+    fun forwardSsh(
+        sandbox: String,
+        localAddress: String = "127.0.0.1:0",
+        sshSessionToken: String? = null,
+        timeout: java.time.Duration? = null,
+    ): CompletableFuture<Forward> = scope.future { client.forwardSsh(sandbox, localAddress, sshSessionToken, timeout.kotlin()) }
+
+    @JvmOverloads
+    fun writeFile(
+        sandbox: String,
+        remote: String,
+        data: ByteArray,
+        timeout: java.time.Duration? = null,
+    ): CompletableFuture<dev.openshell.sdk.ffi.TransferSummary> = scope.future { client.writeFile(sandbox, remote, data, timeout.kotlin()) }
+
+    @JvmOverloads
+    fun readFile(
+        sandbox: String,
+        remote: String,
+        timeout: java.time.Duration? = null,
+    ): CompletableFuture<ByteArray> = scope.future { client.readFile(sandbox, remote, timeout.kotlin()) }
+
+    @JvmOverloads
+    fun upload(
+        sandbox: String,
+        local: java.nio.file.Path,
+        remote: String,
+        ignoreFile: String? = null,
+        progress: java.util.function.Consumer<dev.openshell.sdk.ffi.TransferProgressInfo>? = null,
+        timeout: java.time.Duration? = null,
+    ): CompletableFuture<dev.openshell.sdk.ffi.TransferSummary> =
+        scope.future { client.upload(sandbox, local, remote, ignoreFile, progress?.let { p -> { p.accept(it) } }, timeout.kotlin()) }
+
+    @JvmOverloads
+    fun download(
+        sandbox: String,
+        remote: String,
+        local: java.nio.file.Path,
+        ignoreFile: String? = null,
+        progress: java.util.function.Consumer<dev.openshell.sdk.ffi.TransferProgressInfo>? = null,
+        timeout: java.time.Duration? = null,
+    ): CompletableFuture<dev.openshell.sdk.ffi.TransferSummary> =
+        scope.future { client.download(sandbox, remote, local, ignoreFile, progress?.let { p -> { p.accept(it) } }, timeout.kotlin()) }
+
+    @JvmOverloads
+    fun logs(
+        name: String,
+        filter: LogFilter = LogFilter(),
+        timeout: java.time.Duration? = null,
+    ): CompletableFuture<SandboxLogs> = scope.future { client.sandboxes.logs(name, filter, timeout.kotlin()) }
+
+    /** Opens a watch of the sandbox, pulled with [AsyncSandboxWatch.next]. */
+    @JvmOverloads
+    fun watch(
+        name: String,
+        spec: WatchSpec = WatchSpec(),
+        timeout: java.time.Duration? = null,
+    ): CompletableFuture<AsyncSandboxWatch> = scope.future { AsyncSandboxWatch(client.sandboxes.openWatch(name, spec, timeout.kotlin()), scope) }
+
+    @JvmOverloads
+    fun createSshSession(
+        sandbox: String,
+        timeout: java.time.Duration? = null,
+    ): CompletableFuture<SshSession> = scope.future { client.createSshSession(sandbox, timeout.kotlin()) }
+
+    @JvmOverloads
+    fun revokeSshSession(
+        token: String,
+        timeout: java.time.Duration? = null,
+    ): CompletableFuture<Boolean> = scope.future { client.revokeSshSession(token, timeout.kotlin()) }
+
     fun routingStats(): RoutingStats = client.routingStats()
 
     override fun close() {
@@ -145,6 +230,16 @@ class AsyncExecProcess internal constructor(
     fun write(data: ByteArray): CompletableFuture<Void?> =
         scope.future {
             session.write(data)
+            null
+        }
+
+    /** Resizes the terminal of a `tty` exec. */
+    fun resize(
+        cols: Int,
+        rows: Int,
+    ): CompletableFuture<Void?> =
+        scope.future {
+            session.resize(cols, rows)
             null
         }
 

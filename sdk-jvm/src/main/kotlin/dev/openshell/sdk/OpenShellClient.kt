@@ -110,7 +110,7 @@ class OpenShellClient private constructor(
 
 /** Sandbox lifecycle: create, get, list, delete, wait. */
 class Sandboxes internal constructor(
-    private val native: NativeClient,
+    internal val native: NativeClient,
 ) {
     suspend fun create(spec: SandboxSpec, timeout: Duration? = null): SandboxInfo = native.createSandbox(spec.request(), timeout.millis())
 
@@ -178,6 +178,8 @@ internal class OwnedSession(
 
     suspend fun write(data: ByteArray) = open().write(data)
 
+    suspend fun resize(cols: Int, rows: Int) = open().resize(cols.toUInt(), rows.toUInt())
+
     fun closeStdin() = open().closeStdin()
 
     suspend fun next(): ExecEvent? = open().next()
@@ -208,6 +210,9 @@ class ExecProcess internal constructor(
     suspend fun write(data: ByteArray) = session.write(data)
 
     suspend fun write(text: String) = session.write(text.toByteArray(Charsets.UTF_8))
+
+    /** Resizes the terminal of a `tty` exec (the program gets SIGWINCH); not after [closeStdin]. */
+    suspend fun resize(cols: Int, rows: Int) = session.resize(cols, rows)
 
     /** Closes stdin: the command reads EOF. Idempotent. */
     fun closeStdin() = session.closeStdin()

@@ -47,6 +47,12 @@ data class ExecSpec(
     val execTimeout: java.time.Duration? = null,
     /** Output cap of a buffered exec, in bytes. */
     val outputLimit: Long? = null,
+    /** Run on a pseudo-terminal (stdout and stderr arrive merged, as stdout). */
+    val tty: Boolean = false,
+    /** The terminal's width, with [tty]. */
+    val cols: Int = 0,
+    /** The terminal's height, with [tty]. */
+    val rows: Int = 0,
 ) {
     internal fun request() =
         ExecRequest(
@@ -57,6 +63,9 @@ data class ExecSpec(
             stdin = stdin,
             execTimeoutMs = execTimeout?.toMillis()?.toULong(),
             outputLimit = outputLimit?.toULong(),
+            tty = tty,
+            cols = cols.coerceAtLeast(0).toUInt(),
+            rows = rows.coerceAtLeast(0).toUInt(),
         )
 
     class Builder internal constructor(private val sandbox: String, private val command: List<String>) {
@@ -65,6 +74,9 @@ data class ExecSpec(
         private var stdin: ByteArray? = null
         private var execTimeout: java.time.Duration? = null
         private var outputLimit: Long? = null
+        private var tty = false
+        private var cols = 0
+        private var rows = 0
 
         fun workdir(dir: String?) = apply { this.workdir = dir }
 
@@ -76,7 +88,15 @@ data class ExecSpec(
 
         fun outputLimit(bytes: Long?) = apply { this.outputLimit = bytes }
 
-        fun build() = ExecSpec(sandbox, command, workdir, environment.toMap(), stdin, execTimeout, outputLimit)
+        /** A pseudo-terminal of `cols` x `rows`. */
+        fun tty(cols: Int, rows: Int) =
+            apply {
+                this.tty = true
+                this.cols = cols
+                this.rows = rows
+            }
+
+        fun build() = ExecSpec(sandbox, command, workdir, environment.toMap(), stdin, execTimeout, outputLimit, tty, cols, rows)
     }
 
     companion object {
