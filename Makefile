@@ -83,7 +83,7 @@ test-python: build python
 	cd sdk-python && $(PYTHON) -m pytest -q
 
 # The judge's own tests first (no cluster), then every runner on a cluster.
-conformance: build python typescript conformance-go
+conformance: build python typescript conformance-go conformance-jvm
 	$(PYTHON) conformance/harness --self-test
 	$(PYTHON) conformance/harness
 

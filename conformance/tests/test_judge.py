@@ -22,7 +22,7 @@ from judge.vocabulary import InvalidScenarios, validate
 
 HERE = Path(__file__).resolve().parent
 CONFORMANCE = HERE.parent
-RUNNERS = ("rust", "python")
+RUNNERS = ("rust", "python", "jvm")
 
 
 def load_scenarios() -> dict[str, Any]:

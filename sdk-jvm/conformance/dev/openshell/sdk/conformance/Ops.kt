@@ -177,4 +177,4 @@ val BASIC_OPS: Map<String, Op> =
     )
 
 /** Every op this runner knows. */
-val OPS: Map<String, Op> = BASIC_OPS + STREAM_OPS + FILES_LOGS_OPS + CONFIG_OPS
+val OPS: Map<String, Op> = BASIC_OPS + STREAM_OPS + FILES_LOGS_OPS + CONFIG_OPS + RAW_OPS
