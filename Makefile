@@ -26,7 +26,7 @@ up: build
 status:
 	./target/debug/openshell-gateway status --data-dir $(RUN_DIR)/data
 
-test: setup build lint check-modules check-generated lint-python lint-typescript test-rust test-python test-typescript conformance check-docs check-wheel check-npm-install lint-go test-go check-go-release check-helm
+test: setup build lint check-modules check-generated lint-python lint-typescript test-rust test-python test-typescript conformance check-docs check-wheel check-npm-install lint-go test-go check-go-release check-helm lint-jvm test-jvm
 
 setup:
 	@bash scripts/setup.sh
@@ -267,13 +267,13 @@ bench-go: go-deps
 # the uniffi exports in bindings/uniffi). `make jvm` builds the cdylib (debug,
 # on the one cargo target dir) and regenerates the Kotlin bindings from it
 # with the crate's own uniffi-bindgen (library mode) into the target dir:
-# generated, never committed or edited. Not part of `make test` (yet).
+# generated, never committed or edited.
 # The cdylib comes out of `make build`'s own command, as the library of the
 # crate's uniffi-bindgen binary (cargo leaves it in deps/, not uplifted): a
 # `-p openshell-uniffi` build would unify features differently and relink
 # the unhashed .so on every switch. It is copied to $(JVM_NATIVE), where the
 # Maven build packs it.
-.PHONY: jvm test-jvm jvm-install check-jvm-consumer conformance-jvm
+.PHONY: jvm lint-jvm test-jvm jvm-install check-jvm-consumer conformance-jvm
 
 MVN ?= mvn
 # Where `make jvm` puts the library and the bindings, and Maven its build
@@ -292,6 +292,12 @@ jvm:
 	rm -rf $(JVM_GENERATED)
 	$(TARGET_DIR)/debug/uniffi-bindgen generate --library $(JVM_NATIVE)/libopenshell_uniffi.so \
 		--language kotlin --no-format --out-dir $(JVM_GENERATED)
+
+# ktlint (Kotlin) and google-java-format (Java) through spotless, over the
+# SDK, its tests, the conformance runner and the benchmark; `cd sdk-jvm &&
+# mvn spotless:apply` fixes what they can.
+lint-jvm:
+	cd sdk-jvm && $(MVN) -q -B spotless:check
 
 # JUnit 5 (surefire) against a 3-replica cluster the tests start; Maven's
 # default local repository, so its cache persists between runs.

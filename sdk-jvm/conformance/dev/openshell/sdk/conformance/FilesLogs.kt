@@ -83,7 +83,10 @@ private suspend fun logsOp(
     val waitFor = step["wait_for"] as? String
     val started = TimeSource.Monotonic.markNow()
     while (true) {
-        val lines = r.client.sandboxes.logs(r.target(step), filter).lines
+        val lines =
+            r.client.sandboxes
+                .logs(r.target(step), filter)
+                .lines
         val messages = lines.map { it.message }
         if (waitFor == null || waitFor in messages || started.elapsedNow() > LOGS_WAIT) {
             return result("messages" to messages, "sources" to lines.map { it.source })
@@ -104,6 +107,7 @@ private suspend fun watchLogsOp(
 ): Result {
     val sandbox = r.target(step)
     val command = strings(r.subst(step["command"]))
+
     fun spec(resumeAfter: String?) = WatchSpec(status = false, logs = LogFilter(sources = listOf("sandbox")), resumeAfter = resumeAfter)
     var last: String
     var ordered = true

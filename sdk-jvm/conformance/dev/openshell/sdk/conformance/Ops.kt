@@ -75,10 +75,12 @@ private suspend fun execStreamOp(
                 stdout.write(event.data)
                 last = "stdout"
             }
+
             is ExecEvent.Stderr -> {
                 stderr.write(event.data)
                 last = "stderr"
             }
+
             is ExecEvent.Exit -> {
                 exits++
                 exitCode = event.exitCode
@@ -104,7 +106,9 @@ private suspend fun unrouteOwnerThenExec(
     val control = r.control ?: throw StepFailed("no OPENSHELL_CONFORMANCE_CONTROL")
     val name = r.target(step)
     val owner =
-        r.client.sandboxes.getWithOwner(name).owner
+        r.client.sandboxes
+            .getWithOwner(name)
+            .owner
             ?: throw StepFailed("GetSandbox $name named no owner replica")
     askHarness(control, "unroute $owner")
     val before = r.counters()
@@ -141,7 +145,12 @@ val BASIC_OPS: Map<String, Op> =
         },
         "list_sandboxes" to { r, step ->
             val selector = r.subst(step["label_selector"]) as? String
-            result("names" to r.client.sandboxes.list(selector).map { it.name })
+            result(
+                "names" to
+                    r.client.sandboxes
+                        .list(selector)
+                        .map { it.name },
+            )
         },
         "delete_sandbox" to { r, step ->
             r.client.sandboxes.delete(r.target(step))

@@ -47,7 +47,9 @@ private suspend fun rawUnaryOp(
     val answered = ResponseMetadata()
     val options = RawCallOptions(metadata, responseMetadata = answered)
     val parser = DynamicMessage.getDefaultInstance(method.outputType).parserForType
-    val response = r.client.raw.client.unary(path, request, parser, options)
+    val response =
+        r.client.raw.client
+            .unary(path, request, parser, options)
     val json = JsonFormat.printer().preservingProtoFieldNames().print(response)
     return result(
         "metadata" to answered.entries.map { listOf(it.key, it.value) },

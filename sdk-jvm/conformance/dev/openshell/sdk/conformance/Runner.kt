@@ -37,7 +37,9 @@ typealias Step = Map<String, Any?>
 typealias Result = MutableMap<String, Any?>
 
 /** The runner could not carry the step out (not an SDK error). */
-class StepFailed(message: String) : Exception(message)
+class StepFailed(
+    message: String,
+) : Exception(message)
 
 fun emit(line: Map<String, Any?>) {
     println(GSON.toJson(line))
@@ -45,7 +47,10 @@ fun emit(line: Map<String, Any?>) {
 }
 
 /** Bytes as reported: lossy UTF-8 of at most 4096 bytes, plus the full length. */
-fun Result.text(field: String, data: ByteArray) {
+fun Result.text(
+    field: String,
+    data: ByteArray,
+) {
     val shown = if (data.size > TEXT_LIMIT) data.copyOf(TEXT_LIMIT) else data
     this[field] = String(shown, Charsets.UTF_8)
     this[field + "_bytes"] = data.size
@@ -97,14 +102,24 @@ class Runner(
     /** `${alias}` -> that alias's sandbox name, `${run}` -> the run id, in any input. */
     fun subst(value: Any?): Any? =
         when (value) {
-            is String ->
+            is String -> {
                 PLACEHOLDER.replace(value) { m ->
                     val alias = m.groupValues[1]
                     if (alias == "run") runId else name(alias)
                 }
-            is List<*> -> value.map { subst(it) }
-            is Map<*, *> -> value.entries.associate { (k, v) -> subst(k) as String to subst(v) }
-            else -> value
+            }
+
+            is List<*> -> {
+                value.map { subst(it) }
+            }
+
+            is Map<*, *> -> {
+                value.entries.associate { (k, v) -> subst(k) as String to subst(v) }
+            }
+
+            else -> {
+                value
+            }
         }
 
     fun stringMap(value: Any?): Map<String, String> =
@@ -215,7 +230,11 @@ private fun scenarios(file: String): List<Scenario> {
             id = s.get("id").asString,
             requires = strings(plain(s.get("requires"))),
             uses = strings(plain(s.get("uses"))),
-            steps = (plain(s.get("steps")) as List<*>).map { @Suppress("UNCHECKED_CAST") (it as Step) },
+            steps =
+                (plain(s.get("steps")) as List<*>).map {
+                    @Suppress("UNCHECKED_CAST")
+                    (it as Step)
+                },
         )
     }
 }

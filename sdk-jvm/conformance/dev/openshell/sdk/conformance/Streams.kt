@@ -42,14 +42,21 @@ private suspend fun interactiveOp(
     val output = ByteArrayOutputStream()
     val stdout = ByteArrayOutputStream()
     var exitCode: Int? = null
+
     fun take(event: ExecEvent) {
         when (event) {
             is ExecEvent.Stdout -> {
                 output.write(event.data)
                 stdout.write(event.data)
             }
-            is ExecEvent.Stderr -> output.write(event.data)
-            is ExecEvent.Exit -> exitCode = event.exitCode
+
+            is ExecEvent.Stderr -> {
+                output.write(event.data)
+            }
+
+            is ExecEvent.Exit -> {
+                exitCode = event.exitCode
+            }
         }
     }
     r.client.execInteractive(spec).use { process ->
@@ -68,12 +75,19 @@ private suspend fun interactiveOp(
                             take(event)
                         }
                     }
+
                     action["resize"] != null -> {
                         val size = action["resize"] as List<*>
                         if (size.size == 2) process.resize(number(size[0]), number(size[1]))
                     }
-                    action["write"] != null -> process.write(action["write"].toString())
-                    action["close_stdin"] == true -> process.closeStdin()
+
+                    action["write"] != null -> {
+                        process.write(action["write"].toString())
+                    }
+
+                    action["close_stdin"] == true -> {
+                        process.closeStdin()
+                    }
                 }
             }
             for (event in events) take(event)
@@ -108,8 +122,14 @@ private suspend fun startEcho(events: ReceiveChannel<ExecEvent>): Int {
     suspend fun firstLine(): String {
         while (true) {
             when (val event = events.receive()) {
-                is ExecEvent.Exit -> throw StepFailed("the echo server exited with ${event.exitCode}")
-                is ExecEvent.Stdout -> stdout.write(event.data)
+                is ExecEvent.Exit -> {
+                    throw StepFailed("the echo server exited with ${event.exitCode}")
+                }
+
+                is ExecEvent.Stdout -> {
+                    stdout.write(event.data)
+                }
+
                 is ExecEvent.Stderr -> {}
             }
             val text = stdout.toString(Charsets.UTF_8)

@@ -10,7 +10,9 @@ import dev.openshell.sdk.ffi.TokenSource
  *
  * Tokens never appear in [toString].
  */
-class ClientConfig private constructor(builder: Builder) {
+class ClientConfig private constructor(
+    builder: Builder,
+) {
     val endpoint: String = builder.endpoint
     internal val token: String? = builder.token
     internal val tokenSource: TokenSource? = builder.tokenSource
@@ -40,7 +42,9 @@ class ClientConfig private constructor(builder: Builder) {
             "ownerRouting=$ownerRouting)"
 
     /** A mutable builder; every setter returns it. */
-    class Builder internal constructor(internal var endpoint: String) {
+    class Builder internal constructor(
+        internal var endpoint: String,
+    ) {
         internal var token: String? = null
         internal var tokenSource: TokenSource? = null
         internal var caPem: ByteArray? = null

@@ -183,8 +183,7 @@ fun Sandboxes.followLogs(
     name: String,
     filter: LogFilter = LogFilter(),
     timeout: Duration? = null,
-): Flow<LogLine> =
-    events(name, WatchSpec(status = false, logs = filter), timeout).mapNotNull { (it as? WatchEvent.Log)?.line }
+): Flow<LogLine> = events(name, WatchSpec(status = false, logs = filter), timeout).mapNotNull { (it as? WatchEvent.Log)?.line }
 
 /** A sandbox watch for Java: [next] as a [CompletableFuture]. */
 class AsyncSandboxWatch internal constructor(

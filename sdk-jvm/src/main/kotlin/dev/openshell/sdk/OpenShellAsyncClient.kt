@@ -189,7 +189,10 @@ class OpenShellAsyncClient private constructor(
         name: String,
         spec: WatchSpec = WatchSpec(),
         timeout: java.time.Duration? = null,
-    ): CompletableFuture<AsyncSandboxWatch> = scope.future { AsyncSandboxWatch(client.sandboxes.openWatch(name, spec, timeout.kotlin()), scope) }
+    ): CompletableFuture<AsyncSandboxWatch> =
+        scope.future {
+            AsyncSandboxWatch(client.sandboxes.openWatch(name, spec, timeout.kotlin()), scope)
+        }
 
     @JvmOverloads
     fun createSshSession(

@@ -46,7 +46,10 @@ class OpenShellClient private constructor(
     suspend fun health(timeout: Duration? = null): HealthInfo = native.health(timeout.millis())
 
     /** Runs a command and collects its output (under the output cap). */
-    suspend fun exec(spec: ExecSpec, timeout: Duration? = null): ExecOutput = native.exec(spec.request(), timeout.millis())
+    suspend fun exec(
+        spec: ExecSpec,
+        timeout: Duration? = null,
+    ): ExecOutput = native.exec(spec.request(), timeout.millis())
 
     suspend fun exec(
         sandbox: String,
@@ -62,7 +65,10 @@ class OpenShellClient private constructor(
      * Cold: each collection starts the command; a collector that stops early
      * (or is cancelled) ends it.
      */
-    fun execStream(spec: ExecSpec, timeout: Duration? = null): Flow<ExecEvent> =
+    fun execStream(
+        spec: ExecSpec,
+        timeout: Duration? = null,
+    ): Flow<ExecEvent> =
         flow {
             OwnedSession(native.execStream(spec.request(), timeout.millis())).drain { emit(it) }
         }
@@ -74,8 +80,10 @@ class OpenShellClient private constructor(
     ): Flow<ExecEvent> = execStream(ExecSpec(sandbox, command, environment = environment))
 
     /** Starts a command whose stdin stays open; close the [ExecProcess] to end it. */
-    suspend fun execInteractive(spec: ExecSpec, timeout: Duration? = null): ExecProcess =
-        ExecProcess(native.execInteractive(spec.request(), timeout.millis()))
+    suspend fun execInteractive(
+        spec: ExecSpec,
+        timeout: Duration? = null,
+    ): ExecProcess = ExecProcess(native.execInteractive(spec.request(), timeout.millis()))
 
     suspend fun execInteractive(
         sandbox: String,
@@ -112,7 +120,10 @@ class OpenShellClient private constructor(
 class Sandboxes internal constructor(
     internal val native: NativeClient,
 ) {
-    suspend fun create(spec: SandboxSpec, timeout: Duration? = null): SandboxInfo = native.createSandbox(spec.request(), timeout.millis())
+    suspend fun create(
+        spec: SandboxSpec,
+        timeout: Duration? = null,
+    ): SandboxInfo = native.createSandbox(spec.request(), timeout.millis())
 
     suspend fun create(
         name: String? = null,
@@ -178,7 +189,10 @@ internal class OwnedSession(
 
     suspend fun write(data: ByteArray) = open().write(data)
 
-    suspend fun resize(cols: Int, rows: Int) = open().resize(cols.toUInt(), rows.toUInt())
+    suspend fun resize(
+        cols: Int,
+        rows: Int,
+    ) = open().resize(cols.toUInt(), rows.toUInt())
 
     fun closeStdin() = open().closeStdin()
 
@@ -212,7 +226,10 @@ class ExecProcess internal constructor(
     suspend fun write(text: String) = session.write(text.toByteArray(Charsets.UTF_8))
 
     /** Resizes the terminal of a `tty` exec (the program gets SIGWINCH); not after [closeStdin]. */
-    suspend fun resize(cols: Int, rows: Int) = session.resize(cols, rows)
+    suspend fun resize(
+        cols: Int,
+        rows: Int,
+    ) = session.resize(cols, rows)
 
     /** Closes stdin: the command reads EOF. Idempotent. */
     fun closeStdin() = session.closeStdin()

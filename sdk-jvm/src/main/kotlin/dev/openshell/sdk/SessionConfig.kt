@@ -41,7 +41,8 @@ class SessionConfig private constructor(
             instanceId = instanceId,
         )
 
-    override fun toString(): String = "SessionConfig(endpoint=$endpoint, token=<set>, announcePush=$announcePush, pollInterval=$pollInterval)"
+    override fun toString(): String =
+        "SessionConfig(endpoint=$endpoint, token=<set>, announcePush=$announcePush, pollInterval=$pollInterval)"
 
     /** A mutable builder; every setter returns it. */
     class Builder internal constructor(

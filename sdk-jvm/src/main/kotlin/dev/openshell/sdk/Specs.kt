@@ -22,9 +22,15 @@ data class SandboxSpec(
 
         fun image(image: String?) = apply { this.image = image }
 
-        fun env(key: String, value: String) = apply { environment[key] = value }
+        fun env(
+            key: String,
+            value: String,
+        ) = apply { environment[key] = value }
 
-        fun label(key: String, value: String) = apply { labels[key] = value }
+        fun label(
+            key: String,
+            value: String,
+        ) = apply { labels[key] = value }
 
         fun build() = SandboxSpec(name, image, environment.toMap(), labels.toMap())
     }
@@ -68,7 +74,10 @@ data class ExecSpec(
             rows = rows.coerceAtLeast(0).toUInt(),
         )
 
-    class Builder internal constructor(private val sandbox: String, private val command: List<String>) {
+    class Builder internal constructor(
+        private val sandbox: String,
+        private val command: List<String>,
+    ) {
         private var workdir: String? = null
         private val environment = linkedMapOf<String, String>()
         private var stdin: ByteArray? = null
@@ -80,7 +89,10 @@ data class ExecSpec(
 
         fun workdir(dir: String?) = apply { this.workdir = dir }
 
-        fun env(key: String, value: String) = apply { environment[key] = value }
+        fun env(
+            key: String,
+            value: String,
+        ) = apply { environment[key] = value }
 
         fun stdin(data: ByteArray?) = apply { this.stdin = data }
 
@@ -89,21 +101,29 @@ data class ExecSpec(
         fun outputLimit(bytes: Long?) = apply { this.outputLimit = bytes }
 
         /** A pseudo-terminal of `cols` x `rows`. */
-        fun tty(cols: Int, rows: Int) =
-            apply {
-                this.tty = true
-                this.cols = cols
-                this.rows = rows
-            }
+        fun tty(
+            cols: Int,
+            rows: Int,
+        ) = apply {
+            this.tty = true
+            this.cols = cols
+            this.rows = rows
+        }
 
         fun build() = ExecSpec(sandbox, command, workdir, environment.toMap(), stdin, execTimeout, outputLimit, tty, cols, rows)
     }
 
     companion object {
         @JvmStatic
-        fun builder(sandbox: String, vararg command: String): Builder = Builder(sandbox, command.toList())
+        fun builder(
+            sandbox: String,
+            vararg command: String,
+        ): Builder = Builder(sandbox, command.toList())
 
         @JvmStatic
-        fun builder(sandbox: String, command: List<String>): Builder = Builder(sandbox, command)
+        fun builder(
+            sandbox: String,
+            command: List<String>,
+        ): Builder = Builder(sandbox, command)
     }
 }

@@ -22,7 +22,12 @@ class ClientTest {
             client().use { client ->
                 assertEquals("HEALTHY", client.health().status)
                 val name = unique("jvm-life")
-                val created = client.sandboxes.create(name = name, environment = mapOf("GREETING" to "hi"), labels = mapOf("suite" to "jvm"))
+                val created =
+                    client.sandboxes.create(
+                        name = name,
+                        environment = mapOf("GREETING" to "hi"),
+                        labels = mapOf("suite" to "jvm"),
+                    )
                 assertEquals(name, created.name)
                 val ready = client.sandboxes.waitReady(name, timeout = 60.seconds)
                 assertEquals("READY", ready.phase)
@@ -80,9 +85,15 @@ class ClientTest {
                         var exit: Int? = null
                         process.events.collect { event ->
                             when (event) {
-                                is ExecEvent.Stdout -> out.append(event.data.toString(Charsets.UTF_8))
+                                is ExecEvent.Stdout -> {
+                                    out.append(event.data.toString(Charsets.UTF_8))
+                                }
+
                                 is ExecEvent.Stderr -> {}
-                                is ExecEvent.Exit -> exit = event.exitCode
+
+                                is ExecEvent.Exit -> {
+                                    exit = event.exitCode
+                                }
                             }
                         }
                         assertEquals("got:ping\ngot:pong\n", out.toString())

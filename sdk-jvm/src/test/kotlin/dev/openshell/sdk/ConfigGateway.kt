@@ -55,8 +55,21 @@ class ConfigGateway private constructor(
             val data = File(tmp, "data")
             val args =
                 mutableListOf(
-                    gatewayBin(), "serve", "--dev", "--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0",
-                    "--data-dir", data.path, "--ready-file", ready.path, "--config-delivery-mode", mode, "--driver", driver,
+                    gatewayBin(),
+                    "serve",
+                    "--dev",
+                    "--listen",
+                    "127.0.0.1:0",
+                    "--metrics-listen",
+                    "127.0.0.1:0",
+                    "--data-dir",
+                    data.path,
+                    "--ready-file",
+                    ready.path,
+                    "--config-delivery-mode",
+                    mode,
+                    "--driver",
+                    driver,
                 )
             if (driver == "none") args += "--allow-test-flags"
             val process =

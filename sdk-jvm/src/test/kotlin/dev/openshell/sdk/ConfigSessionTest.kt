@@ -38,7 +38,11 @@ class ConfigSessionTest {
         val token = gateway.sandboxToken(id)
 
         fun config(configure: SessionConfig.Builder.() -> Unit = {}): SessionConfig =
-            SessionConfig.builder(gateway.endpoint, token).allowCleartextToken(true).apply(configure).build()
+            SessionConfig
+                .builder(gateway.endpoint, token)
+                .allowCleartextToken(true)
+                .apply(configure)
+                .build()
 
         override fun close() {
             client.close()

@@ -80,36 +80,49 @@ class FilesLogsTest {
                     assertTrue(logs.lines.any { it.message == "exec finished" }, logs.toString())
                     assertEquals(setOf("sandbox"), logs.lines.map { it.source }.toSet())
                     assertTrue(logs.bufferTotal >= logs.lines.size)
-                    assertEquals(1, client.sandboxes.logs(name, LogFilter(tail = 1)).lines.size)
+                    assertEquals(
+                        1,
+                        client.sandboxes
+                            .logs(name, LogFilter(tail = 1))
+                            .lines.size,
+                    )
                     val warnings = client.sandboxes.logs(name, LogFilter(minLevel = "WARN")).lines
                     assertTrue(warnings.all { it.level in setOf("WARN", "ERROR") }, warnings.toString())
                     assertThrows<OpenShellException.InvalidArgument> { client.sandboxes.logs(name, LogFilter(minLevel = "LOUD")) }
                     assertThrows<OpenShellException.NotFound> { client.sandboxes.logs(unique("no-such")) }
 
                     // Follow the supervisor's lines: an exec run after the watch opened is seen with its fields.
-                    client.sandboxes.openWatch(name, WatchSpec(status = false, logs = LogFilter(sources = listOf("sandbox"), tail = 1))).use { watch ->
-                        // The replayed line (and a snapshot) first; then wait for quiet, so what follows is new.
-                        assertTrue(withTimeout(20.seconds) { watch.next() } != null)
-                        val settle = TimeSource.Monotonic.markNow()
-                        while (withTimeoutOrNull(1.seconds) { watch.next() } != null) {
-                            assertTrue(settle.elapsedNow() < 30.seconds, "the watch never went quiet")
-                        }
-                        val opened = watch.cursor!!
-                        assertEquals(6, client.exec(name, listOf("sh", "-c", "exit 6")).exitCode)
-                        var last = opened
-                        var finished: LogLine? = null
-                        withTimeout(20.seconds) {
-                            while (finished == null) {
-                                val event = watch.next() as? WatchEvent.Log ?: continue
-                                assertTrue(event.cursor >= last, "cursors in order: ${event.cursor} after $last")
-                                last = event.cursor
-                                val line = event.line
-                                if (line.message == "exec finished" && line.fields["argv0"] == "sh" && event.cursor > opened) finished = line
+                    client.sandboxes
+                        .openWatch(
+                            name,
+                            WatchSpec(status = false, logs = LogFilter(sources = listOf("sandbox"), tail = 1)),
+                        ).use { watch ->
+                            // The replayed line (and a snapshot) first; then wait for quiet, so what follows is new.
+                            assertTrue(withTimeout(20.seconds) { watch.next() } != null)
+                            val settle = TimeSource.Monotonic.markNow()
+                            while (withTimeoutOrNull(1.seconds) { watch.next() } != null) {
+                                assertTrue(settle.elapsedNow() < 30.seconds, "the watch never went quiet")
                             }
+                            val opened = watch.cursor!!
+                            assertEquals(6, client.exec(name, listOf("sh", "-c", "exit 6")).exitCode)
+                            var last = opened
+                            var finished: LogLine? = null
+                            withTimeout(20.seconds) {
+                                while (finished == null) {
+                                    val event = watch.next() as? WatchEvent.Log ?: continue
+                                    assertTrue(event.cursor >= last, "cursors in order: ${event.cursor} after $last")
+                                    last = event.cursor
+                                    val line = event.line
+                                    if (line.message == "exec finished" && line.fields["argv0"] == "sh" &&
+                                        event.cursor > opened
+                                    ) {
+                                        finished = line
+                                    }
+                                }
+                            }
+                            assertEquals("6", finished!!.fields["exit_code"])
+                            assertTrue(finished!!.time != null)
                         }
-                        assertEquals("6", finished!!.fields["exit_code"])
-                        assertTrue(finished!!.time != null)
-                    }
 
                     // Status: the first event of a plain watch is the sandbox itself.
                     val first = withTimeout(20.seconds) { client.sandboxes.events(name).first() }

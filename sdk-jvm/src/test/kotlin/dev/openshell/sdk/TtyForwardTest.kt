@@ -34,7 +34,8 @@ class TtyForwardTest {
                 val name = client.readySandbox("jvm-tty")
                 try {
                     val spec =
-                        ExecSpec.builder(name, "sh", "-c", "stty size; read line; stty size; echo \"got:\$line\"; exit 7")
+                        ExecSpec
+                            .builder(name, "sh", "-c", "stty size; read line; stty size; echo \"got:\$line\"; exit 7")
                             .tty(80, 24)
                             .build()
                     val output = StringBuffer()

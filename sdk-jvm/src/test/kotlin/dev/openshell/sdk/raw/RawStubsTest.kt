@@ -27,7 +27,11 @@ import kotlin.time.Duration.Companion.seconds
 class RawStubsTest {
     private suspend fun client() = OpenShellClient.connect(TestCluster.endpoint)
 
-    private fun getRequest(name: String) = Openshell.GetSandboxRequest.newBuilder().setName(name).build()
+    private fun getRequest(name: String) =
+        Openshell.GetSandboxRequest
+            .newBuilder()
+            .setName(name)
+            .build()
 
     @Test
     fun `a unary stub answers with the owner header when asked`() =
@@ -65,11 +69,18 @@ class RawStubsTest {
                 try {
                     val before = client.routingStats()
                     val exec =
-                        Openshell.ExecSandboxRequest.newBuilder()
+                        Openshell.ExecSandboxRequest
+                            .newBuilder()
                             .setSandbox(name)
                             .addAllCommand(listOf("sh", "-c", "echo out; echo err >&2; exit 4"))
                             .build()
-                    val events = withTimeout(60.seconds) { client.raw.execSandbox(exec).messages.toList() }
+                    val events =
+                        withTimeout(60.seconds) {
+                            client.raw
+                                .execSandbox(exec)
+                                .messages
+                                .toList()
+                        }
                     val stdout = events.filter { it.hasStdout() }.joinToString("") { it.stdout.data.toStringUtf8() }
                     val stderr = events.filter { it.hasStderr() }.joinToString("") { it.stderr.data.toStringUtf8() }
                     assertEquals("out\n", stdout)
@@ -80,9 +91,24 @@ class RawStubsTest {
 
                     // Interactive exec: start, stdin, close-send (EOF), events to the exit.
                     client.raw.execSandboxInteractive().use { stream ->
-                        val start = exec.toBuilder().clearCommand().addCommand("cat").build()
-                        stream.send(Openshell.ExecSandboxInput.newBuilder().setStart(start).build())
-                        stream.send(Openshell.ExecSandboxInput.newBuilder().setStdin(ByteString.copyFromUtf8("ping")).build())
+                        val start =
+                            exec
+                                .toBuilder()
+                                .clearCommand()
+                                .addCommand("cat")
+                                .build()
+                        stream.send(
+                            Openshell.ExecSandboxInput
+                                .newBuilder()
+                                .setStart(start)
+                                .build(),
+                        )
+                        stream.send(
+                            Openshell.ExecSandboxInput
+                                .newBuilder()
+                                .setStdin(ByteString.copyFromUtf8("ping"))
+                                .build(),
+                        )
                         stream.closeSend()
                         val out = StringBuilder()
                         var exit: Int? = null
