@@ -2,7 +2,7 @@
 Maven module that depends on ``dev.openshell:openshell-sdk`` as a user gets
 it: the artifact ``make jvm-install`` put into the local Maven repository (a
 jar with the native library inside, loaded from the classpath). One reactor
-build compiles every module (``mvn -q compile``), then each block's ``main``
+build compiles and packages every module (``mvn -q verify``), then each block's ``main``
 runs with ``java`` against the check's cluster."""
 
 from __future__ import annotations
@@ -132,14 +132,14 @@ def check_jvm(ctx: Context, blocks: list[Block]) -> None:
         maven(),
         "-q",
         "-B",
-        "compile",
+        "verify",
         "dependency:build-classpath",
         "-Dmdep.outputFile=classpath.txt",
     ]
     rc = run_logged(argv, ctx, log, SNIPPET_TIMEOUT * 2, cwd=base)
     if rc != 0:
         for block in blocks:
-            ctx.report(block, "FAIL", f"mvn compile: exit {rc} (see {log})")
+            ctx.report(block, "FAIL", f"mvn verify: exit {rc} (see {log})")
         return
     print(f"check-docs: compiled {len(blocks)} JVM blocks ({time.monotonic() - started:.1f} s)")
     for block in blocks:
