@@ -362,7 +362,7 @@ const LANGUAGES: &[Language] = &[
             c(
                 "CreateSandbox",
                 "`client.sandboxes.create`",
-                "suspend fun create(spec: SandboxSpec",
+                "suspend fun create(",
             ),
             c("GetSandbox", "`client.sandboxes.get`", "suspend fun get("),
             c(
@@ -377,18 +377,43 @@ const LANGUAGES: &[Language] = &[
             ),
             c(
                 "WatchSandbox",
-                "`client.sandboxes.waitReady` / `waitDeleted`",
-                "suspend fun waitReady(",
+                "`client.sandboxes.events` / `openWatch` / `followLogs` / `waitReady` / `waitDeleted`",
+                "fun Sandboxes.events(",
+            ),
+            c(
+                "GetSandboxLogs",
+                "`client.sandboxes.logs`",
+                "suspend fun Sandboxes.logs(",
             ),
             c(
                 "ExecSandbox",
                 "`client.exec` / `execStream`",
-                "fun execStream(spec: ExecSpec",
+                "fun execStream(",
             ),
             c(
                 "ExecSandboxInteractive",
                 "`client.execInteractive`",
-                "suspend fun execInteractive(spec: ExecSpec",
+                "suspend fun execInteractive(",
+            ),
+            c(
+                "ForwardTcp",
+                "`client.forward` / `forwardSsh`; files: `upload` / `download` / `readFile` / `writeFile`",
+                "suspend fun OpenShellClient.upload(",
+            ),
+            c(
+                "UpdateConfig",
+                "`client.setSetting` / `deleteSetting` (settings only)",
+                "suspend fun OpenShellClient.setSetting(",
+            ),
+            c(
+                "CreateSshSession",
+                "`client.createSshSession`",
+                "suspend fun OpenShellClient.createSshSession(",
+            ),
+            c(
+                "RevokeSshSession",
+                "`client.revokeSshSession`",
+                "suspend fun OpenShellClient.revokeSshSession(",
             ),
             c(
                 "GetSandboxConfig",
