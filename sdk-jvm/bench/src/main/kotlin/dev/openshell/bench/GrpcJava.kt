@@ -81,8 +81,14 @@ class GrpcJava(
         var exit = -1
         for (event in blocking.execSandbox(request)) {
             when (event.payloadCase) {
-                ExecSandboxEvent.PayloadCase.STDOUT -> total += event.stdout.data.size()
-                ExecSandboxEvent.PayloadCase.EXIT -> exit = event.exit.exitCode
+                ExecSandboxEvent.PayloadCase.STDOUT -> {
+                    total += event.stdout.data.size()
+                }
+
+                ExecSandboxEvent.PayloadCase.EXIT -> {
+                    exit = event.exit.exitCode
+                }
+
                 else -> {}
             }
         }
@@ -160,8 +166,14 @@ class GrpcForward(
                 override fun onNext(frame: TcpForwardFrame) {
                     try {
                         when (frame.payloadCase) {
-                            TcpForwardFrame.PayloadCase.DATA -> frame.data.writeTo(output)
-                            TcpForwardFrame.PayloadCase.EOF -> socket.shutdownOutput()
+                            TcpForwardFrame.PayloadCase.DATA -> {
+                                frame.data.writeTo(output)
+                            }
+
+                            TcpForwardFrame.PayloadCase.EOF -> {
+                                socket.shutdownOutput()
+                            }
+
                             else -> {}
                         }
                     } catch (e: IOException) {

@@ -118,9 +118,19 @@ suspend fun iperf3Server(
             try {
                 client.execStream(sandbox, command).collect { event ->
                     when (event) {
-                        is ExecEvent.Stdout -> output.append(event.data.toString(Charsets.UTF_8))
-                        is ExecEvent.Stderr -> output.append(event.data.toString(Charsets.UTF_8))
-                        is ExecEvent.Exit -> listening.completeExceptionally(IllegalStateException("iperf3 -s exited with ${event.exitCode}: $output"))
+                        is ExecEvent.Stdout -> {
+                            output.append(event.data.toString(Charsets.UTF_8))
+                        }
+
+                        is ExecEvent.Stderr -> {
+                            output.append(event.data.toString(Charsets.UTF_8))
+                        }
+
+                        is ExecEvent.Exit -> {
+                            listening.completeExceptionally(
+                                IllegalStateException("iperf3 -s exited with ${event.exitCode}: $output"),
+                            )
+                        }
                     }
                     if (!listening.isCompleted && "Server listening" in output) listening.complete(Unit)
                 }
@@ -210,8 +220,14 @@ suspend fun measure(
                 var exit = -1
                 client.execStream(sandbox, headCommand(bytes)).collect { event ->
                     when (event) {
-                        is ExecEvent.Stdout -> total += event.data.size
-                        is ExecEvent.Exit -> exit = event.exitCode
+                        is ExecEvent.Stdout -> {
+                            total += event.data.size
+                        }
+
+                        is ExecEvent.Exit -> {
+                            exit = event.exitCode
+                        }
+
                         is ExecEvent.Stderr -> {}
                     }
                 }
@@ -308,11 +324,14 @@ fun report(
             "$CALLERS concurrent callers x $CALLS_PER_CALLER, one iperf3 -t ${inputs.forwardSeconds} per forward, " +
             "one exec of ${inputs.execMiB} MiB stdout",
     )
+
     fun cell(
         v: Double?,
         digits: Int,
     ) = v?.let { String.format(Locale.ROOT, "%.${digits}f", it) } ?: "-"
-    println(String.format(Locale.ROOT, "  %-10s %10s %10s %12s %12s %12s", "client", "p50 us", "p99 us", "conc/s", "fwd Gbit/s", "exec MiB/s"))
+    println(
+        String.format(Locale.ROOT, "  %-10s %10s %10s %12s %12s %12s", "client", "p50 us", "p99 us", "conc/s", "fwd Gbit/s", "exec MiB/s"),
+    )
     val rows = mutableListOf<String>()
     for (arm in arms) {
         val figures =
@@ -329,6 +348,7 @@ fun report(
                 cell(figures[4], 0),
             ),
         )
+
         fun json(v: Double?) = v?.toString() ?: "null"
         rows +=
             "{\"client\":\"${arm.name}\",\"unary_p50_us\":${json(figures[0])},\"unary_p99_us\":${json(figures[1])}," +
