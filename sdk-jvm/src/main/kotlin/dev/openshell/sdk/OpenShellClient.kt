@@ -101,6 +101,10 @@ class OpenShellClient private constructor(
     }
 
     companion object {
+        init {
+            NativeThreads.install()
+        }
+
         /** Connects (fails with `connect` or `tls` when the gateway cannot be reached). */
         suspend fun connect(config: ClientConfig): OpenShellClient = OpenShellClient(connect(config.options(), config.tokenSource))
 
