@@ -3,291 +3,155 @@
 //! Every variant carries the same fields; `code` is the core's string code
 //! (the one the other SDKs report), `detail` its message (never a token).
 
-/// An OpenShell error, by its stable code.
-#[derive(Debug, thiserror::Error, uniffi::Error)]
-pub enum OpenShellError {
+/// Defines [`OpenShellError`] from one list of `Variant = "code"` pairs and,
+/// after a `;`, the variant for any code not listed, with the same five fields
+/// on every variant, the code -> variant mapping and `parts()`.
+macro_rules! openshell_error {
+    (
+        $( $(#[$doc:meta])* $variant:ident = $code:literal ),+ ;
+        $(#[$other_doc:meta])* $other:ident
+    ) => {
+        /// An OpenShell error, by its stable code.
+        #[derive(Debug, thiserror::Error, uniffi::Error)]
+        pub enum OpenShellError {
+            $(
+                $(#[$doc])*
+                #[error("{code}: {detail}")]
+                $variant {
+                    code: String,
+                    detail: String,
+                    grpc_status: i32,
+                    retryable: bool,
+                    served_by: Option<String>,
+                },
+            )*
+            $(#[$other_doc])*
+            #[error("{code}: {detail}")]
+            $other {
+                code: String,
+                detail: String,
+                grpc_status: i32,
+                retryable: bool,
+                served_by: Option<String>,
+            },
+        }
+
+        impl OpenShellError {
+            /// The variant for `code` (the last one for a code not listed).
+            fn build(
+                code: String,
+                detail: String,
+                grpc_status: i32,
+                retryable: bool,
+                served_by: Option<String>,
+            ) -> Self {
+                match code.as_str() {
+                    $(
+                        $code => OpenShellError::$variant {
+                            code,
+                            detail,
+                            grpc_status,
+                            retryable,
+                            served_by,
+                        },
+                    )*
+                    _ => OpenShellError::$other {
+                        code,
+                        detail,
+                        grpc_status,
+                        retryable,
+                        served_by,
+                    },
+                }
+            }
+
+            /// The fields every variant carries.
+            fn parts(&self) -> (&str, &str, i32, bool, Option<&str>) {
+                match self {
+                    $(OpenShellError::$variant {
+                        code,
+                        detail,
+                        grpc_status,
+                        retryable,
+                        served_by,
+                    })|*
+                    | OpenShellError::$other {
+                        code,
+                        detail,
+                        grpc_status,
+                        retryable,
+                        served_by,
+                    } => (code, detail, *grpc_status, *retryable, served_by.as_deref()),
+                }
+            }
+        }
+    };
+}
+
+openshell_error! {
     /// `cancelled`
-    #[error("{code}: {detail}")]
-    Cancelled {
-        code: String,
-        detail: String,
-        grpc_status: i32,
-        retryable: bool,
-        served_by: Option<String>,
-    },
+    Cancelled = "cancelled",
     /// `unknown`
-    #[error("{code}: {detail}")]
-    Unknown {
-        code: String,
-        detail: String,
-        grpc_status: i32,
-        retryable: bool,
-        served_by: Option<String>,
-    },
+    Unknown = "unknown",
     /// `invalid_argument`
-    #[error("{code}: {detail}")]
-    InvalidArgument {
-        code: String,
-        detail: String,
-        grpc_status: i32,
-        retryable: bool,
-        served_by: Option<String>,
-    },
+    InvalidArgument = "invalid_argument",
     /// `deadline_exceeded`
-    #[error("{code}: {detail}")]
-    DeadlineExceeded {
-        code: String,
-        detail: String,
-        grpc_status: i32,
-        retryable: bool,
-        served_by: Option<String>,
-    },
+    DeadlineExceeded = "deadline_exceeded",
     /// `not_found`
-    #[error("{code}: {detail}")]
-    NotFound {
-        code: String,
-        detail: String,
-        grpc_status: i32,
-        retryable: bool,
-        served_by: Option<String>,
-    },
+    NotFound = "not_found",
     /// `already_exists`
-    #[error("{code}: {detail}")]
-    AlreadyExists {
-        code: String,
-        detail: String,
-        grpc_status: i32,
-        retryable: bool,
-        served_by: Option<String>,
-    },
+    AlreadyExists = "already_exists",
     /// `permission_denied`
-    #[error("{code}: {detail}")]
-    PermissionDenied {
-        code: String,
-        detail: String,
-        grpc_status: i32,
-        retryable: bool,
-        served_by: Option<String>,
-    },
+    PermissionDenied = "permission_denied",
     /// `resource_exhausted`
-    #[error("{code}: {detail}")]
-    ResourceExhausted {
-        code: String,
-        detail: String,
-        grpc_status: i32,
-        retryable: bool,
-        served_by: Option<String>,
-    },
+    ResourceExhausted = "resource_exhausted",
     /// `failed_precondition` (also a sandbox that failed to start)
-    #[error("{code}: {detail}")]
-    FailedPrecondition {
-        code: String,
-        detail: String,
-        grpc_status: i32,
-        retryable: bool,
-        served_by: Option<String>,
-    },
+    FailedPrecondition = "failed_precondition",
     /// `aborted`
-    #[error("{code}: {detail}")]
-    Aborted {
-        code: String,
-        detail: String,
-        grpc_status: i32,
-        retryable: bool,
-        served_by: Option<String>,
-    },
+    Aborted = "aborted",
     /// `out_of_range`
-    #[error("{code}: {detail}")]
-    OutOfRange {
-        code: String,
-        detail: String,
-        grpc_status: i32,
-        retryable: bool,
-        served_by: Option<String>,
-    },
+    OutOfRange = "out_of_range",
     /// `unimplemented`
-    #[error("{code}: {detail}")]
-    Unimplemented {
-        code: String,
-        detail: String,
-        grpc_status: i32,
-        retryable: bool,
-        served_by: Option<String>,
-    },
+    Unimplemented = "unimplemented",
     /// `internal`
-    #[error("{code}: {detail}")]
-    Internal {
-        code: String,
-        detail: String,
-        grpc_status: i32,
-        retryable: bool,
-        served_by: Option<String>,
-    },
+    Internal = "internal",
     /// `unavailable`
-    #[error("{code}: {detail}")]
-    Unavailable {
-        code: String,
-        detail: String,
-        grpc_status: i32,
-        retryable: bool,
-        served_by: Option<String>,
-    },
+    Unavailable = "unavailable",
     /// `data_loss`
-    #[error("{code}: {detail}")]
-    DataLoss {
-        code: String,
-        detail: String,
-        grpc_status: i32,
-        retryable: bool,
-        served_by: Option<String>,
-    },
+    DataLoss = "data_loss",
     /// `unauthenticated`
-    #[error("{code}: {detail}")]
-    Unauthenticated {
-        code: String,
-        detail: String,
-        grpc_status: i32,
-        retryable: bool,
-        served_by: Option<String>,
-    },
+    Unauthenticated = "unauthenticated",
     /// `connect`: the gateway could not be reached.
-    #[error("{code}: {detail}")]
-    Connect {
-        code: String,
-        detail: String,
-        grpc_status: i32,
-        retryable: bool,
-        served_by: Option<String>,
-    },
+    Connect = "connect",
     /// `tls`
-    #[error("{code}: {detail}")]
-    Tls {
-        code: String,
-        detail: String,
-        grpc_status: i32,
-        retryable: bool,
-        served_by: Option<String>,
-    },
+    Tls = "tls",
     /// `invalid_config`: refused before any I/O.
-    #[error("{code}: {detail}")]
-    InvalidConfig {
-        code: String,
-        detail: String,
-        grpc_status: i32,
-        retryable: bool,
-        served_by: Option<String>,
-    },
+    InvalidConfig = "invalid_config",
     /// `protocol`
-    #[error("{code}: {detail}")]
-    Protocol {
-        code: String,
-        detail: String,
-        grpc_status: i32,
-        retryable: bool,
-        served_by: Option<String>,
-    },
+    Protocol = "protocol",
     /// `output_limit`: a buffered exec's output passed its cap.
-    #[error("{code}: {detail}")]
-    OutputLimit {
-        code: String,
-        detail: String,
-        grpc_status: i32,
-        retryable: bool,
-        served_by: Option<String>,
-    },
+    OutputLimit = "output_limit",
     /// `auth`: the token provider failed.
-    #[error("{code}: {detail}")]
-    Auth {
-        code: String,
-        detail: String,
-        grpc_status: i32,
-        retryable: bool,
-        served_by: Option<String>,
-    },
+    Auth = "auth",
     /// `stream_closed`
-    #[error("{code}: {detail}")]
-    StreamClosed {
-        code: String,
-        detail: String,
-        grpc_status: i32,
-        retryable: bool,
-        served_by: Option<String>,
-    },
+    StreamClosed = "stream_closed",
     /// `io`
-    #[error("{code}: {detail}")]
-    Io {
-        code: String,
-        detail: String,
-        grpc_status: i32,
-        retryable: bool,
-        served_by: Option<String>,
-    },
+    Io = "io",
     /// `cluster`: a local test cluster failed.
-    #[error("{code}: {detail}")]
-    Cluster {
-        code: String,
-        detail: String,
-        grpc_status: i32,
-        retryable: bool,
-        served_by: Option<String>,
-    },
+    Cluster = "cluster";
     /// Any code this binding does not know yet (never a panic).
-    #[error("{code}: {detail}")]
-    Other {
-        code: String,
-        detail: String,
-        grpc_status: i32,
-        retryable: bool,
-        served_by: Option<String>,
-    },
+    Other
 }
 
 impl From<openshell_sdk::Error> for OpenShellError {
     fn from(err: openshell_sdk::Error) -> Self {
-        let code = err.code().to_owned();
-        let detail = err.message();
-        let grpc_status = err.grpc_code() as i32;
-        let retryable = err.retryable();
-        let served_by = err.served_by().map(str::to_owned);
-        macro_rules! build {
-            ($variant:ident) => {
-                OpenShellError::$variant {
-                    code,
-                    detail,
-                    grpc_status,
-                    retryable,
-                    served_by,
-                }
-            };
-        }
-        match code.as_str() {
-            "cancelled" => build!(Cancelled),
-            "unknown" => build!(Unknown),
-            "invalid_argument" => build!(InvalidArgument),
-            "deadline_exceeded" => build!(DeadlineExceeded),
-            "not_found" => build!(NotFound),
-            "already_exists" => build!(AlreadyExists),
-            "permission_denied" => build!(PermissionDenied),
-            "resource_exhausted" => build!(ResourceExhausted),
-            "failed_precondition" => build!(FailedPrecondition),
-            "aborted" => build!(Aborted),
-            "out_of_range" => build!(OutOfRange),
-            "unimplemented" => build!(Unimplemented),
-            "internal" => build!(Internal),
-            "unavailable" => build!(Unavailable),
-            "data_loss" => build!(DataLoss),
-            "unauthenticated" => build!(Unauthenticated),
-            "connect" => build!(Connect),
-            "tls" => build!(Tls),
-            "invalid_config" => build!(InvalidConfig),
-            "protocol" => build!(Protocol),
-            "output_limit" => build!(OutputLimit),
-            "auth" => build!(Auth),
-            "stream_closed" => build!(StreamClosed),
-            "io" => build!(Io),
-            "cluster" => build!(Cluster),
-            _ => build!(Other),
-        }
+        OpenShellError::build(
+            err.code().to_owned(),
+            err.message(),
+            err.grpc_code() as i32,
+            err.retryable(),
+            err.served_by().map(str::to_owned),
+        )
     }
 }
 
@@ -299,194 +163,6 @@ impl From<uniffi::UnexpectedUniFFICallbackError> for OpenShellError {
 }
 
 impl OpenShellError {
-    /// The fields every variant carries.
-    fn parts(&self) -> (&str, &str, i32, bool, Option<&str>) {
-        match self {
-            OpenShellError::Cancelled {
-                code,
-                detail,
-                grpc_status,
-                retryable,
-                served_by,
-            }
-            | OpenShellError::Unknown {
-                code,
-                detail,
-                grpc_status,
-                retryable,
-                served_by,
-            }
-            | OpenShellError::InvalidArgument {
-                code,
-                detail,
-                grpc_status,
-                retryable,
-                served_by,
-            }
-            | OpenShellError::DeadlineExceeded {
-                code,
-                detail,
-                grpc_status,
-                retryable,
-                served_by,
-            }
-            | OpenShellError::NotFound {
-                code,
-                detail,
-                grpc_status,
-                retryable,
-                served_by,
-            }
-            | OpenShellError::AlreadyExists {
-                code,
-                detail,
-                grpc_status,
-                retryable,
-                served_by,
-            }
-            | OpenShellError::PermissionDenied {
-                code,
-                detail,
-                grpc_status,
-                retryable,
-                served_by,
-            }
-            | OpenShellError::ResourceExhausted {
-                code,
-                detail,
-                grpc_status,
-                retryable,
-                served_by,
-            }
-            | OpenShellError::FailedPrecondition {
-                code,
-                detail,
-                grpc_status,
-                retryable,
-                served_by,
-            }
-            | OpenShellError::Aborted {
-                code,
-                detail,
-                grpc_status,
-                retryable,
-                served_by,
-            }
-            | OpenShellError::OutOfRange {
-                code,
-                detail,
-                grpc_status,
-                retryable,
-                served_by,
-            }
-            | OpenShellError::Unimplemented {
-                code,
-                detail,
-                grpc_status,
-                retryable,
-                served_by,
-            }
-            | OpenShellError::Internal {
-                code,
-                detail,
-                grpc_status,
-                retryable,
-                served_by,
-            }
-            | OpenShellError::Unavailable {
-                code,
-                detail,
-                grpc_status,
-                retryable,
-                served_by,
-            }
-            | OpenShellError::DataLoss {
-                code,
-                detail,
-                grpc_status,
-                retryable,
-                served_by,
-            }
-            | OpenShellError::Unauthenticated {
-                code,
-                detail,
-                grpc_status,
-                retryable,
-                served_by,
-            }
-            | OpenShellError::Connect {
-                code,
-                detail,
-                grpc_status,
-                retryable,
-                served_by,
-            }
-            | OpenShellError::Tls {
-                code,
-                detail,
-                grpc_status,
-                retryable,
-                served_by,
-            }
-            | OpenShellError::InvalidConfig {
-                code,
-                detail,
-                grpc_status,
-                retryable,
-                served_by,
-            }
-            | OpenShellError::Protocol {
-                code,
-                detail,
-                grpc_status,
-                retryable,
-                served_by,
-            }
-            | OpenShellError::OutputLimit {
-                code,
-                detail,
-                grpc_status,
-                retryable,
-                served_by,
-            }
-            | OpenShellError::Auth {
-                code,
-                detail,
-                grpc_status,
-                retryable,
-                served_by,
-            }
-            | OpenShellError::StreamClosed {
-                code,
-                detail,
-                grpc_status,
-                retryable,
-                served_by,
-            }
-            | OpenShellError::Io {
-                code,
-                detail,
-                grpc_status,
-                retryable,
-                served_by,
-            }
-            | OpenShellError::Cluster {
-                code,
-                detail,
-                grpc_status,
-                retryable,
-                served_by,
-            }
-            | OpenShellError::Other {
-                code,
-                detail,
-                grpc_status,
-                retryable,
-                served_by,
-            } => (code, detail, *grpc_status, *retryable, served_by.as_deref()),
-        }
-    }
-
     /// The detail (message) of any variant.
     pub(crate) fn detail(&self) -> String {
         self.parts().1.to_owned()
