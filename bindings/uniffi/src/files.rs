@@ -63,22 +63,25 @@ fn summary(s: openshell_sdk::TransferSummary) -> TransferSummary {
     }
 }
 
-fn checked_local(path: String) -> Result<PathBuf, OpenShellError> {
-    if path.is_empty() {
-        return Err(invalid("a transfer needs a local path"));
-    }
-    Ok(PathBuf::from(path))
-}
-
 impl OpenShellClient {
-    fn transfer_options(
+    /// An upload or a download: `call`, given the checked local path and
+    /// the transfer's options.
+    async fn transfer<F>(
         &self,
+        local_path: String,
         ignore_file: Option<String>,
         progress: Option<Arc<dyn TransferProgress>>,
         timeout_ms: Option<u64>,
-    ) -> TransferOptions {
-        let (call, _) = self.options(timeout_ms);
-        let mut options = TransferOptions::new().call_options(call);
+        call: impl FnOnce(PathBuf, TransferOptions) -> F,
+    ) -> Result<TransferSummary, OpenShellError>
+    where
+        F: Future<Output = Result<openshell_sdk::TransferSummary, openshell_sdk::Error>>,
+    {
+        if local_path.is_empty() {
+            return Err(invalid("a transfer needs a local path"));
+        }
+        let (call_options, _) = self.options(timeout_ms);
+        let mut options = TransferOptions::new().call_options(call_options);
         if let Some(name) = ignore_file {
             options = options.ignore_file(name);
         }
@@ -93,7 +96,8 @@ impl OpenShellClient {
                 })
             });
         }
-        options
+        let done = self.run(call(PathBuf::from(local_path), options)).await?;
+        Ok(summary(done))
     }
 }
 
@@ -140,12 +144,13 @@ impl OpenShellClient {
         progress: Option<Arc<dyn TransferProgress>>,
         timeout_ms: Option<u64>,
     ) -> Result<TransferSummary, OpenShellError> {
-        let local = checked_local(local_path)?;
-        let options = self.transfer_options(ignore_file, progress, timeout_ms);
-        let done = self
-            .run(self.client.upload(&sandbox, &local, &remote, &options))
-            .await?;
-        Ok(summary(done))
+        let upload = |local: PathBuf, options: TransferOptions| async move {
+            self.client
+                .upload(&sandbox, &local, &remote, &options)
+                .await
+        };
+        self.transfer(local_path, ignore_file, progress, timeout_ms, upload)
+            .await
     }
 
     /// Downloads `remote` (a file or a directory) to `local_path`; into it,
@@ -159,11 +164,12 @@ impl OpenShellClient {
         progress: Option<Arc<dyn TransferProgress>>,
         timeout_ms: Option<u64>,
     ) -> Result<TransferSummary, OpenShellError> {
-        let local = checked_local(local_path)?;
-        let options = self.transfer_options(ignore_file, progress, timeout_ms);
-        let done = self
-            .run(self.client.download(&sandbox, &remote, &local, &options))
-            .await?;
-        Ok(summary(done))
+        let download = |local: PathBuf, options: TransferOptions| async move {
+            self.client
+                .download(&sandbox, &remote, &local, &options)
+                .await
+        };
+        self.transfer(local_path, ignore_file, progress, timeout_ms, download)
+            .await
     }
 }

@@ -20,6 +20,17 @@ pub struct SettingWrite {
     pub deleted: bool,
 }
 
+/// A write of setting `key` in sandbox `sandbox`'s scope (the global one
+/// when `None`), without the write itself.
+fn scoped(sandbox: Option<String>, key: String) -> UpdateConfigRequest {
+    UpdateConfigRequest {
+        global: sandbox.is_none(),
+        sandbox: sandbox.unwrap_or_default(),
+        setting_key: key,
+        ..Default::default()
+    }
+}
+
 impl OpenShellClient {
     async fn update_config(
         &self,
@@ -56,11 +67,8 @@ impl OpenShellClient {
         timeout_ms: Option<u64>,
     ) -> Result<SettingWrite, OpenShellError> {
         let request = UpdateConfigRequest {
-            global: sandbox.is_none(),
-            sandbox: sandbox.unwrap_or_default(),
-            setting_key: key,
             setting_value: Some(value.into_proto()),
-            ..Default::default()
+            ..scoped(sandbox, key)
         };
         self.update_config(request, timeout_ms).await
     }
@@ -74,11 +82,8 @@ impl OpenShellClient {
         timeout_ms: Option<u64>,
     ) -> Result<SettingWrite, OpenShellError> {
         let request = UpdateConfigRequest {
-            global: sandbox.is_none(),
-            sandbox: sandbox.unwrap_or_default(),
-            setting_key: key,
             delete_setting: true,
-            ..Default::default()
+            ..scoped(sandbox, key)
         };
         self.update_config(request, timeout_ms).await
     }
