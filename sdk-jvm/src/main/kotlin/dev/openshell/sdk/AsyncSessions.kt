@@ -10,6 +10,30 @@ import kotlinx.coroutines.future.future
 import java.util.concurrent.CompletableFuture
 
 /**
+ * The futures of a session's Java face, on their own scope: [close] closes
+ * the session and cancels what is still running.
+ */
+internal class SessionFutures(
+    private val session: AutoCloseable,
+) : AutoCloseable {
+    private val scope = CoroutineScope(SupervisorJob() + Dispatchers.Default)
+
+    /** A future that completes when [block] (a session's run) returned; `cancel(true)` cancels it. */
+    fun run(block: suspend () -> Unit): CompletableFuture<Void?> =
+        scope.future {
+            block()
+            null
+        }
+
+    fun <T> future(block: suspend () -> T): CompletableFuture<T> = scope.future { block() }
+
+    override fun close() {
+        session.close()
+        scope.cancel()
+    }
+}
+
+/**
  * The Java face of [ConfigSession]: [run] returns a [CompletableFuture]
  * that completes when the run ended (`cancel(true)` stops it); the apply
  * callback is a [ConfigApply] lambda that throws to reject. A failed
@@ -20,28 +44,21 @@ class AsyncConfigSession private constructor(
     /** The Kotlin session underneath. */
     val session: ConfigSession,
 ) : AutoCloseable {
-    private val scope = CoroutineScope(SupervisorJob() + Dispatchers.Default)
+    private val futures = SessionFutures(session)
 
     val instanceId: String get() = session.instanceId
 
     /** Holds the session until [stop], [close] or the future's cancellation. */
-    fun run(): CompletableFuture<Void?> =
-        scope.future {
-            session.run()
-            null
-        }
+    fun run(): CompletableFuture<Void?> = futures.run(session::run)
 
     fun stop() = session.stop()
 
     fun stats(): ConfigSessionStats = session.stats()
 
     /** The next update to answer, or `null` once closed (sessions made by [withUpdates]). */
-    fun nextUpdate(): CompletableFuture<ConfigUpdate?> = scope.future { session.nextUpdate() }
+    fun nextUpdate(): CompletableFuture<ConfigUpdate?> = futures.future(session::nextUpdate)
 
-    override fun close() {
-        session.close()
-        scope.cancel()
-    }
+    override fun close() = futures.close()
 
     companion object {
         @JvmStatic
@@ -63,24 +80,17 @@ class AsyncConfigSession private constructor(
 class AsyncHostSession private constructor(
     val session: HostSession,
 ) : AutoCloseable {
-    private val scope = CoroutineScope(SupervisorJob() + Dispatchers.Default)
+    private val futures = SessionFutures(session)
 
     val memberId: String get() = session.memberId
 
-    fun run(): CompletableFuture<Void?> =
-        scope.future {
-            session.run()
-            null
-        }
+    fun run(): CompletableFuture<Void?> = futures.run(session::run)
 
     fun stop() = session.stop()
 
     fun stats(): HostSessionStats = session.stats()
 
-    override fun close() {
-        session.close()
-        scope.cancel()
-    }
+    override fun close() = futures.close()
 
     companion object {
         @JvmStatic

@@ -57,21 +57,35 @@ private class ForeignHostApplier(
 }
 
 /**
- * Runs a native session's `run`: a cancelled coroutine stops the run and
- * waits (without being cancellable) until it returned, so no apply call
- * outlives it.
+ * What [ConfigSession] and [HostSession] do with their native session:
+ * [run] runs it, and a cancelled coroutine stops the run and waits
+ * (without being cancellable) until it returned, so no apply call outlives
+ * it; [close] shuts the session down and frees it, once.
  */
-internal suspend fun runToEnd(
-    run: suspend () -> Unit,
-    stop: () -> Unit,
-    waitStopped: suspend () -> Unit,
-) {
-    try {
-        run()
-    } catch (e: CancellationException) {
-        stop()
-        withContext(NonCancellable) { waitStopped() }
-        throw e
+internal class NativeRun(
+    private val runNative: suspend () -> Unit,
+    private val stopNative: () -> Unit,
+    private val waitStopped: suspend () -> Unit,
+    private val shutdown: () -> Unit,
+    private val free: () -> Unit,
+) : AutoCloseable {
+    private val closed = AtomicBoolean(false)
+
+    suspend fun run() {
+        try {
+            runNative()
+        } catch (e: CancellationException) {
+            stopNative()
+            withContext(NonCancellable) { waitStopped() }
+            throw e
+        }
+    }
+
+    override fun close() {
+        if (closed.compareAndSet(false, true)) {
+            shutdown()
+            free()
+        }
     }
 }
 
@@ -118,7 +132,7 @@ class ConfigSession private constructor(
     internal val native: NativeConfigSession,
     private val answersUpdates: Boolean,
 ) : AutoCloseable {
-    private val closed = AtomicBoolean(false)
+    private val control = NativeRun(native::run, native::stop, native::waitStopped, native::shutdown, native::close)
 
     /** The instance id every hello carries. */
     val instanceId: String = native.instanceId()
@@ -130,7 +144,7 @@ class ConfigSession private constructor(
      * at once (the first goes on); afterwards the session may run again.
      * Throws only for an unusable endpoint (`InvalidConfig`, `Tls`).
      */
-    suspend fun run() = runToEnd({ native.run() }, { native.stop() }, { native.waitStopped() })
+    suspend fun run() = control.run()
 
     /** Stops the current run (it returns once an apply in flight returned). */
     fun stop() = native.stop()
@@ -161,12 +175,7 @@ class ConfigSession private constructor(
     }
 
     /** Ends any run for good, rejects unanswered updates and frees the session. Idempotent. */
-    override fun close() {
-        if (closed.compareAndSet(false, true)) {
-            native.shutdown()
-            native.close()
-        }
-    }
+    override fun close() = control.close()
 
     override fun toString(): String = "ConfigSession(instanceId=$instanceId)"
 
@@ -199,7 +208,7 @@ class ConfigSession private constructor(
 class HostSession private constructor(
     internal val native: NativeHostSession,
 ) : AutoCloseable {
-    private val closed = AtomicBoolean(false)
+    private val control = NativeRun(native::run, native::stop, native::waitStopped, native::shutdown, native::close)
 
     /** The host's member id (the id its token was issued for). */
     val memberId: String = native.memberId()
@@ -207,18 +216,13 @@ class HostSession private constructor(
     val instanceId: String = native.instanceId()
 
     /** Holds the host session and serves its sandboxes; see [ConfigSession.run]. */
-    suspend fun run() = runToEnd({ native.run() }, { native.stop() }, { native.waitStopped() })
+    suspend fun run() = control.run()
 
     fun stop() = native.stop()
 
     fun stats(): HostSessionStats = native.stats()
 
-    override fun close() {
-        if (closed.compareAndSet(false, true)) {
-            native.shutdown()
-            native.close()
-        }
-    }
+    override fun close() = control.close()
 
     override fun toString(): String = "HostSession(memberId=$memberId, instanceId=$instanceId)"
 
