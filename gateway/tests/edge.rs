@@ -13,7 +13,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use bytes::Bytes;
-use common::{TOKEN, collect, exec_request, phase};
+use common::{TOKEN, collect, create_ready, exec_request};
 use http_body_util::Full;
 use hyper::body::Body as _;
 use openshell_proto::open_shell_client::OpenShellClient;
@@ -208,37 +208,6 @@ fn assert_trailers_only_error(answer: &RawAnswer, code: u32, message: &str) {
     );
     assert_eq!(answer.header(SERVED_BY), None, "{shown}");
     assert!(answer.trailers_only, "not trailers-only: {shown}");
-}
-
-async fn create_ready(client: &mut EdgeClient, name: &str) {
-    client
-        .create_sandbox(CreateSandboxRequest {
-            name: name.to_owned(),
-            ..Default::default()
-        })
-        .await
-        .expect("create sandbox");
-    let mut stream = client
-        .watch_sandbox(WatchSandboxRequest {
-            sandbox: name.to_owned(),
-            follow_status: true,
-            ..Default::default()
-        })
-        .await
-        .expect("watch")
-        .into_inner();
-    let ready = tokio::time::timeout(Duration::from_secs(30), async {
-        while let Some(event) = stream.message().await.expect("watch event") {
-            if let Some(sandbox_stream_event::Payload::Sandbox(sandbox)) = event.payload
-                && phase(&sandbox) == SandboxPhase::Ready
-            {
-                return;
-            }
-        }
-        panic!("watch ended before READY");
-    })
-    .await;
-    assert!(ready.is_ok(), "sandbox {name} not READY within 30 s");
 }
 
 // ---------------------------------------------------------------------------

@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{TOKEN, collect, exec_request, phase};
+use common::{TOKEN, collect, create_ready, exec_request};
 use openshell_proto::open_shell_client::OpenShellClient;
 use openshell_proto::*;
 use openshell_sdk::{CallOptions, ClientConfig, ExecRequest};
@@ -112,37 +112,6 @@ fn served_by(metadata: &MetadataMap) -> Option<String> {
 async fn health(client: &mut EdgeClient) -> Result<String, Status> {
     let response = client.health(HealthRequest {}).await?;
     Ok(served_by(response.metadata()).expect("a replica's answer names the replica"))
-}
-
-async fn create_ready(client: &mut EdgeClient, name: &str) {
-    client
-        .create_sandbox(CreateSandboxRequest {
-            name: name.to_owned(),
-            ..Default::default()
-        })
-        .await
-        .expect("create sandbox");
-    let mut stream = client
-        .watch_sandbox(WatchSandboxRequest {
-            sandbox: name.to_owned(),
-            follow_status: true,
-            ..Default::default()
-        })
-        .await
-        .expect("watch")
-        .into_inner();
-    let ready = tokio::time::timeout(Duration::from_secs(30), async {
-        while let Some(event) = stream.message().await.expect("watch event") {
-            if let Some(sandbox_stream_event::Payload::Sandbox(sandbox)) = event.payload
-                && phase(&sandbox) == SandboxPhase::Ready
-            {
-                return;
-            }
-        }
-        panic!("watch ended before READY");
-    })
-    .await;
-    assert!(ready.is_ok(), "sandbox {name} not READY within 30 s");
 }
 
 /// The edge's own answer for a replica it could not reach: UNAVAILABLE, no

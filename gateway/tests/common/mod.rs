@@ -33,7 +33,10 @@ impl Interceptor for Bearer {
     }
 }
 
-pub type Client = OpenShellClient<InterceptedService<Channel, Bearer>>;
+/// A raw client whose calls pass through interceptor `I`.
+pub type ClientWith<I> = OpenShellClient<InterceptedService<Channel, I>>;
+
+pub type Client = ClientWith<Bearer>;
 
 pub fn start() -> Gateway {
     Gateway::start(GatewayOptions::with_token(TOKEN))
@@ -63,7 +66,7 @@ pub fn phase(sandbox: &Sandbox) -> SandboxPhase {
 }
 
 /// Creates a sandbox and waits (watch, at most 30 s) until it is READY.
-pub async fn create_ready(client: &mut Client, name: &str) -> Sandbox {
+pub async fn create_ready<I: Interceptor>(client: &mut ClientWith<I>, name: &str) -> Sandbox {
     client
         .create_sandbox(CreateSandboxRequest {
             name: name.to_owned(),
@@ -74,7 +77,11 @@ pub async fn create_ready(client: &mut Client, name: &str) -> Sandbox {
     wait_phase(client, name, SandboxPhase::Ready).await
 }
 
-pub async fn wait_phase(client: &mut Client, name: &str, want: SandboxPhase) -> Sandbox {
+pub async fn wait_phase<I: Interceptor>(
+    client: &mut ClientWith<I>,
+    name: &str,
+    want: SandboxPhase,
+) -> Sandbox {
     let mut stream = client
         .watch_sandbox(WatchSandboxRequest {
             sandbox: name.to_owned(),
