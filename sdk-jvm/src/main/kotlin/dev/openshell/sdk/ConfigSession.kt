@@ -180,6 +180,10 @@ class ConfigSession private constructor(
     override fun toString(): String = "ConfigSession(instanceId=$instanceId)"
 
     companion object {
+        init {
+            NativeThreads.install()
+        }
+
         /** A session of sandbox [sandboxId] answering through [apply]. Nothing connects before [run]. */
         @JvmStatic
         fun create(
@@ -227,6 +231,10 @@ class HostSession private constructor(
     override fun toString(): String = "HostSession(memberId=$memberId, instanceId=$instanceId)"
 
     companion object {
+        init {
+            NativeThreads.install()
+        }
+
         /** The session of host [memberId] (its token in [config]); [capacity] 0: no limit. */
         @JvmStatic
         @JvmOverloads

@@ -23,6 +23,9 @@ internal object NativeThreads {
         )
     }
 
-    /** Idempotent; before the first async call. */
+    /**
+     * Idempotent; before the first async call: the companions of every entry
+     * point (OpenShellClient, ConfigSession, HostSession, LocalCluster) call it.
+     */
     fun install() = installed
 }

@@ -1,5 +1,6 @@
 package dev.openshell.sdk.testing
 
+import dev.openshell.sdk.NativeThreads
 import kotlinx.coroutines.runBlocking
 import dev.openshell.sdk.ffi.LocalCluster as NativeCluster
 
@@ -29,6 +30,10 @@ class LocalCluster private constructor(
     }
 
     companion object {
+        init {
+            NativeThreads.install()
+        }
+
         suspend fun start(replicas: Int = 3): LocalCluster {
             require(replicas > 0) { "replicas must be at least 1" }
             return LocalCluster(NativeCluster.start(replicas.toUInt()))
