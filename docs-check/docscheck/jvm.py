@@ -153,4 +153,3 @@ def check_jvm(ctx: Context, blocks: list[Block]) -> None:
         rc = run_logged(argv, ctx, run_log, SNIPPET_TIMEOUT, env=block_env(ctx, block), cwd=module)
         took = f"({time.monotonic() - started:.1f} s)"
         ctx.report(block, "ok" if rc == 0 else "FAIL", took if rc == 0 else f"exit {rc}")
-
