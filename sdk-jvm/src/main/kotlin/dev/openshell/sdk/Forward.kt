@@ -11,7 +11,9 @@ import kotlin.time.Duration
  * by the Rust core, to a port (or the SSH server) inside a sandbox.
  *
  * [close] stops it: the listener closes, so new connections are refused,
- * and active ones end. Closing the client closes its forwards too.
+ * and active ones end. [close] returns at once; [awaitClosed] returns once
+ * the listener is closed and every connection has ended. Closing the client
+ * closes its forwards too.
  */
 class Forward internal constructor(
     private val handle: ForwardHandle,
@@ -38,18 +40,21 @@ class Forward internal constructor(
 
     /**
      * Suspends until the forward has stopped: the listener is closed and
-     * every connection ended. Returns only after a close (or timeout).
+     * every connection ended. Returns only after a close (or timeout); after
+     * [close] it still waits for the listener, which the core closes
+     * asynchronously.
      */
     suspend fun awaitClosed() {
-        if (!closed.get()) handle.waitClosed()
+        handle.waitClosed()
     }
 
-    /** Stops the forward and frees the handle. Idempotent. */
+    /**
+     * Stops the forward. Idempotent, and returns at once: use [awaitClosed]
+     * to know that the port refuses connections. The native handle stays
+     * readable ([stats], [awaitClosed]) and is freed with this object.
+     */
     override fun close() {
-        if (closed.compareAndSet(false, true)) {
-            handle.shutdown()
-            handle.close()
-        }
+        if (closed.compareAndSet(false, true)) handle.shutdown()
     }
 
     override fun toString(): String = "Forward($localAddress -> $sandbox:$remotePort${if (isClosed) ", closed" else ""})"
