@@ -314,12 +314,25 @@ conformance-jvm: build jvm
 		> $(TARGET_DIR)/debug/openshell-conformance-jvm
 	chmod +x $(TARGET_DIR)/debug/openshell-conformance-jvm
 
-# The artifact as users get it (the jar with the native library inside),
+# The artifacts as users get them (the jar with the native library inside),
 # installed into the default local Maven repository (~/.m2) for check-docs'
 # Kotlin and Java blocks (docs-check/docscheck/jvm.py: scratch Maven modules
 # that depend on it). check-jvm-consumer: those blocks of sdk-jvm/README.md.
+# Beside it, dev.openshell:openshell-gateway-bin (sdk-jvm/gateway-bin): the
+# gateway, supervisor and sandbox init of this build (debug info stripped, as
+# the wheel's) under dev/openshell/gateway/<platform>/ with a build-id, which
+# LocalCluster unpacks and runs when OPENSHELL_GATEWAY_BIN is unset.
+JVM_GATEWAY_STAGE := $(JVM_OUT)/gateway-bin/dev/openshell/gateway/linux-$(shell uname -m | tr _ -)
+
 jvm-install: build jvm
 	$(JVM_MVN) install -Dmaven.test.skip=true
+	rm -rf $(JVM_OUT)/gateway-bin
+	mkdir -p $(JVM_GATEWAY_STAGE)
+	for exe in openshell-gateway openshell-supervisor openshell-sandbox-init; do \
+		strip --strip-debug -o $(JVM_GATEWAY_STAGE)/$$exe $(TARGET_DIR)/debug/$$exe || exit 1; done
+	cd $(JVM_GATEWAY_STAGE) && cat openshell-gateway openshell-supervisor openshell-sandbox-init | \
+		sha256sum | cut -c1-16 > build-id
+	cd sdk-jvm/gateway-bin && $(MVN) -q -B -Dopenshell.jvm.dir=$(JVM_OUT) install -Dmaven.test.skip=true
 
 check-jvm-consumer: jvm-install
 	$(PYTHON) docs-check/check_docs.py sdk-jvm/README.md

@@ -52,7 +52,7 @@ fn native_of(language: &str, client: &str) -> Option<&'static str> {
         ("python", "sdk-async") => Some("grpcio-aio"),
         ("typescript", "sdk") => Some("grpc-js"),
         ("go", "sdk" | "sdk-raw") => Some("grpc-go"),
-        ("jvm", "sdk" | "sdk-java") => Some("grpc-java"),
+        ("jvm", "sdk" | "sdk-java" | "sdk-blocking") => Some("grpc-java"),
         _ => None,
     }
 }
@@ -681,8 +681,11 @@ fn print_table(t: &TableInput) {
             0.95,
         ),
         (
-            "JVM SDK unary p50 / grpc-java <= 1.0",
-            ratio(fig("jvm", "sdk", p50), fig("jvm", "grpc-java", p50)),
+            "JVM SDK blocking unary p50 / grpc-java blocking stub <= 1.0",
+            ratio(
+                fig("jvm", "sdk-blocking", p50),
+                fig("jvm", "grpc-java", p50),
+            ),
             false,
             1.0,
         ),

@@ -3,11 +3,16 @@ Maven module that depends on ``dev.openshell:openshell-sdk`` as a user gets
 it: the artifact ``make jvm-install`` put into the local Maven repository (a
 jar with the native library inside, loaded from the classpath). One reactor
 build compiles and packages every module (``mvn -q verify``), then each block's ``main``
-runs with ``java`` against the check's cluster."""
+runs with ``java`` against the check's cluster. A block that starts a
+``LocalCluster`` of its own also gets ``dev.openshell:openshell-gateway-bin``
+as a user adds it, and runs without ``OPENSHELL_GATEWAY_BIN``, without the
+build's directories on ``PATH`` and with a fresh cache directory: the gateway
+it starts is the one unpacked from that jar."""
 
 from __future__ import annotations
 
 import os
+import pathlib
 import re
 import shutil
 import time
@@ -20,6 +25,7 @@ from .gateways import block_env
 JVM_LANGS = {"kotlin", "java"}
 KOTLIN_VERSION = "2.2.21"
 ARTIFACT = ("dev.openshell", "openshell-sdk", "0.1.0-SNAPSHOT")
+GATEWAY_BIN_ARTIFACT = "openshell-gateway-bin"
 
 PARENT = """<?xml version="1.0" encoding="UTF-8"?>
 <!-- Written by docs-check (docscheck/jvm.py). -->
@@ -41,6 +47,11 @@ PARENT = """<?xml version="1.0" encoding="UTF-8"?>
     <dependency>
       <groupId>{group}</groupId>
       <artifactId>{artifact}</artifactId>
+      <version>{version}</version>
+    </dependency>
+    <dependency>
+      <groupId>{group}</groupId>
+      <artifactId>{gateway_bin}</artifactId>
       <version>{version}</version>
     </dependency>
   </dependencies>
@@ -100,6 +111,24 @@ def main_class(block: Block) -> tuple[str, str]:
     return "Main.kt", prefix + "MainKt"
 
 
+def run_env(ctx: Context, block: Block) -> dict[str, str]:
+    """The block's environment; for a ``LocalCluster`` block, one where only
+    the bundled gateway can be found."""
+    env = block_env(ctx, block)
+    if "LocalCluster" not in block.text:
+        return env
+    env = dict(env)
+    env.pop("OPENSHELL_GATEWAY_BIN", None)
+    path = [d for d in env.get("PATH", "").split(os.pathsep) if d]
+    env["PATH"] = os.pathsep.join(
+        d for d in path if not (pathlib.Path(d) / "openshell-gateway").exists()
+    )
+    cache = ctx.work / "jvm-cache" / block.name
+    shutil.rmtree(cache, ignore_errors=True)
+    env["XDG_CACHE_HOME"] = str(cache)
+    return env
+
+
 def maven() -> str:
     return os.environ.get("MVN") or shutil.which("mvn") or "mvn"
 
@@ -124,6 +153,7 @@ def check_jvm(ctx: Context, blocks: list[Block]) -> None:
         artifact=artifact,
         version=version,
         kotlin=KOTLIN_VERSION,
+        gateway_bin=GATEWAY_BIN_ARTIFACT,
     )
     write_if_changed(base / "pom.xml", parent)
     log = ctx.work / "logs" / "jvm-compile.log"
@@ -150,6 +180,6 @@ def check_jvm(ctx: Context, blocks: list[Block]) -> None:
         run_log = ctx.work / "logs" / f"{block.name}.log"
         started = time.monotonic()
         argv = ["java", "-cp", os.pathsep.join(classpath), cls]
-        rc = run_logged(argv, ctx, run_log, SNIPPET_TIMEOUT, env=block_env(ctx, block), cwd=module)
+        rc = run_logged(argv, ctx, run_log, SNIPPET_TIMEOUT, env=run_env(ctx, block), cwd=module)
         took = f"({time.monotonic() - started:.1f} s)"
         ctx.report(block, "ok" if rc == 0 else "FAIL", took if rc == 0 else f"exit {rc}")

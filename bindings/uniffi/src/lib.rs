@@ -12,6 +12,10 @@
 //! until Rust wakes it, so no JVM thread blocks on a call. A JVM token
 //! source is called on tokio's blocking pool, never on a worker.
 //!
+//! The unary calls also have blocking twins (`get_sandbox_blocking`, ...,
+//! in `blocking.rs`): the calling JVM thread polls the same core future
+//! inside the same runtime context, one boundary crossing per call.
+//!
 //! # Who frees what
 //!
 //! Objects ([`OpenShellClient`], [`ExecSession`], [`LocalCluster`]) are `Arc`
@@ -32,6 +36,7 @@
 //! (`not_found`, `unavailable`, `deadline_exceeded`, ...); Kotlin sees a
 //! sealed `OpenShellException` hierarchy.
 
+mod blocking;
 mod client;
 mod config_session;
 mod errors;
@@ -62,6 +67,6 @@ pub use logs::{EventWatch, LogLine, LogQuery, SandboxLogs, WatchEvent, WatchOpti
 pub use raw::{MetadataEntry, RawAnswer, RawCall};
 pub use settings::SettingWrite;
 pub use ssh::SshSession;
-pub use testing::LocalCluster;
+pub use testing::{ClusterFault, LocalCluster, LocalClusterConfig};
 
 uniffi::setup_scaffolding!();

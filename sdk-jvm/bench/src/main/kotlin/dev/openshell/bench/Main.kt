@@ -14,8 +14,9 @@
 // iperf3 with its exec stream).
 //
 // Clients: `sdk` (the Kotlin API from coroutines: sandboxes.get, forward,
-// execStream), `sdk-java` (the Java facade's CompletableFutures: unary only)
-// and `grpc-java` (blocking stub for one call at a time, future stub for
+// execStream), `sdk-java` (the Java facade's CompletableFutures: unary only),
+// `sdk-blocking` (OpenShellBlockingClient on the calling thread, and one
+// platform thread per concurrent caller: unary only) and `grpc-java` (blocking stub for one call at a time, future stub for
 // concurrent callers, the blocking stub's iterator for exec, the async stub
 // for the forward pump).
 //
@@ -28,6 +29,7 @@ package dev.openshell.bench
 
 import dev.openshell.sdk.ClientConfig
 import dev.openshell.sdk.OpenShellAsyncClient
+import dev.openshell.sdk.OpenShellBlockingClient
 import dev.openshell.sdk.OpenShellClient
 import dev.openshell.sdk.ffi.ExecEvent
 import dev.openshell.sdk.forward
@@ -84,6 +86,30 @@ suspend fun coroutineCallers(
         }
     }
     return callers * each / ((System.nanoTime() - start) / 1e9)
+}
+
+/** Calls per second of [callers] platform threads, each making [each] blocking calls. */
+fun threadCallers(
+    callers: Int,
+    each: Int,
+    call: () -> Unit,
+): Double {
+    val failures = java.util.concurrent.ConcurrentLinkedQueue<Throwable>()
+    val start = System.nanoTime()
+    val threads =
+        List(callers) {
+            Thread {
+                try {
+                    repeat(each) { call() }
+                } catch (e: Throwable) {
+                    failures += e
+                }
+            }.apply { start() }
+        }
+    threads.forEach { it.join() }
+    val rate = callers * each / ((System.nanoTime() - start) / 1e9)
+    failures.peek()?.let { throw it }
+    return rate
 }
 
 /** Calls per second of [callers] CompletableFuture chains of [each] calls (no thread waits). */
@@ -170,6 +196,7 @@ suspend fun bench(inputs: Inputs) =
                 .build()
         val client = OpenShellClient.connect(config)
         val javaClient = OpenShellAsyncClient.connect(config).join()
+        val blockingClient = OpenShellBlockingClient.connect(config)
         var created: String? = null
         var iperf: Job? = null
         val grpc: GrpcJava
@@ -189,7 +216,7 @@ suspend fun bench(inputs: Inputs) =
             }
             grpc = GrpcJava(endpoint, inputs.token, sandbox)
             try {
-                measure(inputs, client, javaClient, grpc, sandbox, iperfPort)
+                measure(inputs, client, javaClient, blockingClient, grpc, sandbox, iperfPort)
             } finally {
                 grpc.close()
             }
@@ -197,6 +224,7 @@ suspend fun bench(inputs: Inputs) =
             iperf?.cancelAndJoin()
             created?.let { runCatching { client.sandboxes.delete(it) } }
             javaClient.close()
+            blockingClient.close()
             client.close()
             gateway?.close()
         }
@@ -206,6 +234,7 @@ suspend fun measure(
     inputs: Inputs,
     client: OpenShellClient,
     javaClient: OpenShellAsyncClient,
+    blockingClient: OpenShellBlockingClient,
     grpc: GrpcJava,
     sandbox: String,
     iperfPort: Int,
@@ -241,6 +270,12 @@ suspend fun measure(
             get = { javaClient.getSandbox(sandbox).join() },
             concurrent = { callers, each -> futureCallers(callers, each) { javaClient.getSandbox(sandbox) } },
         )
+    val sdkBlocking =
+        Arm(
+            "sdk-blocking",
+            get = { blockingClient.getSandbox(sandbox) },
+            concurrent = { callers, each -> threadCallers(callers, each) { blockingClient.getSandbox(sandbox) } },
+        )
     val native =
         Arm(
             "grpc-java",
@@ -248,7 +283,7 @@ suspend fun measure(
             concurrent = { callers, each -> coroutineCallers(callers, each) { grpc.getAsync() } },
             exec = { bytes -> grpc.exec(bytes) },
         )
-    val arms = listOf(sdk, sdkJava, native)
+    val arms = listOf(sdk, sdkJava, sdkBlocking, native)
 
     val closers = mutableListOf<AutoCloseable>()
     try {
@@ -330,7 +365,7 @@ fun report(
         digits: Int,
     ) = v?.let { String.format(Locale.ROOT, "%.${digits}f", it) } ?: "-"
     println(
-        String.format(Locale.ROOT, "  %-10s %10s %10s %12s %12s %12s", "client", "p50 us", "p99 us", "conc/s", "fwd Gbit/s", "exec MiB/s"),
+        String.format(Locale.ROOT, "  %-12s %10s %10s %12s %12s %12s", "client", "p50 us", "p99 us", "conc/s", "fwd Gbit/s", "exec MiB/s"),
     )
     val rows = mutableListOf<String>()
     for (arm in arms) {
@@ -339,7 +374,7 @@ fun report(
         println(
             String.format(
                 Locale.ROOT,
-                "  %-10s %10s %10s %12s %12s %12s",
+                "  %-12s %10s %10s %12s %12s %12s",
                 arm.name,
                 cell(figures[0], 1),
                 cell(figures[1], 1),

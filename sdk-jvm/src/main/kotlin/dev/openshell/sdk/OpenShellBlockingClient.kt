@@ -1,0 +1,126 @@
+package dev.openshell.sdk
+
+import dev.openshell.sdk.ffi.ExecOutput
+import dev.openshell.sdk.ffi.HealthInfo
+import dev.openshell.sdk.ffi.OpenShellException
+import dev.openshell.sdk.ffi.RoutingStats
+import dev.openshell.sdk.ffi.SandboxInfo
+import dev.openshell.sdk.ffi.SandboxWithOwner
+import kotlinx.coroutines.runBlocking
+import kotlin.time.toKotlinDuration
+
+private fun java.time.Duration?.ms(): ULong? = this?.toKotlinDuration().millis()
+
+/**
+ * The blocking face of [OpenShellClient], for code that waits on its own
+ * thread (as with grpc-java's blocking stubs): each call returns its answer
+ * or throws its [OpenShellException] (declared, so Java can catch each
+ * subclass) on the calling thread. It is the lowest-latency way to make a
+ * lone unary call: one crossing into the Rust core per call, no coroutine
+ * hand-off.
+ *
+ * Owner routing, hints, the unrouted retry and token refresh are the same
+ * core's. A call ends at its deadline (the `timeout` argument, or the
+ * config's default) or when [close] is called from another thread; a
+ * thread interrupt does not reach the native call. Do not call it from a
+ * coroutine (it blocks the thread) or from a callback the core makes (a
+ * config apply callback, a token source): use the suspend API there.
+ *
+ * Streams, forwards, files and sessions stay on [client] (the Kotlin API)
+ * or [OpenShellAsyncClient]. Thread-safe; share one per process.
+ */
+class OpenShellBlockingClient(
+    /** The Kotlin client underneath (closed with this one). */
+    val client: OpenShellClient,
+) : AutoCloseable {
+    private val native = client.native
+
+    val endpoint: String get() = client.endpoint
+
+    @JvmOverloads
+    @Throws(OpenShellException::class)
+    fun health(timeout: java.time.Duration? = null): HealthInfo = native.healthBlocking(timeout.ms())
+
+    @JvmOverloads
+    @Throws(OpenShellException::class)
+    fun createSandbox(
+        spec: SandboxSpec,
+        timeout: java.time.Duration? = null,
+    ): SandboxInfo = native.createSandboxBlocking(spec.request(), timeout.ms())
+
+    @JvmOverloads
+    @Throws(OpenShellException::class)
+    fun getSandbox(
+        name: String,
+        timeout: java.time.Duration? = null,
+    ): SandboxInfo = native.getSandboxBlocking(name, timeout.ms())
+
+    /** The sandbox and the replica holding it (refreshes the owner cache). */
+    @JvmOverloads
+    @Throws(OpenShellException::class)
+    fun getSandboxWithOwner(
+        name: String,
+        timeout: java.time.Duration? = null,
+    ): SandboxWithOwner = native.getSandboxWithOwnerBlocking(name, timeout.ms())
+
+    @JvmOverloads
+    @Throws(OpenShellException::class)
+    fun listSandboxes(
+        labelSelector: String? = null,
+        timeout: java.time.Duration? = null,
+    ): List<SandboxInfo> = native.listSandboxesBlocking(labelSelector, timeout.ms())
+
+    /** Deletes a sandbox; the outcome (`COMPLETED`, `ACCEPTED` or `ALREADY_ABSENT`). */
+    @JvmOverloads
+    @Throws(OpenShellException::class)
+    fun deleteSandbox(
+        name: String,
+        timeout: java.time.Duration? = null,
+    ): String = native.deleteSandboxBlocking(name, timeout.ms())
+
+    /** Waits until READY (`FailedPrecondition` when it failed to start). */
+    @JvmOverloads
+    @Throws(OpenShellException::class)
+    fun waitReady(
+        name: String,
+        timeout: java.time.Duration? = null,
+    ): SandboxInfo = native.waitReadyBlocking(name, timeout.ms())
+
+    @JvmOverloads
+    @Throws(OpenShellException::class)
+    fun waitDeleted(
+        name: String,
+        timeout: java.time.Duration? = null,
+    ) = native.waitDeletedBlocking(name, timeout.ms())
+
+    /** Runs a command and collects its output (under the output cap); run once, never retried. */
+    @JvmOverloads
+    @Throws(OpenShellException::class)
+    fun exec(
+        spec: ExecSpec,
+        timeout: java.time.Duration? = null,
+    ): ExecOutput = native.execBlocking(spec.request(), timeout.ms())
+
+    @Throws(OpenShellException::class)
+    fun exec(
+        sandbox: String,
+        command: List<String>,
+    ): ExecOutput = exec(ExecSpec(sandbox, command))
+
+    fun routingStats(): RoutingStats = client.routingStats()
+
+    /**
+     * Cancels every call of the client (blocked ones end with `Cancelled`)
+     * and frees it. Idempotent; a call made after it throws
+     * [IllegalStateException].
+     */
+    override fun close() = client.close()
+
+    companion object {
+        /** Connects on the calling thread (fails with `Connect` or `Tls` when the gateway cannot be reached). */
+        @JvmStatic
+        @Throws(OpenShellException::class)
+        fun connect(config: ClientConfig): OpenShellBlockingClient =
+            OpenShellBlockingClient(runBlocking { OpenShellClient.connect(config) })
+    }
+}
