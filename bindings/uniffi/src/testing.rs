@@ -108,8 +108,8 @@ pub struct LocalCluster {
 #[uniffi::export(async_runtime = "tokio")]
 impl LocalCluster {
     /// Starts the cluster and waits until it serves (`invalid_config` for
-    /// bad options or a missing executable; a cluster that does not come up
-    /// fails with a message naming its log directory).
+    /// bad options; `cluster` for a missing executable, or a cluster that
+    /// does not come up, with a message naming its log directory).
     #[uniffi::constructor]
     pub async fn start(config: LocalClusterConfig) -> Result<Arc<Self>, OpenShellError> {
         let replicas =
