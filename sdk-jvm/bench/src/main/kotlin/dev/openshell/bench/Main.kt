@@ -16,9 +16,10 @@
 // Clients: `sdk` (the Kotlin API from coroutines: sandboxes.get, forward,
 // execStream), `sdk-java` (the Java facade's CompletableFutures: unary only),
 // `sdk-blocking` (OpenShellBlockingClient on the calling thread, and one
-// platform thread per concurrent caller: unary only) and `grpc-java` (blocking stub for one call at a time, future stub for
-// concurrent callers, the blocking stub's iterator for exec, the async stub
-// for the forward pump).
+// platform thread per concurrent caller: unary only) and `grpc-java`
+// (blocking stub for one call at a time, future stub for concurrent callers,
+// the blocking stub's iterator for exec, the async stub for the forward
+// pump).
 //
 // Per round, each figure runs the clients in a fresh random order: GetSandbox
 // latency (100 batches of 10 per client, interleaved), 100 concurrent callers
