@@ -28,7 +28,7 @@ def test_exec_on_every_replica_and_after_a_killed_owner(
     openshell_cluster: LocalCluster, openshell_client: Client
 ) -> None:
     on: dict[str, str] = {}
-    for _ in range(15):
+    for _ in range(40):
         sandbox = openshell_client.sandboxes.create()
         openshell_client.sandboxes.wait_ready(sandbox.name, timeout=60)
         owner = openshell_cluster.owner_of(sandbox.name)

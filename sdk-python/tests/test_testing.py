@@ -69,9 +69,10 @@ def test_every_replica_serves_and_a_killed_owner_costs_no_exec(
     assert cluster.endpoint.startswith("http://127.0.0.1:")
     assert not cluster.endpoint.endswith(":17670")
 
-    # Sandboxes until every replica owns one (at most 15), an exec on each.
+    # Sandboxes until every replica owns one (at most 40), an exec on each.
+    # (A replica misses one sandbox with p < 0.7: 15 tries missed in 1 run of 140.)
     on: dict[str, str] = {}
-    for _ in range(15):
+    for _ in range(40):
         name = ready_sandbox(client)
         owner = cluster.owner_of(name)
         assert owner is not None
