@@ -387,8 +387,12 @@ impl Postgres {
     }
 
     /// Freezes the whole server (SIGSTOP to the postmaster and every
-    /// backend): calls hang instead of failing.
+    /// backend): calls hang instead of failing. The postmaster stops first,
+    /// so no backend is forked after the list of its children is read (a
+    /// backend forked between reading the list and stopping the postmaster
+    /// kept answering, and the database never hung).
     pub fn pause(&self) {
+        signal(self.pid(), libc::SIGSTOP);
         for pid in self.server_processes() {
             signal(pid, libc::SIGSTOP);
         }
