@@ -12,9 +12,11 @@
 //! until Rust wakes it, so no JVM thread blocks on a call. A JVM token
 //! source is called on tokio's blocking pool, never on a worker.
 //!
-//! The unary calls also have blocking twins (`get_sandbox_blocking`, ...,
-//! in `blocking.rs`): the calling JVM thread polls the same core future
-//! inside the same runtime context, one boundary crossing per call.
+//! The unary calls also run on the calling thread for sdk-jvm's
+//! `OpenShellBlockingClient` (`direct.rs`): the JVM thread polls the same
+//! core future inside the same runtime context, entered through plain C
+//! functions that JNA passes without reflection (arguments and answers in
+//! uniffi's serialization, so the types stay the ones described here).
 //!
 //! # Who frees what
 //!
@@ -36,9 +38,9 @@
 //! (`not_found`, `unavailable`, `deadline_exceeded`, ...); Kotlin sees a
 //! sealed `OpenShellException` hierarchy.
 
-mod blocking;
 mod client;
 mod config_session;
+mod direct;
 mod errors;
 mod exec;
 mod files;

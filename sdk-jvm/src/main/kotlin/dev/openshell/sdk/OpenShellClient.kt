@@ -94,9 +94,15 @@ class OpenShellClient private constructor(
     /** The client's owner-routing counters. */
     fun routingStats(): RoutingStats = native.routingStats()
 
+    private val directMade = lazy { DirectCalls(native) }
+
+    /** The calls of [OpenShellBlockingClient] (made on its first call). */
+    internal val direct: DirectCalls by directMade
+
     /** Cancels every call of this client and frees it. Idempotent. */
     override fun close() {
         native.cancelAll()
+        if (directMade.isInitialized()) direct.close()
         native.close()
     }
 

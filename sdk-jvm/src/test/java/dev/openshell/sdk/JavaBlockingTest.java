@@ -87,6 +87,11 @@ class JavaBlockingTest {
     try {
       // Refused by the client before anything is sent, then by the gateway.
       assertThrows(OpenShellException.InvalidConfig.class, () -> client.exec(name, List.of()));
+      // Arguments cross as UTF-8; the gateway refuses the name and its detail names it.
+      String accented = "n\u00e4m\u00e9-" + name;
+      OpenShellException.InvalidArgument missing =
+          assertThrows(OpenShellException.InvalidArgument.class, () -> client.getSandbox(accented));
+      assertTrue(missing.getMessage().contains(accented), "got " + missing.getMessage());
       assertThrows(
           OpenShellException.InvalidArgument.class,
           () -> client.createSandbox(SandboxSpec.builder().name("Not A Name!").build()));

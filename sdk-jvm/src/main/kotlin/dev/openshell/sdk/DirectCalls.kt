@@ -1,0 +1,142 @@
+package dev.openshell.sdk
+
+import com.sun.jna.Native
+import com.sun.jna.Pointer
+import dev.openshell.sdk.ffi.FfiConverterTypeOpenShellError
+import dev.openshell.sdk.ffi.InternalException
+import java.lang.ref.Cleaner
+import java.lang.ref.Reference
+import java.nio.ByteBuffer
+import java.nio.ByteOrder
+import dev.openshell.sdk.ffi.OpenShellClient as NativeClient
+
+/**
+ * The native library's three plain C functions behind [OpenShellBlockingClient]
+ * (`bindings/uniffi/src/direct.rs`), bound with JNA's direct mapping: integers,
+ * a byte array and a pointer, so no JNA `Structure` and no reflection per call.
+ */
+@Suppress("ktlint:standard:function-naming") // JNA binds by the C names
+private object DirectLib {
+    init {
+        // The library uniffi's bindings load (their override property, else the
+        // same name): JNA keeps one NativeLibrary per name, so this binds to the
+        // copy already loaded.
+        val name =
+            System.getProperty("uniffi.component.openshell_uniffi.libraryOverride")
+                ?: "openshell_uniffi"
+        Native.register(DirectLib::class.java, name)
+    }
+
+    external fun openshell_jvm_call(
+        client: Long,
+        method: Int,
+        args: ByteArray,
+        argsLen: Long,
+        timeoutMs: Long,
+    ): Pointer?
+
+    external fun openshell_jvm_reply_free(reply: Pointer?)
+
+    external fun openshell_jvm_release(client: Long)
+}
+
+/**
+ * One client's blocking calls. Holds a strong reference to the native client
+ * (`direct_ref`), released by a [Cleaner] once this object is unreachable, so
+ * a call still running when the client is closed never meets a freed client;
+ * [close] (the client's) makes later calls fail at once.
+ */
+internal class DirectCalls(
+    native: NativeClient,
+) {
+    private val ref: Long = native.directRef().toLong()
+
+    @Volatile private var closed = false
+
+    init {
+        val ref = ref
+        CLEANER.register(this) { DirectLib.openshell_jvm_release(ref) }
+    }
+
+    /**
+     * Runs call [method] with [args] (uniffi's serialization, written by
+     * [Args]) and reads its answer with [read]; an [OpenShellException]
+     * subclass for the core's errors.
+     */
+    fun <T> call(
+        method: Method,
+        args: Args,
+        timeoutMs: ULong?,
+        read: (ByteBuffer) -> T,
+    ): T {
+        check(!closed) { "the client is closed" }
+        val reply =
+            DirectLib.openshell_jvm_call(
+                ref,
+                method.number,
+                args.bytes,
+                args.length.toLong(),
+                timeoutMs?.toLong() ?: -1L,
+            ) ?: throw InternalException("the native call returned no reply")
+        try {
+            val length = reply.getLong(0)
+            val status = reply.getByte(8).toInt()
+            val payload = reply.getByteBuffer(HEADER, length).order(ByteOrder.BIG_ENDIAN)
+            return when (status) {
+                0 -> read(payload)
+                1 -> throw FfiConverterTypeOpenShellError.read(payload)
+                else -> throw InternalException(Charsets.UTF_8.decode(payload).toString())
+            }
+        } finally {
+            DirectLib.openshell_jvm_reply_free(reply)
+            Reference.reachabilityFence(this)
+        }
+    }
+
+    /** Later calls throw [IllegalStateException]; calls running end by the client's cancel. */
+    fun close() {
+        closed = true
+    }
+
+    /** The call numbers of `direct.rs`'s `Method`. */
+    enum class Method(
+        val number: Int,
+    ) {
+        HEALTH(0),
+        CREATE_SANDBOX(1),
+        GET_SANDBOX(2),
+        GET_SANDBOX_WITH_OWNER(3),
+        LIST_SANDBOXES(4),
+        DELETE_SANDBOX(5),
+        WAIT_READY(6),
+        WAIT_DELETED(7),
+        EXEC(8),
+    }
+
+    /** A call's arguments in uniffi's serialization (big-endian, as it writes). */
+    class Args private constructor(
+        val bytes: ByteArray,
+        val length: Int,
+    ) {
+        companion object {
+            val NONE = Args(ByteArray(0), 0)
+
+            /** One value, written by a generated converter's `write`. */
+            fun <T> of(
+                value: T,
+                size: ULong,
+                write: (T, ByteBuffer) -> Unit,
+            ): Args {
+                val buf = ByteBuffer.allocate(size.toInt()).order(ByteOrder.BIG_ENDIAN)
+                write(value, buf)
+                return Args(buf.array(), buf.position())
+            }
+        }
+    }
+
+    private companion object {
+        /** Bytes before a reply's payload: its length (u64), its status (u8). */
+        const val HEADER = 9L
+        val CLEANER: Cleaner = Cleaner.create()
+    }
+}
