@@ -32,7 +32,7 @@ use std::sync::Arc;
 use uniffi::{Lift, Lower};
 
 use crate::UniFfiTag;
-use crate::client::{CreateSandboxRequest, ExecRequest, OpenShellClient};
+use crate::client::OpenShellClient;
 use crate::errors::OpenShellError;
 
 /// The calls, by the number Kotlin passes (`DirectCalls` in sdk-jvm keeps
@@ -204,46 +204,22 @@ fn dispatch(client: &OpenShellClient, method: u32, args: &[u8], timeout: Option<
     let Some(method) = Method::from_number(method) else {
         return Reply::Defect(format!("no call numbered {method}"));
     };
+    // Each call's argument type comes from the core method it is passed to.
     let run = || -> Result<Reply, String> {
+        let c = client;
         Ok(match method {
-            Method::Health => {
-                if !args.is_empty() {
-                    return Err(format!("bad arguments: {} bytes for none", args.len()));
-                }
-                Reply::of(block_on(client.health(timeout)))
-            }
-            Method::CreateSandbox => {
-                let request = only::<CreateSandboxRequest>(args)?;
-                Reply::of(block_on(client.create_sandbox(request, timeout)))
-            }
-            Method::GetSandbox => {
-                let name = only::<String>(args)?;
-                Reply::of(block_on(client.get_sandbox(name, timeout)))
-            }
+            Method::Health if args.is_empty() => Reply::of(block_on(c.health(timeout))),
+            Method::Health => return Err(format!("bad arguments: {} bytes for none", args.len())),
+            Method::CreateSandbox => Reply::of(block_on(c.create_sandbox(only(args)?, timeout))),
+            Method::GetSandbox => Reply::of(block_on(c.get_sandbox(only(args)?, timeout))),
             Method::GetSandboxWithOwner => {
-                let name = only::<String>(args)?;
-                Reply::of(block_on(client.get_sandbox_with_owner(name, timeout)))
+                Reply::of(block_on(c.get_sandbox_with_owner(only(args)?, timeout)))
             }
-            Method::ListSandboxes => {
-                let selector = only::<Option<String>>(args)?;
-                Reply::of(block_on(client.list_sandboxes(selector, timeout)))
-            }
-            Method::DeleteSandbox => {
-                let name = only::<String>(args)?;
-                Reply::of(block_on(client.delete_sandbox(name, timeout)))
-            }
-            Method::WaitReady => {
-                let name = only::<String>(args)?;
-                Reply::of(block_on(client.wait_ready(name, timeout)))
-            }
-            Method::WaitDeleted => {
-                let name = only::<String>(args)?;
-                Reply::of_unit(block_on(client.wait_deleted(name, timeout)))
-            }
-            Method::Exec => {
-                let request = only::<ExecRequest>(args)?;
-                Reply::of(block_on(client.exec(request, timeout)))
-            }
+            Method::ListSandboxes => Reply::of(block_on(c.list_sandboxes(only(args)?, timeout))),
+            Method::DeleteSandbox => Reply::of(block_on(c.delete_sandbox(only(args)?, timeout))),
+            Method::WaitReady => Reply::of(block_on(c.wait_ready(only(args)?, timeout))),
+            Method::WaitDeleted => Reply::of_unit(block_on(c.wait_deleted(only(args)?, timeout))),
+            Method::Exec => Reply::of(block_on(c.exec(only(args)?, timeout))),
         })
     };
     run().unwrap_or_else(Reply::Defect)
