@@ -8,6 +8,7 @@ import java.lang.ref.Cleaner
 import java.lang.ref.Reference
 import java.nio.ByteBuffer
 import java.nio.ByteOrder
+import java.util.concurrent.atomic.AtomicLong
 import dev.openshell.sdk.ffi.OpenShellClient as NativeClient
 
 /**
@@ -42,21 +43,22 @@ private object DirectLib {
 
 /**
  * One client's blocking calls. Holds a strong reference to the native client
- * (`direct_ref`), released by a [Cleaner] once this object is unreachable, so
- * a call still running when the client is closed never meets a freed client;
- * [close] (the client's) makes later calls fail at once.
+ * (`direct_ref`) while it is open or a call runs: [close] (the client's) makes
+ * later calls fail at once and releases the reference when the last running
+ * call returns, so a running call never meets a freed client and a closed
+ * client's connections end without waiting for garbage collection. A
+ * [Cleaner] releases it for a client dropped without `close()`.
  */
 internal class DirectCalls(
     native: NativeClient,
 ) {
     private val ref: Long = native.directRef().toLong()
 
-    @Volatile private var closed = false
+    /** Calls running, plus [CLOSED] once closed. */
+    private val state = AtomicLong(0)
 
-    init {
-        val ref = ref
-        CLEANER.register(this) { DirectLib.openshell_jvm_release(ref) }
-    }
+    private val release: Cleaner.Cleanable =
+        ref.let { ref -> CLEANER.register(this) { DirectLib.openshell_jvm_release(ref) } }
 
     /**
      * Runs call [method] with [args] (uniffi's serialization, written by
@@ -69,7 +71,21 @@ internal class DirectCalls(
         timeoutMs: ULong?,
         read: (ByteBuffer) -> T,
     ): T {
-        check(!closed) { "the client is closed" }
+        val entered = state.updateAndGet { if (it and CLOSED != 0L) it else it + 1 }
+        check(entered and CLOSED == 0L) { "the client is closed" }
+        try {
+            return callOpen(method, args, timeoutMs, read)
+        } finally {
+            if (state.decrementAndGet() == CLOSED) release.clean()
+        }
+    }
+
+    private fun <T> callOpen(
+        method: Method,
+        args: Args,
+        timeoutMs: ULong?,
+        read: (ByteBuffer) -> T,
+    ): T {
         val reply =
             DirectLib.openshell_jvm_call(
                 ref,
@@ -93,9 +109,12 @@ internal class DirectCalls(
         }
     }
 
-    /** Later calls throw [IllegalStateException]; calls running end by the client's cancel. */
+    /**
+     * Later calls throw [IllegalStateException]; calls running end by the
+     * client's cancel, and the last of them releases the reference. Idempotent.
+     */
     fun close() {
-        closed = true
+        if (state.getAndUpdate { it or CLOSED } == 0L) release.clean()
     }
 
     /** The call numbers of `direct.rs`'s `Method`. */
@@ -137,6 +156,9 @@ internal class DirectCalls(
     private companion object {
         /** Bytes before a reply's payload: its length (u64), its status (u8). */
         const val HEADER = 9L
+
+        /** [state]'s closed flag, above any count of calls. */
+        const val CLOSED = 1L shl 62
         val CLEANER: Cleaner = Cleaner.create()
     }
 }
