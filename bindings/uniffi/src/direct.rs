@@ -21,13 +21,22 @@
 //! - `args` points to `args_len` readable bytes (or `args_len` is 0);
 //! - `timeout_ms` < 0 means the client's default deadline (`None` on the
 //!   suspend path), 0 none;
+//! - `call_id` is unique among the calls of the process; while the call
+//!   runs, `openshell_jvm_cancel(call_id)` from another thread (the JVM's
+//!   interrupt of the calling one) ends it `cancelled`; a cancel that comes
+//!   first ends it before it starts, and one that may have come after it
+//!   ended is cleared with `openshell_jvm_forget(call_id)`;
 //! - the reply is `[n: u64 native-endian][status: u8][n bytes]`, status 0 an
 //!   answer, 1 an `OpenShellError`, 2 a UTF-8 message of a defect (bad
 //!   arguments, a panic); it is freed with `openshell_jvm_reply_free` once.
 
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::future::Future;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock, Mutex, MutexGuard};
+
+use openshell_sdk::CancellationToken;
 
 use uniffi::{Lift, Lower};
 
@@ -90,6 +99,65 @@ pub unsafe extern "C" fn openshell_jvm_release(client: u64) {
     }
 }
 
+/// The calls that can be cancelled, by call id: a running call's token, or
+/// a cancel that came before its call.
+static CALLS: LazyLock<Mutex<HashMap<u64, Slot>>> = LazyLock::new(Default::default);
+
+enum Slot {
+    Running(CancellationToken),
+    CancelledFirst,
+}
+
+fn calls() -> MutexGuard<'static, HashMap<u64, Slot>> {
+    // Every change under the lock is one insert or removal, so a panic
+    // elsewhere cannot leave the map half-changed: go on with it.
+    CALLS
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// Ends call `call_id` `cancelled`, or before it starts if it has not.
+#[unsafe(no_mangle)]
+pub extern "C" fn openshell_jvm_cancel(call_id: u64) {
+    match calls().entry(call_id) {
+        Entry::Occupied(slot) => {
+            if let Slot::Running(token) = slot.get() {
+                token.cancel();
+            }
+        }
+        Entry::Vacant(slot) => {
+            slot.insert(Slot::CancelledFirst);
+        }
+    }
+}
+
+/// Forgets a cancel of `call_id` that may have come after its call ended.
+#[unsafe(no_mangle)]
+pub extern "C" fn openshell_jvm_forget(call_id: u64) {
+    let mut calls = calls();
+    if let Some(Slot::CancelledFirst) = calls.get(&call_id) {
+        calls.remove(&call_id);
+    }
+}
+
+/// Registers call `call_id` as running: its token, or the answer it ends
+/// with at once (cancelled first, or an id in use).
+fn register(call_id: u64) -> Result<CancellationToken, Reply> {
+    let mut calls = calls();
+    match calls.entry(call_id) {
+        Entry::Vacant(slot) => {
+            let token = CancellationToken::new();
+            slot.insert(Slot::Running(token.clone()));
+            Ok(token)
+        }
+        Entry::Occupied(slot) if matches!(slot.get(), Slot::CancelledFirst) => {
+            slot.remove();
+            Err(Reply::error(openshell_sdk::Error::Cancelled.into()))
+        }
+        Entry::Occupied(_) => Err(Reply::Defect(format!("call id {call_id} is in use"))),
+    }
+}
+
 /// Runs call `method` on the calling thread; see the module's contract.
 ///
 /// # Safety
@@ -102,6 +170,7 @@ pub unsafe extern "C" fn openshell_jvm_call(
     args: *const u8,
     args_len: usize,
     timeout_ms: i64,
+    call_id: u64,
 ) -> *mut u8 {
     let args: &[u8] = if args_len == 0 || args.is_null() {
         &[]
@@ -112,8 +181,13 @@ pub unsafe extern "C" fn openshell_jvm_call(
     // SAFETY: a live reference from `direct_ref`; borrowed for this call.
     let client = unsafe { &*(client as *const OpenShellClient) };
     let timeout_ms = u64::try_from(timeout_ms).ok();
+    let cancel = match register(call_id) {
+        Ok(token) => token,
+        Err(reply) => return reply.into_raw(),
+    };
+    let call = Call { client, cancel };
     let reply = catch_unwind(AssertUnwindSafe(|| {
-        dispatch(client, method, args, timeout_ms)
+        dispatch(&call, method, args, timeout_ms)
     }))
     .unwrap_or_else(|panic| {
         let what = panic
@@ -123,6 +197,7 @@ pub unsafe extern "C" fn openshell_jvm_call(
             .unwrap_or_else(|| "a panic".to_owned());
         Reply::Defect(format!("the core panicked: {what}"))
     });
+    calls().remove(&call_id);
     reply.into_raw()
 }
 
@@ -200,26 +275,58 @@ fn only<T: Lift<UniFfiTag>>(args: &[u8]) -> Result<T, String> {
     Ok(value)
 }
 
-fn dispatch(client: &OpenShellClient, method: u32, args: &[u8], timeout: Option<u64>) -> Reply {
+/// A running call: its client and its cancel.
+struct Call<'a> {
+    client: &'a OpenShellClient,
+    cancel: CancellationToken,
+}
+
+impl Call<'_> {
+    /// Runs `fut` to its end on the calling thread, or until the call is
+    /// cancelled (which drops `fut`: the RPC is reset, an exec's process
+    /// killed).
+    fn block_on<T>(
+        &self,
+        fut: impl Future<Output = Result<T, OpenShellError>>,
+    ) -> Result<T, OpenShellError> {
+        block_on(async {
+            tokio::select! {
+                biased;
+                _ = self.cancel.cancelled() => Err(openshell_sdk::Error::Cancelled.into()),
+                out = fut => out,
+            }
+        })
+    }
+}
+
+fn dispatch(call: &Call<'_>, method: u32, args: &[u8], timeout: Option<u64>) -> Reply {
     let Some(method) = Method::from_number(method) else {
         return Reply::Defect(format!("no call numbered {method}"));
     };
     // Each call's argument type comes from the core method it is passed to.
     let run = || -> Result<Reply, String> {
-        let c = client;
+        let c = call.client;
         Ok(match method {
-            Method::Health if args.is_empty() => Reply::of(block_on(c.health(timeout))),
+            Method::Health if args.is_empty() => Reply::of(call.block_on(c.health(timeout))),
             Method::Health => return Err(format!("bad arguments: {} bytes for none", args.len())),
-            Method::CreateSandbox => Reply::of(block_on(c.create_sandbox(only(args)?, timeout))),
-            Method::GetSandbox => Reply::of(block_on(c.get_sandbox(only(args)?, timeout))),
-            Method::GetSandboxWithOwner => {
-                Reply::of(block_on(c.get_sandbox_with_owner(only(args)?, timeout)))
+            Method::CreateSandbox => {
+                Reply::of(call.block_on(c.create_sandbox(only(args)?, timeout)))
             }
-            Method::ListSandboxes => Reply::of(block_on(c.list_sandboxes(only(args)?, timeout))),
-            Method::DeleteSandbox => Reply::of(block_on(c.delete_sandbox(only(args)?, timeout))),
-            Method::WaitReady => Reply::of(block_on(c.wait_ready(only(args)?, timeout))),
-            Method::WaitDeleted => Reply::of_unit(block_on(c.wait_deleted(only(args)?, timeout))),
-            Method::Exec => Reply::of(block_on(c.exec(only(args)?, timeout))),
+            Method::GetSandbox => Reply::of(call.block_on(c.get_sandbox(only(args)?, timeout))),
+            Method::GetSandboxWithOwner => {
+                Reply::of(call.block_on(c.get_sandbox_with_owner(only(args)?, timeout)))
+            }
+            Method::ListSandboxes => {
+                Reply::of(call.block_on(c.list_sandboxes(only(args)?, timeout)))
+            }
+            Method::DeleteSandbox => {
+                Reply::of(call.block_on(c.delete_sandbox(only(args)?, timeout)))
+            }
+            Method::WaitReady => Reply::of(call.block_on(c.wait_ready(only(args)?, timeout))),
+            Method::WaitDeleted => {
+                Reply::of_unit(call.block_on(c.wait_deleted(only(args)?, timeout)))
+            }
+            Method::Exec => Reply::of(call.block_on(c.exec(only(args)?, timeout))),
         })
     };
     run().unwrap_or_else(Reply::Defect)
@@ -280,6 +387,46 @@ mod tests {
                 .unwrap_err()
                 .starts_with("bad arguments")
         );
+    }
+
+    #[test]
+    fn a_cancel_reaches_its_call_whenever_it_comes() {
+        // Ids of this test only (others run in parallel on the same map).
+        let (during, first, late, twice) =
+            (1u64 << 40, (1u64 << 40) + 1, (1 << 40) + 2, (1 << 40) + 3);
+
+        let token = register(during).ok().unwrap();
+        openshell_jvm_cancel(during);
+        assert!(token.is_cancelled(), "a cancel while the call runs ends it");
+        calls().remove(&during);
+
+        openshell_jvm_cancel(first);
+        let (status, _) = parts(register(first).err().unwrap().into_raw());
+        assert_eq!(
+            status, 1,
+            "a cancel that came first ends the call before it starts"
+        );
+        assert!(!calls().contains_key(&first), "and is used up");
+
+        register(late).ok().unwrap();
+        calls().remove(&late);
+        openshell_jvm_cancel(late);
+        assert!(calls().contains_key(&late));
+        openshell_jvm_forget(late);
+        assert!(!calls().contains_key(&late), "a late cancel is forgotten");
+
+        let _running = register(twice).ok().unwrap();
+        let (status, text) = parts(register(twice).err().unwrap().into_raw());
+        assert_eq!(
+            (status, String::from_utf8(text).unwrap()),
+            (2, format!("call id {twice} is in use"))
+        );
+        openshell_jvm_forget(twice);
+        assert!(
+            calls().contains_key(&twice),
+            "forget leaves a running call alone"
+        );
+        calls().remove(&twice);
     }
 
     #[test]

@@ -8,11 +8,13 @@ import java.lang.ref.Cleaner
 import java.lang.ref.Reference
 import java.nio.ByteBuffer
 import java.nio.ByteOrder
+import java.nio.channels.ClosedByInterruptException
+import java.nio.channels.spi.AbstractInterruptibleChannel
 import java.util.concurrent.atomic.AtomicLong
 import dev.openshell.sdk.ffi.OpenShellClient as NativeClient
 
 /**
- * The native library's three plain C functions behind [OpenShellBlockingClient]
+ * The native library's plain C functions behind [OpenShellBlockingClient]
  * (`bindings/uniffi/src/direct.rs`), bound with JNA's direct mapping: integers,
  * a byte array and a pointer, so no JNA `Structure` and no reflection per call.
  */
@@ -34,7 +36,12 @@ private object DirectLib {
         args: ByteArray,
         argsLen: Long,
         timeoutMs: Long,
+        callId: Long,
     ): Pointer?
+
+    external fun openshell_jvm_cancel(callId: Long)
+
+    external fun openshell_jvm_forget(callId: Long)
 
     external fun openshell_jvm_reply_free(reply: Pointer?)
 
@@ -87,13 +94,16 @@ internal class DirectCalls(
         read: (ByteBuffer) -> T,
     ): T {
         val reply =
-            DirectLib.openshell_jvm_call(
-                ref,
-                method.number,
-                args.bytes,
-                args.length.toLong(),
-                timeoutMs?.toLong() ?: -1L,
-            ) ?: throw InternalException("the native call returned no reply")
+            CancelOnInterrupt(NEXT_CALL_ID.getAndIncrement()).run { callId ->
+                DirectLib.openshell_jvm_call(
+                    ref,
+                    method.number,
+                    args.bytes,
+                    args.length.toLong(),
+                    timeoutMs?.toLong() ?: -1L,
+                    callId,
+                )
+            } ?: throw InternalException("the native call returned no reply")
         try {
             val length = reply.getLong(0)
             val status = reply.getByte(8).toInt()
@@ -115,6 +125,47 @@ internal class DirectCalls(
      */
     fun close() {
         if (state.getAndUpdate { it or CLOSED } == 0L) release.clean()
+    }
+
+    /**
+     * Makes a [Thread.interrupt] of the calling thread cancel call [callId]:
+     * the JDK's hook for interruptible I/O ([AbstractInterruptibleChannel]'s
+     * `begin`/`end`) calls [implCloseChannel] on the interrupting thread. The
+     * call then ends `cancelled` (its RPC reset, an exec's process killed) and
+     * the thread keeps its interrupt flag, as with grpc-java's blocking stubs.
+     */
+    private class CancelOnInterrupt(
+        private val callId: Long,
+    ) : AbstractInterruptibleChannel() {
+        private var returned = false
+        private var cancelSent = false
+
+        fun <R> run(call: (Long) -> R): R {
+            begin()
+            try {
+                return call(callId)
+            } finally {
+                synchronized(this) {
+                    returned = true
+                    // A cancel may have come after the native call ended.
+                    if (cancelSent) DirectLib.openshell_jvm_forget(callId)
+                }
+                try {
+                    end(true)
+                } catch (_: ClosedByInterruptException) {
+                    // The call's own answer stands; the flag stays set.
+                }
+            }
+        }
+
+        override fun implCloseChannel() {
+            synchronized(this) {
+                if (!returned) {
+                    cancelSent = true
+                    DirectLib.openshell_jvm_cancel(callId)
+                }
+            }
+        }
     }
 
     /** The call numbers of `direct.rs`'s `Method`. */
@@ -156,6 +207,9 @@ internal class DirectCalls(
     private companion object {
         /** Bytes before a reply's payload: its length (u64), its status (u8). */
         const val HEADER = 9L
+
+        /** Ids of the calls in this process (`direct.rs` keys cancels by them). */
+        val NEXT_CALL_ID = AtomicLong(1)
 
         /** [state]'s closed flag, above any count of calls. */
         const val CLOSED = 1L shl 62

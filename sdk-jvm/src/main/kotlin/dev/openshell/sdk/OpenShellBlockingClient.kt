@@ -45,8 +45,11 @@ private fun ExecRequest.args() = Args.of(this, FfiConverterTypeExecRequest.alloc
  *
  * Owner routing, hints, the unrouted retry and token refresh are the same
  * core's. A call ends at its deadline (the `timeout` argument, or the
- * config's default) or when [close] is called from another thread; a
- * thread interrupt does not reach the native call. Do not call it from a
+ * config's default), when [close] is called from another thread, or when
+ * the calling thread is interrupted (`Future.cancel(true)`, an executor's
+ * `shutdownNow`): then it throws `Cancelled`, its RPC is reset (an exec's
+ * process killed) and the thread keeps its interrupt flag; a thread already
+ * interrupted sends nothing. Do not call it from a
  * coroutine (it blocks the thread) or from a callback the core makes (a
  * config apply callback, a token source): use the suspend API there.
  *

@@ -19,6 +19,8 @@ import java.util.concurrent.ExecutorService;
 import java.util.concurrent.Executors;
 import java.util.concurrent.Future;
 import java.util.concurrent.TimeUnit;
+import java.util.concurrent.atomic.AtomicBoolean;
+import java.util.concurrent.atomic.AtomicReference;
 import org.junit.jupiter.api.Test;
 
 /**
@@ -118,6 +120,85 @@ class JavaBlockingTest {
       pool.shutdownNow();
       try (OpenShellBlockingClient cleanup = OpenShellBlockingClient.connect(config())) {
         cleanup.deleteSandbox(name);
+      }
+    }
+  }
+
+  private static String stdout(ExecOutput out) {
+    return new String(out.getStdout(), StandardCharsets.UTF_8);
+  }
+
+  @Test
+  void anInterruptCancelsTheBlockedCallAndKeepsTheFlag() throws Exception {
+    try (OpenShellBlockingClient client = OpenShellBlockingClient.connect(config())) {
+      String name = unique("jvm-blocking-interrupt");
+      client.createSandbox(SandboxSpec.builder().name(name).build());
+      client.waitReady(name);
+      try {
+        // A thread blocked in an exec is interrupted: the exec ends Cancelled, promptly.
+        AtomicReference<Throwable> thrown = new AtomicReference<>();
+        AtomicBoolean flagKept = new AtomicBoolean();
+        Thread caller =
+            new Thread(
+                () -> {
+                  try {
+                    client.exec(name, List.of("sh", "-c", "echo started >> runs; exec sleep 30"));
+                  } catch (Throwable t) {
+                    thrown.set(t);
+                  }
+                  flagKept.set(Thread.currentThread().isInterrupted());
+                });
+        caller.start();
+        String runs = "";
+        for (int i = 0; i < 100 && !runs.contains("started"); i++) {
+          Thread.sleep(100);
+          runs = stdout(client.exec(name, List.of("sh", "-c", "cat runs 2>/dev/null || true")));
+        }
+        assertEquals("started\n", runs, "the exec began");
+        long interrupting = System.nanoTime();
+        caller.interrupt();
+        caller.join(10_000);
+        assertFalse(caller.isAlive(), "the interrupted call returned");
+        assertTrue(System.nanoTime() - interrupting < TimeUnit.SECONDS.toNanos(5), "promptly");
+        assertTrue(thrown.get() instanceof OpenShellException.Cancelled, "got " + thrown.get());
+        assertTrue(flagKept.get(), "the thread is still marked interrupted");
+        // The gateway killed the command with its RPC.
+        String left = "";
+        for (int i = 0; i < 50; i++) {
+          left = stdout(client.exec(name, List.of("sh", "-c", "pgrep -f 'slee[p] 30' || true")));
+          if (left.isEmpty()) {
+            break;
+          }
+          Thread.sleep(100);
+        }
+        assertEquals("", left, "the command's process is gone");
+
+        // A thread already interrupted: the call ends Cancelled before it is sent.
+        Thread.currentThread().interrupt();
+        try {
+          assertThrows(
+              OpenShellException.Cancelled.class,
+              () -> client.exec(name, List.of("sh", "-c", "echo again >> runs")));
+          assertTrue(Thread.currentThread().isInterrupted());
+        } finally {
+          Thread.interrupted();
+        }
+        assertEquals("started\n", stdout(client.exec(name, List.of("cat", "runs"))));
+
+        // Future.cancel(true) interrupts the pool thread: the same path.
+        ExecutorService pool = Executors.newSingleThreadExecutor();
+        try {
+          Future<ExecOutput> blocked = pool.submit(() -> client.exec(name, List.of("sleep", "30")));
+          Thread.sleep(300);
+          blocked.cancel(true);
+          // The pool thread is free again within seconds, not after 30.
+          Future<String> next = pool.submit(() -> client.getSandbox(name).getName());
+          assertEquals(name, next.get(10, TimeUnit.SECONDS));
+        } finally {
+          pool.shutdownNow();
+        }
+      } finally {
+        client.deleteSandbox(name);
       }
     }
   }
