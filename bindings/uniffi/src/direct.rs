@@ -1,6 +1,7 @@
 //! The calls of `OpenShellBlockingClient` (sdk-jvm): the client's unary
-//! calls run to their end on the calling thread, entered through three plain
-//! C functions instead of uniffi's generated call path.
+//! calls run to their end on the calling thread, entered through plain C
+//! functions (call, free the reply, cancel, forget a cancel, release the
+//! client) instead of uniffi's generated call path.
 //!
 //! Why not uniffi's path: every call it makes carries a JNA `Structure` (the
 //! call status, and each `RustBuffer` passed or returned by value), which JNA
