@@ -2,6 +2,7 @@ package dev.openshell.sdk
 
 import com.sun.jna.Native
 import com.sun.jna.Pointer
+import dev.openshell.sdk.ffi.FfiConverter
 import dev.openshell.sdk.ffi.FfiConverterTypeOpenShellError
 import dev.openshell.sdk.ffi.InternalException
 import java.lang.ref.Cleaner
@@ -191,14 +192,13 @@ internal class DirectCalls(
         companion object {
             val NONE = Args(ByteArray(0), 0)
 
-            /** One value, written by a generated converter's `write`. */
+            /** One value, written by its generated converter. */
             fun <T> of(
                 value: T,
-                size: ULong,
-                write: (T, ByteBuffer) -> Unit,
+                converter: FfiConverter<T, *>,
             ): Args {
-                val buf = ByteBuffer.allocate(size.toInt()).order(ByteOrder.BIG_ENDIAN)
-                write(value, buf)
+                val buf = ByteBuffer.allocate(converter.allocationSize(value).toInt()).order(ByteOrder.BIG_ENDIAN)
+                converter.write(value, buf)
                 return Args(buf.array(), buf.position())
             }
         }

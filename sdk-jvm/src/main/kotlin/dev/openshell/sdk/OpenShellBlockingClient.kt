@@ -24,14 +24,13 @@ import kotlin.time.toKotlinDuration
 
 private fun java.time.Duration?.ms(): ULong? = this?.toKotlinDuration().millis()
 
-private fun String.args() = Args.of(this, FfiConverterString.allocationSize(this), FfiConverterString::write)
+private fun String.args() = Args.of(this, FfiConverterString)
 
-private fun String?.selectorArgs() = Args.of(this, FfiConverterOptionalString.allocationSize(this), FfiConverterOptionalString::write)
+private fun String?.selectorArgs() = Args.of(this, FfiConverterOptionalString)
 
-private fun CreateSandboxRequest.args() =
-    Args.of(this, FfiConverterTypeCreateSandboxRequest.allocationSize(this), FfiConverterTypeCreateSandboxRequest::write)
+private fun CreateSandboxRequest.args() = Args.of(this, FfiConverterTypeCreateSandboxRequest)
 
-private fun ExecRequest.args() = Args.of(this, FfiConverterTypeExecRequest.allocationSize(this), FfiConverterTypeExecRequest::write)
+private fun ExecRequest.args() = Args.of(this, FfiConverterTypeExecRequest)
 
 /**
  * The blocking face of [OpenShellClient], for code that waits on its own
